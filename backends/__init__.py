@@ -1,0 +1,1 @@
+"""Pluggable inference backends behind one small protocol (see backends/base.py)."""

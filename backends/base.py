@@ -1,0 +1,202 @@
+"""The Backend protocol and the internal request/response types every adapter speaks.
+
+Protocol adapters in `gateway/` translate HTTP shapes (OpenAI, Open Inference Protocol v2,
+TF Serving REST) into these types and back; backends never see HTTP. Tensors travel as numpy
+arrays plus their v2 name/datatype/shape, so a response can be encoded in any protocol.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+import numpy as np
+
+# --- datatypes ---------------------------------------------------------------------------------
+
+#: Open Inference Protocol v2 datatype -> numpy dtype. BYTES is an object array of `bytes`.
+V2_TO_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+NUMPY_TO_V2: dict[np.dtype, str] = {dt: name for name, dt in V2_TO_NUMPY.items()}
+
+
+def v2_datatype(array: np.ndarray) -> str:
+    """The v2 datatype name of a numpy array (str/bytes/object arrays are BYTES)."""
+    if array.dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    try:
+        return NUMPY_TO_V2[array.dtype]
+    except KeyError:
+        raise TypeError(f"numpy dtype {array.dtype} has no Open Inference Protocol datatype") from None
+
+
+# --- tensors -----------------------------------------------------------------------------------
+
+
+class Tensor(msgspec.Struct, kw_only=True):
+    """One named tensor. `data` always has `shape` and the numpy dtype of `datatype`."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any  # np.ndarray; typed Any so msgspec never tries to validate it
+
+    @classmethod
+    def from_array(cls, name: str, array: np.ndarray) -> Tensor:
+        return cls(name=name, datatype=v2_datatype(array), shape=tuple(array.shape), data=array)
+
+
+class TensorSpec(msgspec.Struct, kw_only=True):
+    """An input or output of a model: -1 in `shape` marks a dynamic dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+class ModelMetadata(msgspec.Struct, kw_only=True):
+    """What a loaded deployment serves: v2 `platform` plus the device it really runs on."""
+
+    name: str
+    platform: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    device: str = "cpu"
+    versions: list[str] = msgspec.field(default_factory=list)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class TensorRequest(msgspec.Struct, kw_only=True):
+    """An inference request for a tensor model. `outputs=None` means every output."""
+
+    id: str
+    inputs: list[Tensor]
+    outputs: list[str] | None = None
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @property
+    def batch_rows(self) -> int:
+        """Rows along dimension 0 of the first input: the unit of tensor cost."""
+        if not self.inputs or not self.inputs[0].shape:
+            return 1
+        return max(1, int(self.inputs[0].shape[0]))
+
+
+class TensorResponse(msgspec.Struct, kw_only=True):
+    id: str
+    outputs: list[Tensor]
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+# --- text generation ---------------------------------------------------------------------------
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    """How to pick tokens. temperature == 0 means greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    seed: int | None = None
+    stop: list[str] = msgspec.field(default_factory=list)
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True):
+    """A text-generation request: exactly one of `prompt`, `prompt_token_ids` or `messages`.
+
+    `messages` is a chat; the backend applies its own chat template (or forwards the chat as is).
+    """
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    tenant: str | None = None
+    #: Name the upstream server should see (remote backends); None = the deployment's own.
+    upstream_model: str | None = None
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class TokenEvent(msgspec.Struct, kw_only=True):
+    """One step of a generation stream.
+
+    `text` is the newly decoded text (may be empty while a multi-byte character is incomplete).
+    The last event has `finish_reason` set ("stop", "length", "abort", "error") and `usage`.
+    """
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+# --- the protocol ------------------------------------------------------------------------------
+
+
+class Capability(enum.Enum):
+    TENSOR = "tensor"  # implements infer()
+    GENERATE = "generate"  # implements generate() / abort()
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every adapter implements. Capabilities are declared, never probed with hasattr.
+
+    Lifecycle: `load()` then `warmup()` during the app's start-up, `close()` at shutdown.
+    Blocking runtimes must run off the event loop (a thread, an executor or an async API).
+    """
+
+    name: str
+    capabilities: frozenset[Capability]
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def load(self) -> None: ...
+
+    async def warmup(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def metadata(self) -> ModelMetadata: ...
+
+    async def infer(self, request: TensorRequest) -> TensorResponse: ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]: ...
+
+    async def abort(self, request_id: str) -> None: ...

@@ -1,0 +1,61 @@
+"""How a deployment is described in the config: one running model on one backend.
+
+`gateway/config.py` decodes the `deployments:` section into these Structs; each adapter module
+exposes `create(name, spec) -> Backend` (cheap: validates, loads nothing) and the backend's own
+`load()` does the heavy work. Adapter-specific knobs live in `options` and are decoded by the
+adapter into its own Struct, so an error names the path (`options.block_size`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class SpecBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Base for config Structs: unknown keys are errors, fields are keyword-only."""
+
+
+class BatchingSpec(SpecBase):
+    """Dynamic batching for tensor backends (merge concurrent requests along dimension 0)."""
+
+    max_batch_size: int = 32
+    max_delay_ms: float = 2.0
+    max_queue: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if self.max_delay_ms < 0:
+            raise ValueError("max_delay_ms must be >= 0")
+        if self.max_queue < 1:
+            raise ValueError("max_queue must be >= 1")
+
+
+class DeploymentSpec(SpecBase):
+    """One deployment. Which fields apply depends on `backend` (see each adapter)."""
+
+    backend: Literal["onnxruntime", "openvino", "tfserving", "remote", "torch_llm"]
+    #: local model path (file or folder) for in-process runtimes
+    model: str | None = None
+    #: cpu | cuda | cuda:N | auto for torch/onnx; CPU | GPU | AUTO | HETERO:... for OpenVINO
+    device: str | None = None
+    #: ONNX Runtime execution providers, in order of preference
+    providers: list[str] | None = None
+    #: host:port of a gRPC server (tfserving)
+    target: str | None = None
+    #: the model's name on the upstream server (tfserving, remote)
+    model_name: str | None = None
+    #: base URL of another server (remote)
+    url: str | None = None
+    #: wire protocol of the upstream server (remote)
+    protocol: Literal["openai", "kserve_v2"] | None = None
+    #: name of the environment variable holding the upstream API key (never the key itself)
+    api_key_env: str | None = None
+    #: per-request deadline towards the backend
+    timeout_s: float = 60.0
+    #: free-form hardware label shown on metrics and in the response header (e.g. "h200", "xeon")
+    hardware: str | None = None
+    batching: BatchingSpec | None = None
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
