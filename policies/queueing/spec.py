@@ -1,0 +1,51 @@
+"""The `queue:` section of a deployment: which fair-queue policy runs and how big the queues are."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+PolicyName = Literal["fcfs", "vtc", "drr"]
+POLICY_NAMES: frozenset[str] = frozenset({"fcfs", "vtc", "drr"})
+
+
+class QueueSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Admission queue of one deployment.
+
+    Attributes:
+        policy: order in which backlogged tenants are served: `fcfs` (arrival order), `vtc`
+            (weighted Virtual Token Counter, Sheng et al. OSDI 2024) or `drr` (deficit round robin).
+        max_concurrency: requests dispatched to the backend at once (the default capacity gate;
+            with a custom capacity callable both must allow a dispatch).
+        max_queue_per_tenant: queued requests of one tenant; beyond it the tenant gets 429.
+        max_queue_total: queued requests of the whole deployment; beyond it callers get 503.
+        default_deadline_s: how long a request may wait in the queue when the caller gives no
+            deadline; None waits forever.
+        drr_quantum: cost units a tenant's deficit grows by per round (times its weight) under
+            `drr`; set it near the cost of a typical request.
+    """
+
+    policy: PolicyName = "vtc"
+    max_concurrency: int = 4
+    max_queue_per_tenant: int = 256
+    max_queue_total: int = 4096
+    default_deadline_s: float | None = None
+    drr_quantum: float = 16.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy must be one of {sorted(POLICY_NAMES)}, got {self.policy!r}")
+        if self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if self.max_queue_per_tenant < 1:
+            raise ValueError("max_queue_per_tenant must be >= 1")
+        if self.max_queue_total < 1:
+            raise ValueError("max_queue_total must be >= 1")
+        if self.default_deadline_s is not None and not (
+            math.isfinite(self.default_deadline_s) and self.default_deadline_s > 0
+        ):
+            raise ValueError("default_deadline_s must be a finite number > 0 (or null)")
+        if not (math.isfinite(self.drr_quantum) and self.drr_quantum > 0):
+            raise ValueError("drr_quantum must be a finite number > 0")
