@@ -1,0 +1,328 @@
+"""OpenVINO adapter: IR (`.xml` + `.bin`) or ONNX files on CPU, GPU, AUTO or HETERO devices.
+
+Inference runs on OpenVINO's own threads through an `AsyncInferQueue` sized from the compiled
+model's OPTIMAL_NUMBER_OF_INFER_REQUESTS. The event loop never blocks: a request is started only
+when the queue has an idle infer request (`start_async` would block otherwise), and OpenVINO's
+completion callback hands the outputs back with `loop.call_soon_threadsafe`.
+
+Precision is f32 unless the config asks for less: on CPUs with bf16 OpenVINO would otherwise
+compute in bf16, which moves probabilities by up to 0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+import structlog
+
+from backends.base import (
+    NUMPY_TO_V2,
+    V2_TO_NUMPY,
+    Capability,
+    GenerateRequest,
+    ModelMetadata,
+    Tensor,
+    TensorRequest,
+    TensorResponse,
+    TensorSpec,
+)
+from backends.batcher import Arrays, BatchObserver, DynamicBatcher
+from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable, InvalidInput
+from backends.lazy import require
+from backends.spec import DeploymentSpec, SpecBase
+from backends.validation import validate_request
+
+log = structlog.get_logger(__name__)
+
+#: how often a request waiting for an idle infer request re-checks the queue, in case a
+#: completion was missed (OpenVINO does not call the callback of a request that failed)
+_IDLE_POLL_S = 0.05
+
+
+class OpenVINOOptions(SpecBase):
+    """`options:` of an openvino deployment."""
+
+    #: LATENCY (one request at a time, all cores) or THROUGHPUT (several streams in parallel)
+    performance_hint: Literal["LATENCY", "THROUGHPUT"] = "LATENCY"
+    #: compiled-model cache folder: a restart imports the compiled blob instead of compiling
+    cache_dir: str | None = None
+    #: inference precision; lower than f32 is an explicit choice (results change)
+    precision: Literal["f32", "bf16", "f16"] = "f32"
+    #: infer requests in the queue; None = the compiled model's optimal number
+    num_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError("num_requests must be >= 1")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    # OpenVINO messages start with a source path and `Check '...' failed`; the last line says why.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if len(lines) > 1 else lines[0][:300]
+
+
+def _port_spec(port: Any) -> TensorSpec:
+    """An OpenVINO input/output port as a v2 TensorSpec (-1 for dynamic dimensions)."""
+    name = port.get_any_name()
+    element = port.get_element_type()
+    if element.get_type_name() == "string":
+        datatype = "BYTES"
+    else:
+        datatype = NUMPY_TO_V2.get(np.dtype(element.to_dtype()), "")
+    if not datatype:
+        raise ValueError(
+            f"tensor {name!r} has element type {element.get_type_name()}, which the gateway cannot serve"
+        )
+    shape = port.get_partial_shape()
+    if shape.rank.is_dynamic:
+        raise ValueError(f"tensor {name!r} has a dynamic rank; give the model a fixed rank")
+    dims = tuple(d.get_length() if d.is_static else -1 for d in shape)
+    return TensorSpec(name=name, datatype=datatype, shape=dims)
+
+
+class OpenVINOBackend:
+    """Serves one model with OpenVINO through its async infer-request queue."""
+
+    capabilities = frozenset({Capability.TENSOR})
+
+    def __init__(self, name: str, spec: DeploymentSpec, options: OpenVINOOptions) -> None:
+        self.name = name
+        self.spec = spec
+        self.options = options
+        self.device = spec.device or "CPU"
+        self.batch_observer: BatchObserver | None = None
+        self._compiled: Any = None
+        self._queue: Any = None
+        self._meta: ModelMetadata | None = None
+        self._batcher: DynamicBatcher | None = None
+        self._idle: asyncio.Event | None = None
+        self._warm = False
+
+    @property
+    def ready(self) -> bool:
+        return self._queue is not None and self._warm
+
+    @property
+    def queue_depth(self) -> int:
+        return self._batcher.depth if self._batcher else 0
+
+    @property
+    def num_requests(self) -> int:
+        """Infer requests in the queue (0 before `load()`)."""
+        return len(self._queue) if self._queue is not None else 0
+
+    def metadata(self) -> ModelMetadata:
+        if self._meta is None:
+            raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        return self._meta
+
+    def _compile_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "PERFORMANCE_HINT": self.options.performance_hint,
+            "INFERENCE_PRECISION_HINT": self.options.precision,
+        }
+        if self.options.cache_dir:
+            config["CACHE_DIR"] = self.options.cache_dir
+        if self.options.num_requests is not None:
+            config["PERFORMANCE_HINT_NUM_REQUESTS"] = self.options.num_requests
+        return config
+
+    def _compile(self) -> tuple[Any, Any]:
+        ov = require("openvino", extra="openvino")
+        core = ov.Core()
+        path = str(self.spec.model)
+        try:
+            model = core.read_model(path)
+        except Exception as exc:
+            raise RuntimeError(f"cannot read OpenVINO model {path}: {_one_line(exc)}") from None
+        try:
+            compiled = core.compile_model(model, self.device, self._compile_config())
+        except Exception as exc:
+            raise RuntimeError(
+                f"cannot compile {path} for OpenVINO device {self.device}: {_one_line(exc)}"
+            ) from None
+        jobs = self.options.num_requests or 0  # 0 = OPTIMAL_NUMBER_OF_INFER_REQUESTS
+        queue = ov.AsyncInferQueue(compiled, jobs)
+        return compiled, queue
+
+    async def load(self) -> None:
+        """Read and compile the model off the event loop (compilation takes seconds on big models)."""
+        compiled, queue = await asyncio.to_thread(self._compile)
+        inputs = [_port_spec(p) for p in compiled.inputs]
+        outputs = [_port_spec(p) for p in compiled.outputs]
+        queue.set_callback(self._on_done)
+        self._compiled, self._queue = compiled, queue
+        self._idle = asyncio.Event()
+        self._meta = ModelMetadata(
+            name=self.name,
+            platform="openvino_onnx" if str(self.spec.model).endswith(".onnx") else "openvino_ir",
+            inputs=inputs,
+            outputs=outputs,
+            device=",".join(self._property("EXECUTION_DEVICES", [self.device])),
+            extra=self._extra(),
+        )
+        log.info("openvino_loaded", deployment=self.name, **self._meta.extra)
+        if self.spec.batching is not None:
+            self._start_batcher(inputs + outputs)
+
+    def _property(self, key: str, default: Any) -> Any:
+        try:
+            return self._compiled.get_property(key)
+        except Exception:  # AUTO/HETERO do not expose every property of the device they chose
+            return default
+
+    def _extra(self) -> dict[str, Any]:
+        precision = self._property("INFERENCE_PRECISION_HINT", None)
+        return {
+            "requested_device": self.device,
+            "precision": precision.get_type_name() if precision is not None else self.options.precision,
+            "performance_hint": str(self._property("PERFORMANCE_HINT", self.options.performance_hint)).split(
+                "."
+            )[-1],
+            "num_requests": len(self._queue),
+            "cache_dir": self.options.cache_dir,
+            "model_file": os.path.basename(str(self.spec.model)),
+        }
+
+    def _start_batcher(self, specs: list[TensorSpec]) -> None:
+        if not all(s.shape and s.shape[0] == -1 for s in specs):
+            log.warning("batching_disabled_fixed_batch_dim", deployment=self.name)
+            return
+        b = self.spec.batching
+        assert b is not None
+        self._batcher = DynamicBatcher(
+            self._run_async,
+            max_batch_size=b.max_batch_size,
+            max_delay_ms=b.max_delay_ms,
+            max_queue=b.max_queue,
+            observer=lambda n, rows: self.batch_observer and self.batch_observer(n, rows),
+        )
+
+    async def warmup(self) -> None:
+        """Run one request of zeros so the first caller does not pay for lazy initialisation."""
+        feeds: Arrays = {}
+        for s in self.metadata().inputs:
+            shape = tuple(1 if d == -1 else d for d in s.shape)
+            if s.datatype == "BYTES":
+                feeds[s.name] = np.full(shape, b"", dtype=object)
+            else:
+                feeds[s.name] = np.zeros(shape, V2_TO_NUMPY[s.datatype])
+        await self._run_async(feeds, None)
+        self._warm = True
+
+    async def close(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.close()
+            self._batcher = None
+        queue, self._queue = self._queue, None
+        self._warm = False
+        if queue is not None:
+            await asyncio.to_thread(queue.wait_all)  # let running requests finish before dropping them
+        self._compiled = None
+
+    async def infer(self, request: TensorRequest) -> TensorResponse:
+        arrays = validate_request(request, self.metadata())
+        outputs = tuple(request.outputs) if request.outputs is not None else None
+        if self._batcher is not None:
+            result = await self._batcher.submit(arrays, outputs)
+        else:
+            result = await self._run_async(arrays, outputs)
+        return TensorResponse(id=request.id, outputs=[Tensor.from_array(n, a) for n, a in result.items()])
+
+    async def _acquire_idle(self) -> None:
+        """Wait until the queue has an idle infer request, without blocking the loop."""
+        assert self._idle is not None
+        while self._queue is not None and not self._queue.is_ready():
+            self._idle.clear()
+            try:
+                await asyncio.wait_for(self._idle.wait(), _IDLE_POLL_S)
+            except TimeoutError:
+                pass
+
+    async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+        """Start one inference on an idle infer request and await its outputs."""
+        try:
+            async with asyncio.timeout(self.spec.timeout_s):
+                await self._acquire_idle()
+                if self._queue is None:
+                    raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+                loop = asyncio.get_running_loop()
+                future: asyncio.Future[Arrays] = loop.create_future()
+                names = outputs if outputs is not None else tuple(s.name for s in self.metadata().outputs)
+                feeds = {k: (v.astype(bytes) if v.dtype == object else v) for k, v in inputs.items()}
+                try:
+                    # Never blocks here: _acquire_idle saw an idle request and nothing ran since.
+                    self._queue.start_async(feeds, (loop, future, names))
+                except Exception as exc:
+                    raise BackendInternalError(f"OpenVINO failed: {_one_line(exc)}") from None
+                # Shielded: a timed-out caller must not cancel the future the callback will resolve.
+                return await asyncio.shield(future)
+        except TimeoutError:
+            raise BackendTimeout(
+                f"deployment {self.name!r}: no result within {self.spec.timeout_s}s"
+            ) from None
+
+    def _on_done(
+        self, request: Any, userdata: tuple[asyncio.AbstractEventLoop, asyncio.Future, tuple[str, ...]]
+    ) -> None:
+        """OpenVINO's completion callback, on one of its threads: copy outputs, wake the loop."""
+        loop, future, names = userdata
+        result: Arrays | BaseException
+        try:
+            # Copy: the request's output buffers are reused by the next inference.
+            result = {name: _read_tensor(request.get_tensor(name)) for name in names}
+        except Exception as exc:
+            result = BackendInternalError(f"OpenVINO failed reading outputs: {_one_line(exc)}")
+        loop.call_soon_threadsafe(self._resolve, future, result)
+
+    def _resolve(self, future: asyncio.Future, result: Arrays | BaseException) -> None:
+        if not future.done():  # the caller may have timed out or been cancelled
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+        if self._idle is not None:
+            self._idle.set()
+
+    async def abort(self, request_id: str) -> None:  # tensor requests are not abortable mid-run
+        return None
+
+    def generate(self, request: GenerateRequest):  # type: ignore[no-untyped-def]
+        raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
+
+
+def _read_tensor(tensor: Any) -> np.ndarray:
+    if tensor.get_element_type().get_type_name() == "string":
+        return np.asarray(tensor.bytes_data, dtype=object).reshape(tuple(tensor.get_shape()))
+    return np.array(tensor.data, copy=True)
+
+
+def create(name: str, spec: DeploymentSpec) -> OpenVINOBackend:
+    """Validate a deployment for OpenVINO; nothing heavy happens until `load()`.
+
+    Raises:
+        ValueError: the model file is missing or of an unknown kind, or an option is invalid.
+    """
+    if not spec.model:
+        raise ValueError("model: an OpenVINO IR (.xml) or ONNX (.onnx) file is required for backend openvino")
+    path = Path(spec.model)
+    if path.suffix not in (".xml", ".onnx"):
+        raise ValueError(f"model: {spec.model} must be an OpenVINO IR .xml or an .onnx file")
+    if not path.is_file():
+        raise ValueError(f"model: {spec.model} is not a file")
+    if path.suffix == ".xml" and not path.with_suffix(".bin").is_file():
+        raise ValueError(f"model: {path.with_suffix('.bin')} (the weights of {path.name}) is not a file")
+    try:
+        options = msgspec.convert(spec.options, OpenVINOOptions)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"options: {str(exc).replace('`$', '`options')}") from None
+    return OpenVINOBackend(name, spec, options)
