@@ -1,0 +1,306 @@
+"""Admission: check and reserve every limit and quota of a request, reconcile when it ends.
+
+`admit` builds one all-or-nothing store acquire: per tenant and per key, requests/min (cost 1),
+tokens/min (cost = prompt tokens + max_tokens, reserved up front), concurrency (a lease that expires
+if this replica dies), and the tenant's day/month quotas. `reconcile` refunds what was reserved but not
+used, records usage per tenant+model+period and releases the concurrency slot, once per reservation.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+
+import msgspec
+import structlog
+
+from policies import quotas as q
+from policies import ratelimit as rl
+from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable, Unauthenticated
+from policies.principal import Principal
+from policies.stores.base import AcquireResult, CounterOp, StateStore, UsageDelta
+from policies.stores.memory import MemoryStore
+from policies.types import TenantSpec, UsageRow
+
+log = structlog.get_logger(__name__)
+
+
+class Reservation(msgspec.Struct, kw_only=True):
+    """What `admit` took for one request; hand it back to `reconcile` exactly once (more is a no-op).
+
+    Attributes:
+        id: unique id (also the store's settle id, so a repeated reconcile is harmless).
+        tenant, key_id, model: who and what.
+        cost_tokens: tokens reserved (tokens/min buckets and token quotas).
+        day, month: UTC periods charged (a request that ends after midnight stays on its first day).
+        headers: x-ratelimit-* headers computed at admission.
+        degraded: admitted while the store was down (fail open), against this replica's local state.
+        settled: reconcile has run.
+    """
+
+    id: str
+    tenant: str
+    key_id: str
+    model: str
+    cost_tokens: int
+    admitted_at: float
+    day: str
+    month: str
+    token_buckets: list[rl.RateCheck]
+    token_quotas: list[CounterOp]
+    request_quotas: list[CounterOp]
+    lease_keys: list[str]
+    headers: dict[str, str]
+    degraded: bool = False
+    settled: bool = False
+    renewed_at: float = 0.0
+
+
+class Admission:
+    """Rate limits and quotas of every tenant, on a shared StateStore.
+
+    Args:
+        store: shared state (memory, sqlite or redis).
+        tenants: tenant name -> spec, from the config.
+        clock: epoch seconds now; injected so tests move time.
+        fail_open_s: when the store is unreachable, keep admitting for this many seconds against
+            this replica's local in-memory state (overspend bounded by one set of limits per replica),
+            then fail closed. 0 (default): fail closed at once with StoreUnavailable (503).
+        lease_ttl_s: a concurrency slot not released nor renewed within this time is freed (a crashed
+            replica cannot leak slots); `check_stream` renews it for long streams.
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        tenants: Mapping[str, TenantSpec],
+        clock: Callable[[], float],
+        *,
+        fail_open_s: float = 0.0,
+        lease_ttl_s: float = 300.0,
+    ) -> None:
+        self._store = store
+        self._tenants = dict(tenants)
+        self._clock = clock
+        self._fail_open_s = fail_open_s
+        self._lease_ttl_s = lease_ttl_s
+        self._local = MemoryStore()  # fail-open state
+        self._down_since: float | None = None
+        self._pending: list[dict] = []  # settles that failed, retried on the next call that works
+        #: counters for metrics: admitted, rate_limited, quota_exceeded, store_unavailable, fail_open,
+        #: reconcile_deferred.
+        self.stats: dict[str, int] = dict.fromkeys(
+            (
+                "admitted",
+                "rate_limited",
+                "quota_exceeded",
+                "store_unavailable",
+                "fail_open",
+                "reconcile_deferred",
+            ),
+            0,
+        )
+
+    def update_tenants(self, tenants: Mapping[str, TenantSpec]) -> None:
+        """Replace the tenant specs (config reload); state in the store carries over."""
+        self._tenants = dict(tenants)
+
+    async def admit(self, principal: Principal, model: str, cost_tokens: int) -> Reservation:
+        """Check and reserve every limit and quota for one request.
+
+        Raises:
+            Unauthenticated: the principal's tenant is no longer configured.
+            RateLimited: a requests/tokens per minute or concurrency limit refuses (Retry-After set).
+            QuotaExceeded: a day/month quota is spent (message names it and when it resets).
+            StoreUnavailable: the store is down and fail-open is off or its window has passed.
+        """
+        spec = self._tenants.get(principal.tenant)
+        if spec is None:
+            raise Unauthenticated(
+                f"API key {principal.key_id} belongs to a tenant that is no longer configured"
+            )
+        if isinstance(cost_tokens, bool) or not isinstance(cost_tokens, int) or cost_tokens < 0:
+            raise ValueError(f"cost_tokens must be a non-negative int, got {cost_tokens!r}")
+        now = self._clock()
+        t_buckets, t_leases = rl.rate_checks(
+            f"tenant {principal.tenant}", f"t:{principal.tenant}", spec.limits, cost_tokens
+        )
+        k_buckets, k_leases = rl.rate_checks(
+            f"key {principal.key_id}", f"k:{principal.key_id}", spec.key_limits, cost_tokens
+        )
+        buckets, leases = t_buckets + k_buckets, t_leases + k_leases
+        quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
+        counters = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
+        lease_id = secrets.token_hex(16)
+        kwargs = dict(
+            lease_id=lease_id,
+            lease_ttl_s=self._lease_ttl_s,
+            buckets=[b.op for b in buckets],
+            leases=[c.op for c in leases],
+            counters=counters,
+            now=now,
+        )
+        result, degraded = await self._acquire(kwargs, now)
+        headers = rl.ratelimit_headers(buckets, result.buckets)
+        if not result.ok:
+            self._refuse(principal.tenant, result, buckets, leases, quota_checks, headers, now)
+        self.stats["admitted"] += 1
+        return Reservation(
+            id=lease_id,
+            tenant=principal.tenant,
+            key_id=principal.key_id,
+            model=model,
+            cost_tokens=cost_tokens,
+            admitted_at=now,
+            day=q.day_name(now),
+            month=q.month_name(now),
+            token_buckets=[b for b in buckets if b.unit == "tokens"],
+            token_quotas=[op for op, c in zip(counters, quota_checks, strict=True) if c.unit == "tokens"],
+            request_quotas=[op for op, c in zip(counters, quota_checks, strict=True) if c.unit == "requests"],
+            lease_keys=[c.op.key for c in leases],
+            headers=headers,
+            degraded=degraded,
+            renewed_at=now,
+        )
+
+    async def _acquire(self, kwargs: dict, now: float) -> tuple[AcquireResult, bool]:
+        try:
+            result = await self._store.acquire(**kwargs)
+        except StoreUnavailable as exc:
+            if self._down_since is None:
+                self._down_since = now
+            if self._fail_open_s > 0 and now - self._down_since <= self._fail_open_s:
+                self.stats["fail_open"] += 1
+                log.warning("state_store_down_failing_open", error=exc.message, down_s=now - self._down_since)
+                return await self._local.acquire(**kwargs), True
+            self.stats["store_unavailable"] += 1
+            log.error("state_store_down_failing_closed", error=exc.message)
+            raise
+        self._down_since = None
+        if self._pending:
+            await self._flush_pending()
+        return result, False
+
+    def _refuse(
+        self,
+        tenant: str,
+        result: AcquireResult,
+        buckets: list[rl.RateCheck],
+        leases: list[rl.ConcurrencyCheck],
+        quota_checks: list[q.QuotaCheck],
+        headers: dict[str, str],
+        now: float,
+    ) -> None:
+        """Raise the error of a refused acquire: a spent quota first, else the longest rate wait."""
+        for d in result.denials:
+            if d.kind == "counter":
+                c = quota_checks[d.index]
+                self.stats["quota_exceeded"] += 1
+                reset = datetime.fromtimestamp(c.resets_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                used = result.counters[d.index]
+                raise QuotaExceeded(
+                    f"{c.name} quota of tenant {tenant!r} is spent "
+                    f"({used} of {c.limit} {c.unit} used); it resets at {reset}",
+                    retry_after_s=c.resets_at - now,
+                    headers=headers,
+                )
+        self.stats["rate_limited"] += 1
+        retries = [d.retry_after_s for d in result.denials if d.kind == "bucket"]
+        d = result.denials[0]
+        if d.kind == "bucket" and d.retry_after_s is None:
+            b = buckets[d.index]
+            raise RateLimited(
+                f"request needs {int(b.op.cost)} {b.unit}, more than the {b.name} limit of {b.scope} ({b.limit})",
+                headers=headers,
+            )
+        if d.kind == "lease":
+            c = leases[d.index]
+            raise RateLimited(
+                f"max_concurrency of {c.scope} reached ({c.limit})", retry_after_s=1.0, headers=headers
+            )
+        b = buckets[d.index]
+        wait = max(r for r in retries if r is not None)
+        raise RateLimited(
+            f"{b.name} limit of {b.scope} reached ({b.limit}); retry in {wait:.3f} s",
+            retry_after_s=wait,
+            headers=headers,
+        )
+
+    async def reconcile(self, reservation: Reservation, actual_tokens: int, *, failed: bool = False) -> None:
+        """Settle a reservation: refund unused tokens, record usage, release concurrency. Idempotent.
+
+        Args:
+            reservation: what `admit` returned.
+            actual_tokens: tokens really used (may exceed the reservation; the excess is charged).
+            failed: the request was not answered: its request quotas are refunded, usage counts no request.
+
+        Never raises for a store outage: the settle is kept and retried on a later call (logged).
+        """
+        if reservation.settled:
+            return
+        reservation.settled = True
+        r = reservation
+        delta = actual_tokens - r.cost_tokens
+        requests = 0 if failed else 1
+        usage = [UsageDelta(r.tenant, r.model, p, requests, actual_tokens) for p in (r.day, r.month)]
+        counters = [CounterOp(c.key, None, delta, c.expires_at) for c in r.token_quotas]
+        if failed:
+            counters += [CounterOp(c.key, None, -1, c.expires_at) for c in r.request_quotas]
+        settle = dict(
+            settle_id=r.id,
+            lease_id=r.id,
+            buckets=[b.with_cost(delta) for b in r.token_buckets],
+            release=r.lease_keys,
+            counters=counters,
+            usage=usage,
+            now=self._clock(),
+        )
+        if r.degraded:
+            await self._local.settle(**settle)
+            # The shared store never saw this request: charge it there (quotas, usage) when it is back.
+            charge = [CounterOp(c.key, None, actual_tokens, c.expires_at) for c in r.token_quotas]
+            charge += [CounterOp(c.key, None, requests, c.expires_at) for c in r.request_quotas]
+            settle = dict(settle, buckets=[], release=[], counters=charge)
+        try:
+            await self._store.settle(**settle)
+        except StoreUnavailable as exc:
+            self.stats["reconcile_deferred"] += 1
+            self._pending.append(settle)
+            log.error("reconcile_deferred", error=exc.message, reservation=r.id, pending=len(self._pending))
+
+    async def _flush_pending(self) -> None:
+        try:
+            while self._pending:
+                await self._store.settle(**self._pending[0])  # idempotent by settle id
+                self._pending.pop(0)
+        except StoreUnavailable as exc:
+            log.error("reconcile_retry_failed", error=exc.message, pending=len(self._pending))
+
+    async def check_stream(self, reservation: Reservation, tokens_so_far: int) -> bool:
+        """Whether a stream may go on: False once it passes its reservation (cut it, then reconcile).
+
+        Also renews the concurrency lease of a long stream (a store call every lease_ttl_s / 3 at most).
+        """
+        now = self._clock()
+        if (
+            reservation.lease_keys
+            and not reservation.degraded
+            and now - reservation.renewed_at > self._lease_ttl_s / 3
+        ):
+            reservation.renewed_at = now
+            try:
+                await self._store.renew(
+                    lease_id=reservation.id, keys=reservation.lease_keys, ttl_s=self._lease_ttl_s, now=now
+                )
+            except StoreUnavailable as exc:
+                log.warning("lease_renew_failed", error=exc.message, reservation=reservation.id)
+        return tokens_so_far <= reservation.cost_tokens
+
+    def headers(self, reservation: Reservation) -> dict[str, str]:
+        """The x-ratelimit-* headers of an admitted request (as computed at admission)."""
+        return dict(reservation.headers)
+
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        """Usage rows per tenant, model and period (days "2026-11-21" and months "2026-11")."""
+        return await self._store.usage(tenant)

@@ -1,0 +1,61 @@
+"""Errors of the policy layer; the gateway turns each into the caller's protocol envelope.
+
+Every error carries the HTTP status, a short machine code, a message that is safe to show (it never
+contains a secret), an optional retry delay and the headers the answer must carry (`Retry-After`,
+`x-ratelimit-*`).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class PolicyError(Exception):
+    """Base class: a refusal with a status, a code, a safe message and response headers."""
+
+    status: int = 500
+    code: str = "policy_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+        self.headers: dict[str, str] = dict(headers or {})
+        if retry_after_s is not None:
+            # Retry-After is whole seconds (RFC 9110); never 0, or clients would hammer us.
+            self.headers.setdefault("Retry-After", str(max(1, math.ceil(retry_after_s))))
+            self.headers.setdefault("retry-after-ms", str(max(1, math.ceil(retry_after_s * 1000))))
+
+
+class Unauthenticated(PolicyError):
+    """No API key, or a key that is malformed, unknown, revoked or expired."""
+
+    status = 401
+    code = "invalid_api_key"
+
+
+class RateLimited(PolicyError):
+    """A requests/tokens per minute or concurrency limit refuses the request now."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+
+
+class QuotaExceeded(PolicyError):
+    """A day or month budget is spent; the message names the quota and when it resets."""
+
+    status = 429
+    code = "quota_exceeded"
+
+
+class StoreUnavailable(PolicyError):
+    """The state store cannot be reached, so limits cannot be enforced (fail closed)."""
+
+    status = 503
+    code = "state_store_unavailable"

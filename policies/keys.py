@@ -1,0 +1,165 @@
+"""API keys: create (secret shown once), list, revoke, authenticate.
+
+A secret reads `fg-<key_id>-<secret>`: `key_id` (12 hex digits) is public and is the lookup prefix;
+`secret` is 256 random bits. The store keeps only `sha256(key_id:secret)` (a fast hash is enough for a
+high-entropy secret: there is nothing to brute-force), compared in constant time. Records are cached
+for at most `cache_ttl_s` (default 0.5 s) so a revocation reaches every replica within one second.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import hmac
+import re
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Collection
+from datetime import datetime
+
+import structlog
+
+from policies.errors import Unauthenticated
+from policies.principal import Principal
+from policies.stores.base import StateStore, from_epoch, to_epoch
+from policies.types import KeyRecord
+
+log = structlog.get_logger(__name__)
+
+KEY_PREFIX = "fg"
+_KEY_RE = re.compile(r"^fg-([0-9a-f]{12})-([A-Za-z0-9_-]{43})$")
+_MAX_CACHE = 10_000
+
+
+def hash_secret(key_id: str, secret: str) -> str:
+    """The stored form of a secret (bound to its key id)."""
+    return hashlib.sha256(f"{key_id}:{secret}".encode()).hexdigest()
+
+
+def parse_key(raw: str) -> tuple[str, str] | None:
+    """Split `fg-<key_id>-<secret>` into (key_id, secret), or None when it is malformed."""
+    match = _KEY_RE.match(raw)
+    return (match.group(1), match.group(2)) if match else None
+
+
+class KeyService:
+    """Tenant API keys on a StateStore.
+
+    Args:
+        store: where keys live (shared by every replica).
+        clock: epoch seconds now; injected so tests move time.
+        tenants: names of the configured tenants; when given, `create` refuses others and keys of a
+            tenant no longer configured stop authenticating. Update with `update_tenants`.
+        cache_ttl_s: how long a looked-up record is reused (<= 1 s keeps revocation within 1 s).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        clock: Callable[[], float],
+        *,
+        tenants: Collection[str] | None = None,
+        cache_ttl_s: float = 0.5,
+    ) -> None:
+        if not 0 <= cache_ttl_s <= 1.0:
+            raise ValueError(f"cache_ttl_s must be within [0, 1] s, got {cache_ttl_s}")
+        self._store = store
+        self._clock = clock
+        self._tenants = None if tenants is None else frozenset(tenants)
+        self._ttl = cache_ttl_s
+        self._cache: OrderedDict[str, tuple[float, KeyRecord, str]] = OrderedDict()
+
+    def update_tenants(self, tenants: Collection[str] | None) -> None:
+        """Replace the set of configured tenants (config reload)."""
+        self._tenants = None if tenants is None else frozenset(tenants)
+
+    async def create(
+        self,
+        tenant: str,
+        models: list[str] | None = None,
+        expires_at: datetime | None = None,
+        name: str | None = None,
+    ) -> tuple[KeyRecord, str]:
+        """Create a key; returns its record and its secret (the only time the secret is seen).
+
+        Raises:
+            ValueError: unknown tenant, an empty model glob, or an expiry in the past.
+        """
+        if self._tenants is not None and tenant not in self._tenants:
+            raise ValueError(f"unknown tenant {tenant!r} (configured: {', '.join(sorted(self._tenants))})")
+        globs = list(models) if models else ["*"]
+        if any(not isinstance(g, str) or not g.strip() for g in globs):
+            raise ValueError("model globs must be non-empty strings")
+        now = self._clock()
+        if expires_at is not None and to_epoch(expires_at) <= now:
+            raise ValueError(f"expires_at {expires_at.isoformat()} is not in the future")
+        while True:
+            key_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
+            record = KeyRecord(
+                key_id=key_id,
+                tenant=tenant,
+                models=globs,
+                name=name,
+                created_at=from_epoch(now),
+                expires_at=from_epoch(to_epoch(expires_at)),
+            )
+            if await self._store.put_key(record, hash_secret(key_id, secret)):
+                break  # else: a 48-bit id collided; draw again
+        log.info("api_key_created", tenant=tenant, key_id=key_id)
+        return record, f"{KEY_PREFIX}-{key_id}-{secret}"
+
+    async def list(self, tenant: str | None = None) -> builtins.list[KeyRecord]:
+        """Key records (no secrets, no hashes), of one tenant or all, oldest first."""
+        return await self._store.list_keys(tenant)
+
+    async def revoke(self, key_id: str) -> bool:
+        """Revoke a key on every replica (within `cache_ttl_s`); False when no such key exists."""
+        self._cache.pop(key_id, None)
+        found = await self._store.revoke_key(key_id, self._clock())
+        if found:
+            log.info("api_key_revoked", key_id=key_id)
+        return found
+
+    async def authenticate(self, raw: str | None) -> Principal:
+        """The Principal of a presented secret.
+
+        Raises:
+            Unauthenticated: missing, malformed, unknown, revoked or expired key (the message never
+                contains what was presented).
+            StoreUnavailable: the store cannot be reached and the key is not cached.
+        """
+        if not raw:
+            raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>' or 'x-api-key'")
+        parsed = parse_key(raw.strip())
+        if parsed is None:
+            raise Unauthenticated("malformed API key")
+        key_id, secret = parsed
+        found = await self._lookup(key_id)
+        # Compare even when the id is unknown, so timing does not tell known ids from unknown ones.
+        expected = found[1] if found else "0" * 64
+        if not hmac.compare_digest(expected, hash_secret(key_id, secret)) or found is None:
+            raise Unauthenticated("invalid API key")
+        record = found[0]
+        now = self._clock()
+        if record.revoked_at is not None:
+            raise Unauthenticated(f"API key {key_id} has been revoked")
+        if not record.active(now):
+            raise Unauthenticated(f"API key {key_id} has expired")
+        if self._tenants is not None and record.tenant not in self._tenants:
+            raise Unauthenticated(f"API key {key_id} belongs to a tenant that is no longer configured")
+        return Principal(record.tenant, key_id, tuple(record.models))
+
+    async def _lookup(self, key_id: str) -> tuple[KeyRecord, str] | None:
+        now = self._clock()
+        cached = self._cache.get(key_id)
+        if cached is not None and now - cached[0] < self._ttl:
+            return cached[1], cached[2]
+        found = await self._store.get_key(key_id)
+        if found is None:
+            self._cache.pop(key_id, None)
+            return None  # unknown ids are not cached: a flood of guesses cannot fill memory
+        self._cache[key_id] = (now, found[0], found[1])
+        self._cache.move_to_end(key_id)
+        if len(self._cache) > _MAX_CACHE:
+            self._cache.popitem(last=False)
+        return found

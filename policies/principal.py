@@ -1,0 +1,30 @@
+"""The authenticated caller: which tenant, which key, which models the key may see."""
+
+from __future__ import annotations
+
+import fnmatch
+
+import msgspec
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """Who is calling.
+
+    Attributes:
+        tenant: tenant name from the config.
+        key_id: public id of the API key (safe to log; never the secret).
+        models: model globs the key is restricted to (`("*",)` when the key has no restriction).
+    """
+
+    tenant: str
+    key_id: str
+    models: tuple[str, ...] = ("*",)
+
+    def can_see(self, model_name: str, tenant_models: list[str] | tuple[str, ...]) -> bool:
+        """Whether this key may see `model_name`: both the key's and the tenant's globs must allow it."""
+        return _matches(model_name, self.models) and _matches(model_name, tenant_models)
+
+
+def _matches(name: str, globs: list[str] | tuple[str, ...]) -> bool:
+    # fnmatchcase: model names are case-sensitive on every platform.
+    return any(fnmatch.fnmatchcase(name, glob) for glob in globs)

@@ -1,0 +1,107 @@
+"""Acquire/settle logic over a transaction, shared by the memory and SQLite stores.
+
+Each store supplies a `Txn` (plain dicts for memory, one `BEGIN IMMEDIATE` transaction for SQLite);
+these functions hold the rules, so both stores answer alike. Redis runs the same rules in Lua.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from policies import limits
+from policies.stores.base import (
+    AcquireResult,
+    BucketOp,
+    BucketView,
+    CounterOp,
+    Denial,
+    LeaseOp,
+    UsageDelta,
+)
+
+
+class Txn(Protocol):
+    """State access inside one atomic transaction."""
+
+    def get_bucket(self, key: str) -> tuple[float, float] | None: ...
+    def set_bucket(self, key: str, level: float, ts: float) -> None: ...
+    def lease_count(self, key: str, now: float) -> int: ...  # drops expired leases first
+    def add_lease(self, key: str, lease_id: str, expires_at: float) -> None: ...
+    def remove_lease(self, key: str, lease_id: str) -> None: ...
+    def get_counter(self, key: str) -> int: ...
+    def add_counter(self, key: str, delta: int, expires_at: float) -> int: ...
+    def add_usage(self, usage: UsageDelta) -> None: ...
+    def mark_settled(self, settle_id: str, now: float) -> bool: ...  # False if already there
+
+
+def acquire(
+    txn: Txn,
+    *,
+    lease_id: str,
+    lease_ttl_s: float,
+    buckets: list[BucketOp],
+    leases: list[LeaseOp],
+    counters: list[CounterOp],
+    now: float,
+) -> AcquireResult:
+    """Check every op, then apply all of them or none (see `StateStore.acquire`)."""
+    denials: list[Denial] = []
+    levels: list[float] = []
+    for i, op in enumerate(buckets):
+        state = txn.get_bucket(op.key)
+        level = limits.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
+        levels.append(level)
+        if not limits.fits(level, op.capacity, op.cost):
+            denials.append(
+                Denial("bucket", i, limits.retry_after(level, op.capacity, op.rate_per_s, op.cost))
+            )
+    for i, lease in enumerate(leases):
+        if txn.lease_count(lease.key, now) >= lease.limit:
+            denials.append(Denial("lease", i, None))
+    used = [txn.get_counter(c.key) for c in counters]
+    for i, c in enumerate(counters):
+        if c.limit is not None and used[i] + c.cost > c.limit:
+            denials.append(Denial("counter", i, None))
+    if denials:
+        views = [_view(level, op) for level, op in zip(levels, buckets, strict=True)]
+        return AcquireResult(False, views, used, denials)
+    views = []
+    for level, op in zip(levels, buckets, strict=True):
+        state = txn.get_bucket(op.key)
+        txn.set_bucket(op.key, level + op.cost, max(now, state[1]) if state else now)
+        views.append(_view(level + op.cost, op))
+    for lease in leases:
+        txn.add_lease(lease.key, lease_id, now + lease_ttl_s)
+    after = [txn.add_counter(c.key, c.cost, c.expires_at) for c in counters]
+    return AcquireResult(True, views, after, [])
+
+
+def settle(
+    txn: Txn,
+    *,
+    settle_id: str,
+    lease_id: str,
+    buckets: list[BucketOp],
+    release: list[str],
+    counters: list[CounterOp],
+    usage: list[UsageDelta],
+    now: float,
+) -> bool:
+    """Apply a reconciliation once per settle_id (see `StateStore.settle`)."""
+    if not txn.mark_settled(settle_id, now):
+        return False
+    for op in buckets:
+        state = txn.get_bucket(op.key)
+        level = limits.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
+        txn.set_bucket(op.key, max(0.0, level + op.cost), max(now, state[1]) if state else now)
+    for key in release:
+        txn.remove_lease(key, lease_id)
+    for c in counters:
+        txn.add_counter(c.key, c.cost, c.expires_at)
+    for row in usage:
+        txn.add_usage(row)
+    return True
+
+
+def _view(level: float, op: BucketOp) -> BucketView:
+    return BucketView(limits.remaining(level, op.capacity), limits.reset_s(level, op.rate_per_s))

@@ -1,0 +1,177 @@
+"""The StateStore interface and the plain data it exchanges.
+
+A store knows nothing about tenants or HTTP: it holds token buckets, concurrency leases, period
+counters, usage rows and API keys, and applies a whole admission (`acquire`) or a whole reconciliation
+(`settle`) atomically, all-or-nothing. Atomicity lives in the store (one SQLite `BEGIN IMMEDIATE`
+transaction, one Redis Lua script), so limits hold across replicas sharing the same store.
+"""
+
+from __future__ import annotations
+
+import abc
+from datetime import UTC, datetime
+from typing import Literal
+
+import msgspec
+
+from policies.types import KeyRecord, UsageRow
+
+
+class BucketOp(msgspec.Struct, frozen=True):
+    """Take `cost` units from a token bucket (negative cost: give units back).
+
+    The bucket holds `capacity` units and refills at `rate_per_s`; its state is the level used.
+    """
+
+    key: str
+    capacity: float
+    rate_per_s: float
+    cost: float
+
+
+class LeaseOp(msgspec.Struct, frozen=True):
+    """Hold one concurrency slot of `key`, whose size is `limit`."""
+
+    key: str
+    limit: int
+
+
+class CounterOp(msgspec.Struct, frozen=True):
+    """Add `cost` to a period counter, refused if it would pass `limit` (None: never refused).
+
+    `expires_at` (epoch s) is when the store may forget the counter (after its period ends).
+    """
+
+    key: str
+    limit: int | None
+    cost: int
+    expires_at: float
+
+
+class UsageDelta(msgspec.Struct, frozen=True):
+    """Add to the usage row of (tenant, model, period)."""
+
+    tenant: str
+    model: str
+    period: str
+    requests: int
+    tokens: int
+
+
+class BucketView(msgspec.Struct, frozen=True):
+    """A bucket after an acquire: units left now, seconds until it is full again."""
+
+    remaining: float
+    reset_s: float
+
+
+class Denial(msgspec.Struct, frozen=True):
+    """Why an acquire was refused: which op (`kind` and index in its list) and when to retry.
+
+    `retry_after_s` is None when waiting cannot help (a cost above the capacity, a spent quota).
+    """
+
+    kind: Literal["bucket", "lease", "counter"]
+    index: int
+    retry_after_s: float | None
+
+
+class AcquireResult(msgspec.Struct, frozen=True):
+    """Outcome of `StateStore.acquire`.
+
+    Attributes:
+        ok: True when every op was applied; False when none was.
+        buckets: one view per bucket op (after the op when ok, the current state otherwise).
+        counters: value of each counter (after the op when ok, the current value otherwise).
+        denials: every op that refused (empty when ok).
+    """
+
+    ok: bool
+    buckets: list[BucketView]
+    counters: list[int]
+    denials: list[Denial]
+
+
+#: How long a settle id is remembered so that a repeated settle is a no-op.
+SETTLE_MEMORY_S = 2 * 86400.0
+
+
+class StateStore(abc.ABC):
+    """Shared policy state. Every method raises `StoreUnavailable` when the store cannot be reached."""
+
+    @abc.abstractmethod
+    async def acquire(
+        self,
+        *,
+        lease_id: str,
+        lease_ttl_s: float,
+        buckets: list[BucketOp],
+        leases: list[LeaseOp],
+        counters: list[CounterOp],
+        now: float,
+    ) -> AcquireResult:
+        """Apply every op, or none of them if any one refuses. Expired leases are dropped first."""
+
+    @abc.abstractmethod
+    async def settle(
+        self,
+        *,
+        settle_id: str,
+        lease_id: str,
+        buckets: list[BucketOp],
+        release: list[str],
+        counters: list[CounterOp],
+        usage: list[UsageDelta],
+        now: float,
+    ) -> bool:
+        """Adjust buckets and counters (limits ignored), release leases, add usage; once per settle_id.
+
+        Returns:
+            False when this settle_id was already applied (nothing is done again).
+        """
+
+    @abc.abstractmethod
+    async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:
+        """Set the expiry of this lease in each of `keys` to now + ttl_s (long streams keep their slot)."""
+
+    @abc.abstractmethod
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        """Usage rows, of one tenant or of all, sorted by tenant, model, period."""
+
+    @abc.abstractmethod
+    async def put_key(self, record: KeyRecord, secret_hash: str) -> bool:
+        """Store a new key; False (nothing stored) when its key_id already exists."""
+
+    @abc.abstractmethod
+    async def get_key(self, key_id: str) -> tuple[KeyRecord, str] | None:
+        """The key record and its secret hash, or None."""
+
+    @abc.abstractmethod
+    async def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
+        """Key records, of one tenant or of all, sorted by creation time."""
+
+    @abc.abstractmethod
+    async def revoke_key(self, key_id: str, now: float) -> bool:
+        """Mark a key revoked (kept for audit). False when no such key exists."""
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise `StoreUnavailable` unless the store answers."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections and threads. Idempotent."""
+
+
+def to_epoch(value: datetime | None) -> float | None:
+    """Epoch seconds of an aware datetime (naive ones are taken as UTC), or None."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+def from_epoch(value: float | None) -> datetime | None:
+    """The UTC datetime of epoch seconds, or None."""
+    return None if value is None else datetime.fromtimestamp(value, UTC)

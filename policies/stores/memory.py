@@ -1,0 +1,172 @@
+"""`memory://`: state in this process's dicts. For tests and a single process; lost on exit.
+
+Each method runs without awaiting in between, so on one event loop it is atomic by construction.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import msgspec
+
+from policies.stores import _engine
+from policies.stores.base import (
+    SETTLE_MEMORY_S,
+    AcquireResult,
+    BucketOp,
+    CounterOp,
+    LeaseOp,
+    StateStore,
+    UsageDelta,
+)
+from policies.types import KeyRecord, UsageRow
+
+
+class _MemoryTxn:
+    """The `_engine.Txn` view of a MemoryStore's dicts (changes apply at once)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.s = store
+
+    def get_bucket(self, key: str) -> tuple[float, float] | None:
+        return self.s.buckets.get(key)
+
+    def set_bucket(self, key: str, level: float, ts: float) -> None:
+        self.s.buckets[key] = (level, ts)
+
+    def lease_count(self, key: str, now: float) -> int:
+        held = self.s.leases.get(key, {})
+        for lease_id in [lid for lid, exp in held.items() if exp <= now]:
+            del held[lease_id]
+        return len(held)
+
+    def add_lease(self, key: str, lease_id: str, expires_at: float) -> None:
+        self.s.leases.setdefault(key, {})[lease_id] = expires_at
+
+    def remove_lease(self, key: str, lease_id: str) -> None:
+        self.s.leases.get(key, {}).pop(lease_id, None)
+
+    def get_counter(self, key: str) -> int:
+        return self.s.counters.get(key, (0, 0.0))[0]
+
+    def add_counter(self, key: str, delta: int, expires_at: float) -> int:
+        value = max(0, self.get_counter(key) + delta)
+        self.s.counters[key] = (value, expires_at)
+        return value
+
+    def add_usage(self, usage: UsageDelta) -> None:
+        k = (usage.tenant, usage.model, usage.period)
+        requests, tokens = self.s.usage_rows.get(k, (0, 0))
+        self.s.usage_rows[k] = (requests + usage.requests, tokens + usage.tokens)
+
+    def mark_settled(self, settle_id: str, now: float) -> bool:
+        if settle_id in self.s.settled:
+            return False
+        self.s.settled[settle_id] = now
+        return True
+
+
+class MemoryStore(StateStore):
+    """State in dicts of this process."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, tuple[float, float]] = {}
+        self.leases: dict[str, dict[str, float]] = {}
+        self.counters: dict[str, tuple[int, float]] = {}
+        self.usage_rows: dict[tuple[str, str, str], tuple[int, int]] = {}
+        self.settled: dict[str, float] = {}
+        self.keys: dict[str, tuple[KeyRecord, str]] = {}
+        self._ops = 0
+
+    def _gc(self, now: float) -> None:
+        # Forget settled ids and counters of past periods now and then, so memory stays bounded.
+        self._ops += 1
+        if self._ops % 4096:
+            return
+        self.settled = {k: t for k, t in self.settled.items() if t > now - SETTLE_MEMORY_S}
+        self.counters = {k: v for k, v in self.counters.items() if v[1] > now}
+
+    async def acquire(
+        self,
+        *,
+        lease_id: str,
+        lease_ttl_s: float,
+        buckets: list[BucketOp],
+        leases: list[LeaseOp],
+        counters: list[CounterOp],
+        now: float,
+    ) -> AcquireResult:
+        self._gc(now)
+        return _engine.acquire(
+            _MemoryTxn(self),
+            lease_id=lease_id,
+            lease_ttl_s=lease_ttl_s,
+            buckets=buckets,
+            leases=leases,
+            counters=counters,
+            now=now,
+        )
+
+    async def settle(
+        self,
+        *,
+        settle_id: str,
+        lease_id: str,
+        buckets: list[BucketOp],
+        release: list[str],
+        counters: list[CounterOp],
+        usage: list[UsageDelta],
+        now: float,
+    ) -> bool:
+        return _engine.settle(
+            _MemoryTxn(self),
+            settle_id=settle_id,
+            lease_id=lease_id,
+            buckets=buckets,
+            release=release,
+            counters=counters,
+            usage=usage,
+            now=now,
+        )
+
+    async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:
+        for key in keys:
+            held = self.leases.get(key, {})
+            if lease_id in held:
+                held[lease_id] = now + ttl_s
+
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        return [
+            UsageRow(tenant=t, model=m, period=p, requests=r, tokens=k)
+            for (t, m, p), (r, k) in sorted(self.usage_rows.items())
+            if tenant is None or t == tenant
+        ]
+
+    async def put_key(self, record: KeyRecord, secret_hash: str) -> bool:
+        if record.key_id in self.keys:
+            return False
+        self.keys[record.key_id] = (record, secret_hash)
+        return True
+
+    async def get_key(self, key_id: str) -> tuple[KeyRecord, str] | None:
+        return self.keys.get(key_id)
+
+    async def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
+        records = [r for r, _ in self.keys.values() if tenant is None or r.tenant == tenant]
+        return sorted(records, key=lambda r: (r.created_at, r.key_id))
+
+    async def revoke_key(self, key_id: str, now: float) -> bool:
+        found = self.keys.get(key_id)
+        if found is None:
+            return False
+        record, secret_hash = found
+        if record.revoked_at is None:
+            revoked = msgspec.structs.replace(record, revoked_at=datetime.fromtimestamp(now, UTC))
+            self.keys[key_id] = (revoked, secret_hash)
+        return True
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

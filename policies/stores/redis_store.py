@@ -1,0 +1,224 @@
+"""`redis://host:port/db`: state shared by several gateway replicas.
+
+Every check-and-update is one Lua script (see `redis_lua.py`), so limits do not multiply by the number
+of replicas and no Python-side lock is involved. `redis` is imported only when this store is opened.
+The URL may carry `?prefix=...` (default `fg:`) to share one Redis database between deployments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from policies.errors import StoreUnavailable
+from policies.stores import redis_lua
+from policies.stores.base import (
+    SETTLE_MEMORY_S,
+    AcquireResult,
+    BucketOp,
+    BucketView,
+    CounterOp,
+    Denial,
+    LeaseOp,
+    StateStore,
+    UsageDelta,
+    from_epoch,
+    to_epoch,
+)
+from policies.types import KeyRecord, UsageRow
+
+T = TypeVar("T")
+
+
+def _unavailable_errors() -> tuple[type[BaseException], ...]:
+    from redis import exceptions as rex
+
+    # Failures of the store itself; a ResponseError from a script is a bug and must surface as one.
+    return (
+        rex.ConnectionError,
+        rex.TimeoutError,
+        rex.BusyLoadingError,
+        rex.ReadOnlyError,
+        OSError,
+        asyncio.TimeoutError,
+    )
+
+
+class RedisStore(StateStore):
+    """State in one Redis database, every update an atomic Lua script."""
+
+    def __init__(self, client: Any, url: str, prefix: str = "fg:") -> None:
+        self._client = client
+        parts = urlsplit(url)
+        self._where = f"{parts.hostname}:{parts.port or 6379}{parts.path}"  # never the password
+        self._p = prefix
+        self._errors = _unavailable_errors()
+        self._acquire = client.register_script(redis_lua.ACQUIRE)
+        self._settle = client.register_script(redis_lua.SETTLE)
+        self._renew = client.register_script(redis_lua.RENEW)
+        self._put_key = client.register_script(redis_lua.PUT_KEY)
+        self._revoke_key = client.register_script(redis_lua.REVOKE_KEY)
+
+    @classmethod
+    async def open(cls, url: str, *, timeout_s: float = 2.0) -> RedisStore:
+        """Connect to `redis://[:password@]host:port/db[?prefix=fg:]` and check that it answers."""
+        import redis.asyncio as aioredis
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        prefix = query.pop("prefix", "fg:")
+        clean = urlunsplit(parts._replace(query=urlencode(query)))
+        client = aioredis.from_url(
+            clean,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+        )
+        store = cls(client, url, prefix)
+        await store.ping()
+        return store
+
+    async def _call(self, aw: Awaitable[T]) -> T:
+        try:
+            return await aw
+        except self._errors as exc:
+            raise StoreUnavailable(
+                f"state store unavailable (redis {self._where}): {type(exc).__name__}"
+            ) from exc
+
+    async def acquire(
+        self,
+        *,
+        lease_id: str,
+        lease_ttl_s: float,
+        buckets: list[BucketOp],
+        leases: list[LeaseOp],
+        counters: list[CounterOp],
+        now: float,
+    ) -> AcquireResult:
+        keys = [self._p + b.key for b in buckets] + [self._p + x.key for x in leases]
+        keys += [self._p + c.key for c in counters]
+        args: list[Any] = [repr(now), lease_id, repr(lease_ttl_s), len(buckets), len(leases), len(counters)]
+        for b in buckets:
+            args += [repr(float(b.capacity)), repr(float(b.rate_per_s)), repr(float(b.cost))]
+        args += [x.limit for x in leases]
+        for c in counters:
+            args += [-1 if c.limit is None else c.limit, c.cost, repr(max(1.0, c.expires_at - now))]
+        out = await self._call(self._acquire(keys=keys, args=args))
+        ok, i = out[0] == "1", 1
+        views = []
+        for _ in buckets:
+            views.append(BucketView(float(out[i]), float(out[i + 1])))
+            i += 2
+        used = [int(float(v)) for v in out[i : i + len(counters)]]
+        i += len(counters)
+        denials = []
+        while i < len(out):
+            retry = float(out[i + 2])
+            denials.append(Denial(out[i], int(out[i + 1]), None if retry < 0 else retry))
+            i += 3
+        return AcquireResult(ok, views, used, denials)
+
+    async def settle(
+        self,
+        *,
+        settle_id: str,
+        lease_id: str,
+        buckets: list[BucketOp],
+        release: list[str],
+        counters: list[CounterOp],
+        usage: list[UsageDelta],
+        now: float,
+    ) -> bool:
+        members = [json.dumps([u.tenant, u.model, u.period]) for u in usage]
+        keys = [self._p + "settled:" + settle_id] + [self._p + b.key for b in buckets]
+        keys += [self._p + k for k in release] + [self._p + c.key for c in counters]
+        keys += [self._p + "usage:" + m for m in members] + [self._p + "usage_index"]
+        args: list[Any] = [repr(now), lease_id, repr(SETTLE_MEMORY_S)]
+        args += [len(buckets), len(release), len(counters), len(usage)]
+        for b in buckets:
+            args += [repr(float(b.capacity)), repr(float(b.rate_per_s)), repr(float(b.cost))]
+        for c in counters:
+            args += [c.cost, repr(max(1.0, c.expires_at - now))]
+        for u, m in zip(usage, members, strict=True):
+            args += [u.requests, u.tokens, m]
+        return await self._call(self._settle(keys=keys, args=args)) == 1
+
+    async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:
+        if keys:
+            args = [lease_id, repr(now + ttl_s), repr(ttl_s)]
+            await self._call(self._renew(keys=[self._p + k for k in keys], args=args))
+
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        members = await self._call(self._client.smembers(self._p + "usage_index"))
+        wanted = [m for m in sorted(members) if tenant is None or json.loads(m)[0] == tenant]
+        pipe = self._client.pipeline(transaction=False)
+        for m in wanted:
+            pipe.hmget(self._p + "usage:" + m, "requests", "tokens")
+        values = await self._call(pipe.execute()) if wanted else []
+        rows = []
+        for m, (requests, tokens) in zip(wanted, values, strict=True):
+            t, model, period = json.loads(m)
+            rows.append(
+                UsageRow(
+                    tenant=t, model=model, period=period, requests=int(requests or 0), tokens=int(tokens or 0)
+                )
+            )
+        return sorted(rows, key=lambda r: (r.tenant, r.model, r.period))
+
+    async def put_key(self, record: KeyRecord, secret_hash: str) -> bool:
+        fields = {
+            "tenant": record.tenant,
+            "hash": secret_hash,
+            "models": json.dumps(list(record.models)),
+            "created_at": repr(to_epoch(record.created_at)),
+        }
+        if record.name is not None:
+            fields["name"] = record.name
+        if record.expires_at is not None:
+            fields["expires_at"] = repr(to_epoch(record.expires_at))
+        args = [record.key_id] + [x for kv in fields.items() for x in kv]
+        keys = [self._p + "key:" + record.key_id, self._p + "key_index"]
+        return await self._call(self._put_key(keys=keys, args=args)) == 1
+
+    async def get_key(self, key_id: str) -> tuple[KeyRecord, str] | None:
+        found = await self._call(self._client.hgetall(self._p + "key:" + key_id))
+        return (_key_from_hash(key_id, found), found["hash"]) if found else None
+
+    async def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
+        ids = sorted(await self._call(self._client.smembers(self._p + "key_index")))
+        pipe = self._client.pipeline(transaction=False)
+        for key_id in ids:
+            pipe.hgetall(self._p + "key:" + key_id)
+        hashes = await self._call(pipe.execute()) if ids else []
+        records = [_key_from_hash(k, h) for k, h in zip(ids, hashes, strict=True) if h]
+        records = [r for r in records if tenant is None or r.tenant == tenant]
+        return sorted(records, key=lambda r: (r.created_at, r.key_id))
+
+    async def revoke_key(self, key_id: str, now: float) -> bool:
+        result = self._revoke_key(keys=[self._p + "key:" + key_id], args=[repr(now)])
+        return await self._call(result) == 1
+
+    async def ping(self) -> None:
+        await self._call(self._client.ping())
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _key_from_hash(key_id: str, h: dict[str, str]) -> KeyRecord:
+    def epoch(name: str) -> float | None:
+        return float(h[name]) if name in h else None
+
+    return KeyRecord(
+        key_id=key_id,
+        tenant=h["tenant"],
+        models=json.loads(h["models"]),
+        name=h.get("name"),
+        created_at=from_epoch(float(h["created_at"])),
+        expires_at=from_epoch(epoch("expires_at")),
+        revoked_at=from_epoch(epoch("revoked_at")),
+    )

@@ -1,0 +1,305 @@
+"""`sqlite:///path`: the embedded default, durable and shared by every process on one host.
+
+One connection lives on one dedicated thread, so the event loop never blocks on the disk. Every
+acquire and settle is one `BEGIN IMMEDIATE` transaction: SQLite takes the write lock before reading,
+so two processes (two gateway replicas on one file) can never both pass a check and both write.
+WAL journal: a committed transaction survives a crash of the process (`kill -9`); with
+`?synchronous=full` it survives a power loss too, at the cost of one fsync per commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import parse_qs
+
+from policies.errors import StoreUnavailable
+from policies.stores import _engine
+from policies.stores.base import (
+    SETTLE_MEMORY_S,
+    AcquireResult,
+    BucketOp,
+    CounterOp,
+    LeaseOp,
+    StateStore,
+    UsageDelta,
+    from_epoch,
+    to_epoch,
+)
+from policies.types import KeyRecord, UsageRow
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS buckets (key TEXT PRIMARY KEY, level REAL NOT NULL, ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (key TEXT NOT NULL, lease_id TEXT NOT NULL, expires_at REAL NOT NULL,
+    PRIMARY KEY (key, lease_id));
+CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, used INTEGER NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (tenant TEXT NOT NULL, model TEXT NOT NULL, period TEXT NOT NULL,
+    requests INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (tenant, model, period));
+CREATE TABLE IF NOT EXISTS settled (id TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, hash TEXT NOT NULL,
+    models TEXT NOT NULL, name TEXT, created_at REAL NOT NULL, expires_at REAL, revoked_at REAL);
+"""
+_KEY_COLUMNS = "key_id, tenant, models, name, created_at, expires_at, revoked_at"
+
+
+class _SqliteTxn:
+    """The `_engine.Txn` view of one open SQLite transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.c = conn
+
+    def get_bucket(self, key: str) -> tuple[float, float] | None:
+        return self.c.execute("SELECT level, ts FROM buckets WHERE key = ?", (key,)).fetchone()
+
+    def set_bucket(self, key: str, level: float, ts: float) -> None:
+        self.c.execute(
+            "INSERT INTO buckets (key, level, ts) VALUES (?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET level = excluded.level, ts = excluded.ts",
+            (key, level, ts),
+        )
+
+    def lease_count(self, key: str, now: float) -> int:
+        self.c.execute("DELETE FROM leases WHERE key = ? AND expires_at <= ?", (key, now))
+        return self.c.execute("SELECT count(*) FROM leases WHERE key = ?", (key,)).fetchone()[0]
+
+    def add_lease(self, key: str, lease_id: str, expires_at: float) -> None:
+        self.c.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?)", (key, lease_id, expires_at))
+
+    def remove_lease(self, key: str, lease_id: str) -> None:
+        self.c.execute("DELETE FROM leases WHERE key = ? AND lease_id = ?", (key, lease_id))
+
+    def get_counter(self, key: str) -> int:
+        row = self.c.execute("SELECT used FROM counters WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else 0
+
+    def add_counter(self, key: str, delta: int, expires_at: float) -> int:
+        return self.c.execute(
+            "INSERT INTO counters (key, used, expires_at) VALUES (?, max(0, ?), ?) "
+            "ON CONFLICT (key) DO UPDATE SET used = max(0, used + excluded.used), "
+            "expires_at = excluded.expires_at RETURNING used",
+            (key, delta, expires_at),
+        ).fetchone()[0]
+
+    def add_usage(self, usage: UsageDelta) -> None:
+        self.c.execute(
+            "INSERT INTO usage VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, model, period) DO UPDATE SET "
+            "requests = requests + excluded.requests, tokens = tokens + excluded.tokens",
+            (usage.tenant, usage.model, usage.period, usage.requests, usage.tokens),
+        )
+
+    def mark_settled(self, settle_id: str, now: float) -> bool:
+        cur = self.c.execute("INSERT OR IGNORE INTO settled (id, at) VALUES (?, ?)", (settle_id, now))
+        return cur.rowcount == 1
+
+
+def _key_from_row(row: tuple) -> KeyRecord:
+    key_id, tenant, models, name, created_at, expires_at, revoked_at = row
+    return KeyRecord(
+        key_id=key_id,
+        tenant=tenant,
+        models=json.loads(models),
+        name=name,
+        created_at=from_epoch(created_at),
+        expires_at=from_epoch(expires_at),
+        revoked_at=from_epoch(revoked_at),
+    )
+
+
+class SqliteStore(StateStore):
+    """State in one SQLite file (WAL), used through a single dedicated thread."""
+
+    def __init__(self, path: str, *, synchronous: str = "NORMAL", busy_timeout_ms: int = 5000) -> None:
+        self.path = path
+        self._synchronous = synchronous.upper()
+        if self._synchronous not in ("NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"sqlite synchronous must be normal, full or extra, got {synchronous!r}")
+        self._busy_timeout_ms = busy_timeout_ms
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fg-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        self._ops = 0
+
+    @classmethod
+    async def open(cls, url: str) -> SqliteStore:
+        """Open `sqlite:///relative/path` or `sqlite:////absolute/path` (`?synchronous=full`)."""
+        rest = url.removeprefix("sqlite:///")
+        path, _, query = rest.partition("?")
+        if not path:
+            raise ValueError(f"sqlite URL needs a file path: {url!r}")
+        options = {k: v[-1] for k, v in parse_qs(query).items()}
+        store = cls(path, synchronous=options.get("synchronous", "normal"))
+        await store._run(store._connect)
+        return store
+
+    def _connect(self) -> None:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout_ms / 1000)
+        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        conn.executescript(_SCHEMA)
+        self._conn = conn
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise sqlite3.OperationalError("store is closed")
+        return self._conn
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            raise StoreUnavailable(f"state store unavailable (sqlite {self.path}): {exc}") from exc
+        except RuntimeError as exc:  # executor shut down: the store was closed
+            raise StoreUnavailable(f"state store unavailable (sqlite {self.path}): closed") from exc
+
+    async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")  # take the write lock before reading: check-and-set
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return await self._run(run)
+
+    async def acquire(
+        self,
+        *,
+        lease_id: str,
+        lease_ttl_s: float,
+        buckets: list[BucketOp],
+        leases: list[LeaseOp],
+        counters: list[CounterOp],
+        now: float,
+    ) -> AcquireResult:
+        return await self._tx(
+            lambda c: _engine.acquire(
+                _SqliteTxn(c),
+                lease_id=lease_id,
+                lease_ttl_s=lease_ttl_s,
+                buckets=buckets,
+                leases=leases,
+                counters=counters,
+                now=now,
+            )
+        )
+
+    async def settle(
+        self,
+        *,
+        settle_id: str,
+        lease_id: str,
+        buckets: list[BucketOp],
+        release: list[str],
+        counters: list[CounterOp],
+        usage: list[UsageDelta],
+        now: float,
+    ) -> bool:
+        self._ops += 1
+        gc = self._ops % 1024 == 0
+
+        def run(c: sqlite3.Connection) -> bool:
+            if gc:  # forget old settle ids and counters of past periods now and then
+                c.execute("DELETE FROM settled WHERE at < ?", (now - SETTLE_MEMORY_S,))
+                c.execute("DELETE FROM counters WHERE expires_at < ?", (now,))
+            return _engine.settle(
+                _SqliteTxn(c),
+                settle_id=settle_id,
+                lease_id=lease_id,
+                buckets=buckets,
+                release=release,
+                counters=counters,
+                usage=usage,
+                now=now,
+            )
+
+        return await self._tx(run)
+
+    async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:
+        expires_at = now + ttl_s
+
+        def run(c: sqlite3.Connection) -> None:
+            for key in keys:
+                c.execute(
+                    "UPDATE leases SET expires_at = ? WHERE key = ? AND lease_id = ?",
+                    (expires_at, key, lease_id),
+                )
+
+        await self._tx(run)
+
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        def run(c: sqlite3.Connection) -> list[tuple]:
+            sql = "SELECT tenant, model, period, requests, tokens FROM usage"
+            if tenant is None:
+                return c.execute(sql + " ORDER BY 1, 2, 3").fetchall()
+            return c.execute(sql + " WHERE tenant = ? ORDER BY 1, 2, 3", (tenant,)).fetchall()
+
+        rows = await self._tx(run)
+        return [UsageRow(tenant=t, model=m, period=p, requests=r, tokens=k) for t, m, p, r, k in rows]
+
+    async def put_key(self, record: KeyRecord, secret_hash: str) -> bool:
+        values = (
+            record.key_id,
+            record.tenant,
+            secret_hash,
+            json.dumps(list(record.models)),
+            record.name,
+            to_epoch(record.created_at),
+            to_epoch(record.expires_at),
+            to_epoch(record.revoked_at),
+        )
+        return await self._tx(
+            lambda c: (
+                c.execute("INSERT OR IGNORE INTO keys VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values).rowcount == 1
+            )
+        )
+
+    async def get_key(self, key_id: str) -> tuple[KeyRecord, str] | None:
+        def run() -> tuple | None:
+            sql = f"SELECT {_KEY_COLUMNS}, hash FROM keys WHERE key_id = ?"
+            return self._connection().execute(sql, (key_id,)).fetchone()
+
+        row = await self._run(run)  # one SELECT is atomic: no write lock needed
+        return None if row is None else (_key_from_row(row[:-1]), row[-1])
+
+    async def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
+        def run(c: sqlite3.Connection) -> list[tuple]:
+            sql = f"SELECT {_KEY_COLUMNS} FROM keys"
+            if tenant is None:
+                return c.execute(sql + " ORDER BY created_at, key_id").fetchall()
+            return c.execute(sql + " WHERE tenant = ? ORDER BY created_at, key_id", (tenant,)).fetchall()
+
+        return [_key_from_row(row) for row in await self._tx(run)]
+
+    async def revoke_key(self, key_id: str, now: float) -> bool:
+        def run(c: sqlite3.Connection) -> bool:
+            c.execute("UPDATE keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL", (now, key_id))
+            return c.execute("SELECT 1 FROM keys WHERE key_id = ?", (key_id,)).fetchone() is not None
+
+        return await self._tx(run)
+
+    async def ping(self) -> None:
+        await self._run(lambda: self._connection().execute("SELECT 1").fetchone())
+
+    async def close(self) -> None:
+        if self._conn is None:
+            return
+
+        def run() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,125 @@
+"""Tenant policy types, decoded straight from the `tenants:` config section.
+
+All are frozen msgspec Structs with `forbid_unknown_fields`, so a typo in the config is an error that
+names the field, and every numeric value is validated in `__post_init__` (msgspec turns a ValueError
+raised there into a `ValidationError` carrying the config path).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from datetime import datetime
+
+import msgspec
+
+
+def _check_positive(owner: str, **values: int | None) -> None:
+    for name, value in values.items():
+        if value is None:
+            continue
+        # bool is an int subclass: `requests_per_minute: true` must not mean 1.
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{owner}.{name} must be a positive integer or null, got {value!r}")
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Rate limits. `None` means unlimited. Rates are smooth (token bucket over one minute)."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            "limits",
+            requests_per_minute=self.requests_per_minute,
+            tokens_per_minute=self.tokens_per_minute,
+            max_concurrency=self.max_concurrency,
+        )
+
+
+class Quotas(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Budgets per UTC calendar day and month. `None` means unlimited."""
+
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+    requests_per_day: int | None = None
+    requests_per_month: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            "quotas",
+            tokens_per_day=self.tokens_per_day,
+            tokens_per_month=self.tokens_per_month,
+            requests_per_day=self.requests_per_day,
+            requests_per_month=self.requests_per_month,
+        )
+
+
+class TenantSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One tenant: fair-share weight, tenant-wide limits and quotas, visible models, per-key limits.
+
+    Attributes:
+        weight: fair-share weight used by the fair queue (> 0).
+        limits: limits shared by all keys of the tenant.
+        quotas: day/month budgets shared by all keys of the tenant.
+        models: globs (fnmatch) of the model names this tenant may see.
+        key_limits: limits applied to each key of the tenant on its own (None: no per-key limits).
+    """
+
+    weight: float = 1.0
+    limits: Limits = msgspec.field(default_factory=Limits)
+    quotas: Quotas = msgspec.field(default_factory=Quotas)
+    models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    key_limits: Limits | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.weight, bool) or not (self.weight > 0) or self.weight == float("inf"):
+            raise ValueError(f"weight must be a positive finite number, got {self.weight!r}")
+        if not self.models:
+            raise ValueError("models must list at least one glob (use ['*'] for all models)")
+        for glob in self.models:
+            if not isinstance(glob, str) or not glob.strip():
+                raise ValueError(f"models must be non-empty strings, got {glob!r}")
+
+    def allows_model(self, model_name: str) -> bool:
+        """Whether a model name matches one of this tenant's globs."""
+        return any(fnmatch.fnmatchcase(model_name, glob) for glob in self.models)
+
+
+class UsageRow(msgspec.Struct, kw_only=True, frozen=True):
+    """Usage of one tenant on one model in one UTC period ("2026-11-21" for a day, "2026-11" a month)."""
+
+    tenant: str
+    model: str
+    period: str
+    requests: int
+    tokens: int
+
+
+class KeyRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """One API key as shown to admins: never the secret, never its hash.
+
+    Attributes:
+        key_id: public id, also the lookup prefix of the secret (`fg-<key_id>-<secret>`).
+        tenant: tenant the key belongs to.
+        models: model globs the key is restricted to (`["*"]`: all of its tenant's models).
+        name: free label given at creation.
+        created_at: creation time (UTC).
+        expires_at: expiry time (UTC), or None for a key that does not expire.
+        revoked_at: revocation time (UTC), or None while the key is not revoked.
+    """
+
+    key_id: str
+    tenant: str
+    models: list[str]
+    name: str | None = None
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+    def active(self, now: float) -> bool:
+        """Whether the key authenticates at epoch time `now` (not revoked, not expired)."""
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or now < self.expires_at.timestamp()

@@ -1,0 +1,24 @@
+"""Small builders shared by the policy tests."""
+
+from __future__ import annotations
+
+from policies.admission import Admission
+from policies.principal import Principal
+from policies.stores import StateStore
+from policies.types import Limits, Quotas, TenantSpec
+
+ACME = Principal("acme", "0123456789ab", ("*",))
+ACME_KEY2 = Principal("acme", "ba9876543210", ("*",))
+
+
+def admission(
+    store: StateStore,
+    clock,  # noqa: ANN001 - FakeClock
+    *,
+    limits: Limits | None = None,
+    quotas: Quotas | None = None,
+    key_limits: Limits | None = None,
+    **kwargs: object,
+) -> Admission:
+    spec = TenantSpec(limits=limits or Limits(), quotas=quotas or Quotas(), key_limits=key_limits)
+    return Admission(store, {"acme": spec}, clock, **kwargs)
