@@ -1,0 +1,242 @@
+"""The synchronous engine: add requests, run `step()` repeatedly, get per-request outputs.
+
+One step = schedule -> forward pass -> sample -> detokenise -> finish checks -> free blocks. It is not
+thread-safe: `async_engine` calls it from one dedicated thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from backends.base import SamplingParams
+from backends.torch_llm import metrics as m
+from backends.torch_llm.block_manager import BlockManager
+from backends.torch_llm.detokenizer import Decoder, IncrementalDetokenizer
+from backends.torch_llm.runner import ModelRunner
+from backends.torch_llm.sampler import SamplingState, sample
+from backends.torch_llm.scheduler import Scheduler, WaitingQueue
+from backends.torch_llm.sequence import Sequence
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class _Request:
+    sampling: SamplingState
+    detok: IncrementalDetokenizer | None
+    stop_ids: frozenset[int]
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+@dataclass
+class KVWasteStats:
+    """Allocated vs used KV slots of running sequences, summed over steps (steady-state averages)."""
+
+    allocated: int = 0
+    used: int = 0
+    reserved_max_len: int = 0  # what reserving max_model_len per running sequence would hold
+    reserved_request: int = 0  # what reserving prompt + max_tokens per running sequence would hold
+    steps: int = 0
+    last: float = 0.0
+
+    def ratio(self, total: int | None = None) -> float:
+        total = self.allocated if total is None else total
+        return 0.0 if total == 0 else 1.0 - self.used / total
+
+
+@dataclass
+class EngineConfig:
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    seed: int = 0
+    deployment: str = "llm"
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class LLMEngine:
+    """Continuous-batching engine over one model.
+
+    Args:
+        runner: model + KV cache.
+        scheduler: batch policy over a block manager sized like `runner`.
+        tokenizer: for detokenisation (None: outputs carry token ids only).
+        config: limits and ids.
+        clock: monotonic clock in seconds (injected so tests can move it).
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        tokenizer: Decoder | None,
+        config: EngineConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.config = config
+        self.clock = clock
+        self._seqs: dict[str, Sequence] = {}
+        self._next_id = 0
+        self.kv_waste = KVWasteStats()
+        self.num_steps = 0
+        self._label = config.deployment
+
+    @classmethod
+    def create(
+        cls,
+        runner: ModelRunner,
+        tokenizer: Decoder | None,
+        config: EngineConfig,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_prefix_caching: bool = True,
+        waiting: WaitingQueue | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> LLMEngine:
+        bm = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching=enable_prefix_caching)
+        sched = Scheduler(
+            bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, waiting=waiting
+        )
+        return cls(runner, sched, tokenizer, config, clock=clock)
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.scheduler.block_manager
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, cache_scope: str = ""
+    ) -> None:
+        """Queue a request (validated by the caller: prompt shorter than max_model_len)."""
+        if request_id in self._seqs:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        state = _Request(
+            sampling=SamplingState.create(
+                params, self.runner.device, fallback_seed=self.config.seed + self._next_id
+            ),
+            detok=IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
+            if self.tokenizer
+            else None,
+            stop_ids=frozenset(params.stop_token_ids)
+            | (frozenset() if params.ignore_eos else self.config.eos_token_ids),
+        )
+        seq = Sequence(
+            self._next_id,
+            request_id,
+            prompt_token_ids,
+            max_tokens=params.max_tokens,
+            cache_scope=cache_scope,
+            arrival_time=self.clock(),
+            data=state,
+        )
+        self._next_id += 1
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+        m.PROMPT_TOKENS.labels(self._label).inc(len(prompt_token_ids))
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request and free its blocks now; False when it is unknown or already finished."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        m.REQUEST_SUCCESS.labels(self._label, "abort").inc()
+        return True
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; returns an output for every request that got a token or finished."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        logits, sampled = self.runner.execute(out.scheduled)
+        for seq, n in out.scheduled:
+            seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
+        self._record_step(out.num_batched_tokens, len(out.preempted), out.prefix_queries, out.prefix_hits)
+        if not sampled:
+            return []
+        states = [seq.data.sampling for seq in sampled]
+        tokens, logprobs = sample(logits, states)
+        now = self.clock()
+        results = []
+        for i, (seq, token) in enumerate(zip(sampled, tokens, strict=True)):
+            results.append(self._append(seq, token, None if logprobs is None else logprobs[i], now))
+        return results
+
+    def _append(self, seq: Sequence, token: int, logprob: float | None, now: float) -> RequestOutput:
+        req: _Request = seq.data
+        seq.append_token(token)
+        m.GENERATION_TOKENS.labels(self._label).inc()
+        if req.first_token_at is None:
+            req.first_token_at = now
+            m.TTFT.labels(self._label).observe(now - seq.arrival_time)
+        else:
+            m.ITL.labels(self._label).observe(now - (req.last_token_at or now))
+        req.last_token_at = now
+        reason = None
+        stopped_by_text = req.detok.add(token) if req.detok else False
+        if token in req.stop_ids or stopped_by_text:
+            reason = "stop"
+        elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self._seqs.pop(seq.request_id, None)
+            m.E2E.labels(self._label).observe(now - seq.arrival_time)
+            m.REQUEST_SUCCESS.labels(self._label, reason).inc()
+        return RequestOutput(
+            request_id=seq.request_id,
+            token_ids=[token],
+            text=req.detok.take(final=reason is not None) if req.detok else "",
+            logprobs=None if logprob is None or not req.sampling.params.logprobs else [logprob],
+            finish_reason=reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+        )
+
+    def _record_step(self, num_tokens: int, num_preempted: int, queries: int, hits: int) -> None:
+        self.num_steps += 1
+        sched, w, label = self.scheduler, self.kv_waste, self._label
+        bs = self.runner.block_size
+        alloc = sum(len(s.block_table) for s in sched.running) * bs
+        used = sum(s.num_computed_tokens for s in sched.running)
+        if alloc:
+            w.allocated += alloc
+            w.used += used
+            w.reserved_max_len += len(sched.running) * self.config.max_model_len
+            w.reserved_request += sum(
+                min(s.num_prompt_tokens + s.max_tokens, self.config.max_model_len) for s in sched.running
+            )
+            w.steps += 1
+            w.last = 1.0 - used / alloc
+        m.ITERATION_TOKENS.labels(label).observe(num_tokens)
+        m.NUM_RUNNING.labels(label).set(len(sched.running))
+        m.NUM_WAITING.labels(label).set(len(sched.waiting))
+        m.KV_USAGE.labels(label).set(self.block_manager.usage)
+        m.KV_WASTE.labels(label).set(w.last)
+        if num_preempted:
+            m.PREEMPTIONS.labels(label).inc(num_preempted)
+        if queries:
+            m.PREFIX_QUERIES.labels(label).inc(queries)
+            m.PREFIX_HITS.labels(label).inc(hits)

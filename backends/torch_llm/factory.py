@@ -1,0 +1,100 @@
+"""Assemble an engine from a model folder and options: load, size the KV pool, wire the parts."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from backends.torch_llm.engine import EngineConfig, LLMEngine
+from backends.torch_llm.loader import load_model, resolve_dtype
+from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.options import LLMOptions
+from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
+from backends.torch_llm.scheduler import WaitingQueue
+from backends.torch_llm.tokenizer import TextTokenizer
+
+
+@dataclass
+class EngineParts:
+    engine: LLMEngine
+    tokenizer: TextTokenizer | None
+    config: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    num_blocks: int
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """`None`/"auto": CUDA when present, else CPU."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r} is not supported (cpu, cuda, cuda:N, auto)")
+    return device
+
+
+def num_kv_blocks(options: LLMOptions, per_block: int, device: torch.device) -> int:
+    """Blocks that fit the budget: bytes on CPU, a fraction of total GPU memory on CUDA."""
+    if options.num_kv_blocks is not None:
+        return options.num_kv_blocks
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        # Keep (1 - utilization) of the card plus a margin for activations free.
+        budget = free - total * (1.0 - options.gpu_memory_utilization) - 2 * 1024**3
+    else:
+        budget = options.kv_cache_bytes
+    blocks = int(budget // per_block)
+    if blocks < 1:
+        raise ValueError("the KV cache budget does not hold a single block; raise kv_cache_bytes")
+    return blocks
+
+
+def build_engine(
+    folder: pathlib.Path,
+    options: LLMOptions,
+    *,
+    device: str | None = None,
+    deployment: str = "llm",
+    waiting: WaitingQueue | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    with_tokenizer: bool = True,
+) -> EngineParts:
+    """Load the model in `folder` and build an engine for it (blocking; seconds for large models)."""
+    dev = resolve_device(device)
+    cfg = ModelConfig.from_folder(folder)
+    dtype = resolve_dtype(cfg, options.dtype, dev)
+    if options.num_threads and dev.type == "cpu":
+        torch.set_num_threads(options.num_threads)
+    model = load_model(folder, dev, dtype)
+    tokenizer = TextTokenizer(folder) if with_tokenizer else None
+    blocks = num_kv_blocks(options, kv_bytes_per_block(model, options.block_size, dtype), dev)
+    max_len = options.max_model_len or cfg.max_position_embeddings
+    if cfg.sliding_window:  # attention here is full; stay inside the window where both agree
+        max_len = min(max_len, cfg.sliding_window)
+    # One sequence must always fit the pool, or it could never finish.
+    max_len = min(max_len, blocks * options.block_size)
+    eos = set(cfg.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    runner = ModelRunner(model, num_blocks=blocks, block_size=options.block_size)
+    engine = LLMEngine.create(
+        runner,
+        tokenizer,
+        EngineConfig(
+            max_model_len=max_len, eos_token_ids=frozenset(eos), seed=options.seed, deployment=deployment
+        ),
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        enable_prefix_caching=options.enable_prefix_caching,
+        waiting=waiting,
+        clock=clock,
+    )
+    return EngineParts(engine, tokenizer, cfg, dev, dtype, max_len, blocks)

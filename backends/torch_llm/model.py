@@ -1,0 +1,156 @@
+"""The Llama-family decoder (Llama 2/3, Qwen2, Mistral) over a paged KV cache.
+
+Parameter names match Hugging Face checkpoints, so a `model.safetensors` state dict loads as is.
+Tokens of a step are one flattened batch `[T]` (no padding); `positions` gives each token's position
+in its sequence. Computation mirrors the reference implementation op for op (RMSNorm in float32,
+rotate-half rotary embeddings, residual adds), so float32 outputs match it token for token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.torch_llm.attention import AttentionMetadata, make_attention
+from backends.torch_llm.model_config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies `[D/2]`, with linear or Llama-3 scaling when the config asks for it."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        hd = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * hd, cfg.hidden_size, bias=cfg.o_bias)
+        self.attn = make_attention(torch.device("cpu"), self.num_heads, self.num_kv_heads, hd)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,  # [T, 1, D]
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        o = self.attn(q, k, v, kv[0], kv[1], meta)  # [T, H, D]
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, cos, sin, kv, meta):  # noqa: ANN001, ANN201 - shapes as in Attention
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder + LM head. `forward` returns final hidden states; `logits` projects selected rows."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden]
+        h = self.model.embed_tokens(input_ids)
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq.float()  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos().to(h.dtype).unsqueeze(1)  # [T, 1, D]
+        sin = emb.sin().to(h.dtype).unsqueeze(1)
+        for layer, kv in zip(self.model.layers, kv_caches, strict=True):
+            h = layer(h, cos, sin, kv, meta)
+        return self.model.norm(h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
+        return self.lm_head(hidden).float()

@@ -1,0 +1,68 @@
+"""The `options:` of a `torch_llm` deployment, decoded into a Struct so errors name the option."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from backends.spec import SpecBase
+
+
+class LLMOptions(SpecBase):
+    """Engine knobs. Every field has a default; unknown keys are errors.
+
+    Attributes:
+        block_size: tokens per KV block.
+        kv_cache_bytes: size of the KV pool on CPU (bytes).
+        gpu_memory_utilization: fraction of the GPU's total memory the process may use (weights + KV).
+        num_kv_blocks: fixed number of KV blocks (overrides both budgets; mostly for tests).
+        max_num_seqs: most sequences in one step.
+        max_num_batched_tokens: token budget of one step (chunked prefill splits longer prompts).
+        max_model_len: longest sequence (prompt + output); default: the model's max positions.
+        dtype: "auto" (from config.json), "float32", "bfloat16" or "float16".
+        enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
+        prefix_cache_scope: "tenant" isolates cached prefixes per tenant, "global" shares them.
+        num_threads: torch intra-op threads on CPU (None: torch's default).
+        seed: seed of the generator used by requests that give no seed.
+    """
+
+    block_size: int = 16
+    kv_cache_bytes: int = 256 * 1024 * 1024
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    enable_prefix_caching: bool = True
+    prefix_cache_scope: Literal["tenant", "global"] = "tenant"
+    num_threads: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("block_size", self.block_size >= 1, "must be >= 1"),
+            ("kv_cache_bytes", self.kv_cache_bytes >= 1, "must be >= 1"),
+            ("gpu_memory_utilization", 0.0 < self.gpu_memory_utilization <= 1.0, "must be in (0, 1]"),
+            ("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1, "must be >= 1"),
+            ("max_num_seqs", self.max_num_seqs >= 1, "must be >= 1"),
+            ("max_num_batched_tokens", self.max_num_batched_tokens >= 1, "must be >= 1"),
+            ("max_model_len", self.max_model_len is None or self.max_model_len >= 2, "must be >= 2"),
+            ("num_threads", self.num_threads is None or self.num_threads >= 1, "must be >= 1"),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise ValueError(f"options.{name} {why}")
+
+
+def decode_options(raw: dict[str, Any]) -> LLMOptions:
+    """Decode a deployment's `options` mapping.
+
+    Raises:
+        ValueError: with a message naming the offending option (`... at $.block_size`).
+    """
+    try:
+        return msgspec.convert(raw, LLMOptions)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid torch_llm options: {exc}") from None
