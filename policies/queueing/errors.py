@@ -1,15 +1,15 @@
 """Errors of the fair queue; the gateway turns each into the caller's protocol envelope.
 
-They carry the same attributes as the keys/limits `PolicyError` (status, code, message,
-retry_after_s, headers) so the gateway handles every policy rejection the same way.
+They subclass the policy layer's `PolicyError` (status, code, message, retry_after_s, headers),
+so the gateway handles every policy refusal the same way.
 """
 
 from __future__ import annotations
 
-import math
+from policies.errors import PolicyError
 
 
-class QueueError(Exception):
+class QueueError(PolicyError):
     """Base class: a queue rejection with an HTTP status and a code safe to show to the caller.
 
     Attributes:
@@ -31,17 +31,12 @@ class QueueError(Exception):
         code: str | None = None,
         retry_after_s: float | None = None,
     ) -> None:
-        super().__init__(message)
-        self.message = message
+        # PolicyError adds `Retry-After` (whole seconds, rounded up) when retry_after_s is set.
+        super().__init__(message, retry_after_s=retry_after_s)
         if status is not None:
             self.status = status
         if code is not None:
             self.code = code
-        self.retry_after_s = retry_after_s
-        self.headers: dict[str, str] = {}
-        if retry_after_s is not None:
-            # Retry-After takes whole seconds; round up so clients never retry too early.
-            self.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
 
 
 class QueueFull(QueueError):

@@ -271,3 +271,19 @@ async def test_stats_and_weights(clock: FakeClock) -> None:
         fq.update_weights({"a": 0.0})
     with pytest.raises(ValueError, match="cost"):
         await fq.acquire("a", -1.0)
+
+
+def test_queue_errors_are_policy_errors() -> None:
+    from policies.errors import PolicyError
+
+    err = QueueFull.tenant("acme", 5, retry_after_s=2.5)
+    assert isinstance(err, PolicyError)
+    assert (err.status, err.code, err.retry_after_s, err.headers["Retry-After"]) == (
+        429,
+        "tenant_queue_full",
+        2.5,
+        "3",
+    )
+    assert "acme" in err.message
+    late = QueueDeadlineExceeded("late")
+    assert isinstance(late, PolicyError) and late.status == 504 and late.retry_after_s is None
