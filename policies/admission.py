@@ -171,9 +171,10 @@ class Admission:
             if self._down_since is None:
                 self._down_since = now
             if self._fail_open_s > 0 and now - self._down_since <= self._fail_open_s:
-                self.stats["fail_open"] += 1
                 log.warning("state_store_down_failing_open", error=exc.message, down_s=now - self._down_since)
-                return await self._local.acquire(**kwargs), True
+                result = await self._local.acquire(**kwargs)
+                self.stats["fail_open"] += result.ok
+                return result, True
             self.stats["store_unavailable"] += 1
             log.error("state_store_down_failing_closed", error=exc.message)
             raise

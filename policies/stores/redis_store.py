@@ -63,7 +63,7 @@ class RedisStore(StateStore):
         self._revoke_key = client.register_script(redis_lua.REVOKE_KEY)
 
     @classmethod
-    async def open(cls, url: str, *, timeout_s: float = 2.0) -> RedisStore:
+    async def open(cls, url: str, *, timeout_s: float = 2.0, max_connections: int = 64) -> RedisStore:
         """Connect to `redis://[:password@]host:port/db[?prefix=fg:]` and check that it answers."""
         import redis.asyncio as aioredis
 
@@ -71,12 +71,16 @@ class RedisStore(StateStore):
         query = dict(parse_qsl(parts.query))
         prefix = query.pop("prefix", "fg:")
         clean = urlunsplit(parts._replace(query=urlencode(query)))
-        client = aioredis.from_url(
+        # A blocking pool: a burst of admissions waits for a connection instead of failing.
+        pool = aioredis.BlockingConnectionPool.from_url(
             clean,
+            max_connections=max_connections,
+            timeout=timeout_s,
             decode_responses=True,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
         )
+        client = aioredis.Redis.from_pool(pool)
         store = cls(client, url, prefix)
         await store.ping()
         return store

@@ -82,9 +82,9 @@ class _SqliteTxn:
     def add_counter(self, key: str, delta: int, expires_at: float) -> int:
         return self.c.execute(
             "INSERT INTO counters (key, used, expires_at) VALUES (?, max(0, ?), ?) "
-            "ON CONFLICT (key) DO UPDATE SET used = max(0, used + excluded.used), "
+            "ON CONFLICT (key) DO UPDATE SET used = max(0, used + ?), "
             "expires_at = excluded.expires_at RETURNING used",
-            (key, delta, expires_at),
+            (key, delta, expires_at, delta),
         ).fetchone()[0]
 
     def add_usage(self, usage: UsageDelta) -> None:
