@@ -1,0 +1,178 @@
+"""Dynamic batching shared by tensor backends.
+
+Concurrent requests are merged along dimension 0, run once and split back. Small models are
+dominated by per-call overhead, so one call on 32 rows costs little more than one call on 1 row.
+
+Only requests that can be concatenated go into one batch: same input names, dtypes and trailing
+dimensions, and the same requested outputs. A batch that fails is retried one request at a time so
+that a request the runtime rejects does not fail its batch-mates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from backends.errors import BackendUnavailable
+
+log = structlog.get_logger(__name__)
+
+Arrays = dict[str, np.ndarray]
+#: runs one (possibly merged) batch: inputs by name, requested output names (None = all)
+RunBatch = Callable[[Arrays, tuple[str, ...] | None], Awaitable[Arrays]]
+#: called with the number of requests and rows of each batch run (metrics)
+BatchObserver = Callable[[int, int], None]
+
+
+@dataclass
+class _Pending:
+    inputs: Arrays
+    outputs: tuple[str, ...] | None
+    rows: int
+    future: asyncio.Future[Arrays]
+    key: tuple = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Requests with equal keys can be concatenated along dimension 0.
+        sig = tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in self.inputs.items()))
+        self.key = (sig, self.outputs)
+
+
+class DynamicBatcher:
+    """Collects requests for up to `max_delay_ms` or `max_batch_size` rows, then runs them together.
+
+    Args:
+        run: coroutine that runs one batch (it must not block the event loop).
+        max_batch_size: most rows in one merged batch; a larger request runs alone.
+        max_delay_ms: how long the first request of a batch waits for company.
+        max_queue: requests waiting beyond this are refused with BackendUnavailable.
+        observer: optional callback for metrics.
+    """
+
+    def __init__(
+        self,
+        run: RunBatch,
+        *,
+        max_batch_size: int,
+        max_delay_ms: float,
+        max_queue: int,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self._run = run
+        self.max_batch_size = max_batch_size
+        self.max_delay_s = max_delay_ms / 1000.0
+        self.max_queue = max_queue
+        self._observer = observer
+        self._queue: list[_Pending] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="dynamic-batcher")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for pending in self._queue:
+            if not pending.future.done():
+                pending.future.set_exception(BackendUnavailable("the deployment is shutting down"))
+        self._queue.clear()
+
+    async def submit(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+        """Queue one request; returns its own slice of the batch's outputs."""
+        if len(self._queue) >= self.max_queue:
+            raise BackendUnavailable("the batch queue of this deployment is full", retry_after_s=1.0)
+        self.start()
+        rows = int(next(iter(inputs.values())).shape[0]) if inputs else 1
+        pending = _Pending(inputs, outputs, rows, asyncio.get_running_loop().create_future())
+        self._queue.append(pending)
+        self._wakeup.set()
+        return await pending.future
+
+    def _take_batch(self) -> list[_Pending]:
+        """Pop the oldest live request and every queued request compatible with it, up to the row cap."""
+        while self._queue and self._queue[0].future.done():  # cancelled by its caller
+            self._queue.pop(0)
+        if not self._queue:
+            return []
+        first = self._queue.pop(0)
+        batch, rows, keep = [first], first.rows, []
+        for pending in self._queue:
+            fits = pending.key == first.key and rows + pending.rows <= self.max_batch_size
+            if fits and not pending.future.done():
+                batch.append(pending)
+                rows += pending.rows
+            elif not pending.future.done():
+                keep.append(pending)
+        self._queue = keep
+        return batch
+
+    def _queued_rows(self, key: tuple) -> int:
+        return sum(p.rows for p in self._queue if p.key == key)
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            first = self._queue[0]
+            # Wait for company unless the batch is already full.
+            deadline = asyncio.get_running_loop().time() + self.max_delay_s
+            while self._queued_rows(first.key) < self.max_batch_size:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+            batch = self._take_batch()
+            if batch:
+                await self._execute(batch)
+
+    async def _execute(self, batch: list[_Pending]) -> None:
+        if self._observer is not None:
+            self._observer(len(batch), sum(p.rows for p in batch))
+        if len(batch) == 1:
+            await self._run_single(batch[0])
+            return
+        names = list(batch[0].inputs)
+        merged = {name: np.concatenate([p.inputs[name] for p in batch], axis=0) for name in names}
+        try:
+            outputs = await self._run(merged, batch[0].outputs)
+        except Exception:  # noqa: BLE001 - isolate the failing request below
+            log.warning("batch_failed_retrying_individually", size=len(batch))
+            for pending in batch:
+                await self._run_single(pending)
+            return
+        start = 0
+        for pending in batch:
+            stop = start + pending.rows
+            if not pending.future.done():
+                pending.future.set_result({name: value[start:stop] for name, value in outputs.items()})
+            start = stop
+
+    async def _run_single(self, pending: _Pending) -> None:
+        try:
+            result = await self._run(pending.inputs, pending.outputs)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+            return
+        if not pending.future.done():
+            pending.future.set_result(result)

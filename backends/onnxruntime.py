@@ -1,0 +1,230 @@
+"""ONNX Runtime adapter: one `.onnx` file, execution providers from the config.
+
+onnxruntime-gpu lists CUDA and TensorRT providers even on machines without a GPU and, when asked
+for them, silently falls back to CPU. So the adapter compares what it asked for with what the
+session really got (`get_providers()`) and reports the truth in its metadata and a warning log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+import numpy as np
+import structlog
+
+from backends.base import (
+    Capability,
+    GenerateRequest,
+    ModelMetadata,
+    Tensor,
+    TensorRequest,
+    TensorResponse,
+    TensorSpec,
+)
+from backends.batcher import Arrays, BatchObserver, DynamicBatcher
+from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
+from backends.lazy import require
+from backends.spec import DeploymentSpec, SpecBase
+from backends.validation import validate_request
+
+log = structlog.get_logger(__name__)
+
+#: ONNX tensor type string -> Open Inference Protocol datatype
+ONNX_TO_V2 = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+
+class OnnxOptions(SpecBase):
+    #: threads inside one run (0 = ONNX Runtime's default)
+    intra_op_threads: int = 0
+    #: runs that may execute at the same time (ONNX Runtime sessions are thread-safe)
+    max_parallel_runs: int = 2
+    #: ORT_ENABLE_ALL unless disabled
+    graph_optimization: bool = True
+
+
+def _spec_of(node: Any) -> TensorSpec:
+    datatype = ONNX_TO_V2.get(node.type)
+    if datatype is None:
+        raise ValueError(f"tensor {node.name!r} has type {node.type}, which the gateway cannot serve")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in node.shape)
+    return TensorSpec(name=node.name, datatype=datatype, shape=shape)
+
+
+class OnnxRuntimeBackend:
+    """Serves one ONNX model with ONNX Runtime, off the event loop."""
+
+    capabilities = frozenset({Capability.TENSOR})
+
+    def __init__(self, name: str, spec: DeploymentSpec, options: OnnxOptions) -> None:
+        self.name = name
+        self.spec = spec
+        self.options = options
+        self.batch_observer: BatchObserver | None = None
+        self._session: Any = None
+        self._meta: ModelMetadata | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._batcher: DynamicBatcher | None = None
+        self._warm = False
+
+    @property
+    def ready(self) -> bool:
+        return self._session is not None and self._warm
+
+    @property
+    def queue_depth(self) -> int:
+        return self._batcher.depth if self._batcher else 0
+
+    def metadata(self) -> ModelMetadata:
+        if self._meta is None:
+            raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        return self._meta
+
+    async def load(self) -> None:
+        ort = require("onnxruntime", extra="onnx")
+        wanted = list(self.spec.providers or ["CPUExecutionProvider"])
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3  # the provider fallback is reported by us, once, as a log line
+        if self.options.intra_op_threads:
+            opts.intra_op_num_threads = self.options.intra_op_threads
+        if not self.options.graph_optimization:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        self._executor = ThreadPoolExecutor(
+            self.options.max_parallel_runs, thread_name_prefix=f"ort-{self.name}"
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            self._session = await loop.run_in_executor(
+                self._executor,
+                lambda: ort.InferenceSession(self.spec.model, sess_options=opts, providers=wanted),
+            )
+        except Exception as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RuntimeError(f"cannot load ONNX model {self.spec.model}: {first_line}") from None
+        got = self._session.get_providers()
+        missing = [p for p in wanted if p not in got]
+        if missing:
+            log.warning(
+                "onnx_providers_unavailable", deployment=self.name, requested=wanted, got=got, missing=missing
+            )
+        inputs = [_spec_of(n) for n in self._session.get_inputs()]
+        outputs = [_spec_of(n) for n in self._session.get_outputs()]
+        device = (
+            "cuda" if any(p in got for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")) else "cpu"
+        )
+        self._meta = ModelMetadata(
+            name=self.name,
+            platform="onnxruntime_onnx",
+            inputs=inputs,
+            outputs=outputs,
+            device=device,
+            extra={"providers": got, "model_file": os.path.basename(self.spec.model or "")},
+        )
+        batchable = all(s.shape and s.shape[0] == -1 for s in inputs + outputs)
+        if self.spec.batching is not None:
+            if not batchable:
+                log.warning("batching_disabled_fixed_batch_dim", deployment=self.name)
+            else:
+                b = self.spec.batching
+                self._batcher = DynamicBatcher(
+                    self._run_async,
+                    max_batch_size=b.max_batch_size,
+                    max_delay_ms=b.max_delay_ms,
+                    max_queue=b.max_queue,
+                    observer=lambda n, rows: self.batch_observer and self.batch_observer(n, rows),
+                )
+
+    async def warmup(self) -> None:
+        """Run one request of zeros so the first caller does not pay for lazy initialisation."""
+        meta = self.metadata()
+        feeds = {}
+        for s in meta.inputs:
+            shape = tuple(1 if d == -1 else d for d in s.shape)
+            dtype = np.dtype(object) if s.datatype == "BYTES" else None
+            feeds[s.name] = (
+                np.full(shape, b"", dtype=object) if dtype is not None else np.zeros(shape, _np_dtype(s))
+            )
+        await self._run_async(feeds, None)
+        self._warm = True
+
+    async def close(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._session = None
+        self._warm = False
+
+    async def infer(self, request: TensorRequest) -> TensorResponse:
+        meta = self.metadata()
+        arrays = validate_request(request, meta)
+        outputs = tuple(request.outputs) if request.outputs is not None else None
+        if self._batcher is not None:
+            result = await self._batcher.submit(arrays, outputs)
+        else:
+            result = await self._run_async(arrays, outputs)
+        return TensorResponse(id=request.id, outputs=[Tensor.from_array(n, a) for n, a in result.items()])
+
+    async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+        if self._session is None or self._executor is None:
+            raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run_sync, inputs, outputs)
+
+    def _run_sync(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+        names = list(outputs) if outputs is not None else [o.name for o in self._session.get_outputs()]
+        feeds = {k: (v.astype(str) if v.dtype == object else v) for k, v in inputs.items()}
+        try:
+            values = self._session.run(names, feeds)
+        except Exception as exc:
+            # ORT's messages describe graph internals; keep the first line, drop paths and traces.
+            text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            if "INVALID_ARGUMENT" in text or "Invalid" in text:
+                raise InvalidInput(f"the model rejected the input: {text}") from None
+            raise BackendInternalError(f"ONNX Runtime failed: {text}") from None
+        return {
+            n: (np.asarray(v, dtype=object) if isinstance(v, list) else v)
+            for n, v in zip(names, values, strict=True)
+        }
+
+    async def abort(self, request_id: str) -> None:  # tensor requests are not abortable mid-run
+        return None
+
+    def generate(self, request: GenerateRequest):  # type: ignore[no-untyped-def]
+        raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
+
+
+def _np_dtype(spec: TensorSpec) -> np.dtype:
+    from backends.base import V2_TO_NUMPY
+
+    return V2_TO_NUMPY[spec.datatype]
+
+
+def create(name: str, spec: DeploymentSpec) -> OnnxRuntimeBackend:
+    """Validate a deployment for ONNX Runtime; nothing heavy happens until `load()`."""
+    if not spec.model:
+        raise ValueError("model: an .onnx file is required for backend onnxruntime")
+    if not os.path.isfile(spec.model):
+        raise ValueError(f"model: {spec.model} is not a file")
+    try:
+        options = msgspec.convert(spec.options, OnnxOptions)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"options: {exc}") from None
+    return OnnxRuntimeBackend(name, spec, options)

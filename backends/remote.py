@@ -1,0 +1,318 @@
+"""Remote adapter: another server of the fleet, reached over pooled keep-alive HTTP.
+
+Speaks OpenAI (another fleetgate, vLLM, TGI, any OpenAI-compatible server) or the Open Inference
+Protocol v2 (another fleetgate, Triton, OpenVINO Model Server, KServe). Text is always requested as
+a stream upstream, so tokens are passed on as they arrive and never buffered whole. Upstream errors
+and timeouts become clean gateway errors; upstream bodies are never echoed verbatim beyond a short,
+single-line message.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
+
+from backends.base import (
+    V2_TO_NUMPY,
+    Capability,
+    GenerateRequest,
+    ModelMetadata,
+    Tensor,
+    TensorRequest,
+    TensorResponse,
+    TensorSpec,
+    TokenEvent,
+    Usage,
+)
+from backends.errors import (
+    BackendError,
+    BackendInternalError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidInput,
+    ModelNotFound,
+)
+from backends.spec import DeploymentSpec, SpecBase
+from backends.validation import validate_request
+
+
+class RemoteOptions(SpecBase):
+    max_connections: int = 64
+    connect_timeout_s: float = 5.0
+
+
+_json_decode = msgspec.json.Decoder()
+_json_encode = msgspec.json.Encoder()
+
+
+def _upstream_error(status: int, body: bytes) -> BackendError:
+    """Map an upstream HTTP error to a gateway error with a short, safe message."""
+    try:
+        payload = _json_decode.decode(body)
+        err = payload.get("error", payload) if isinstance(payload, dict) else payload
+        detail = err.get("message", "") if isinstance(err, dict) else str(err)
+    except (msgspec.DecodeError, AttributeError):
+        detail = ""
+    detail = " ".join(str(detail).split())[:200]
+    message = f"upstream answered {status}" + (f": {detail}" if detail else "")
+    if status == 400 or status == 422:
+        return InvalidInput(message)
+    if status == 404:
+        return ModelNotFound(message)
+    if status == 504:
+        return BackendTimeout(message)
+    if status in (429, 502, 503) or status >= 500:
+        return BackendUnavailable(message)
+    return BackendInternalError(message)
+
+
+class RemoteBackend:
+    """Forwards requests to `spec.url` using `spec.protocol`."""
+
+    def __init__(self, name: str, spec: DeploymentSpec, options: RemoteOptions, api_key: str | None) -> None:
+        self.name = name
+        self.spec = spec
+        self.options = options
+        self.protocol = spec.protocol or "openai"
+        self.capabilities = frozenset(
+            {Capability.GENERATE} if self.protocol == "openai" else {Capability.TENSOR}
+        )
+        self._api_key = api_key
+        self._client: httpx.AsyncClient | None = None
+        self._meta: ModelMetadata | None = None
+        self._upstream_model = spec.model_name or name
+
+    @property
+    def ready(self) -> bool:
+        return self._client is not None and self._meta is not None
+
+    def metadata(self) -> ModelMetadata:
+        if self._meta is None:
+            raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        return self._meta
+
+    async def load(self) -> None:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=(self.spec.url or "").rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(self.spec.timeout_s, connect=self.options.connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=self.options.max_connections,
+                max_keepalive_connections=self.options.max_connections,
+            ),
+        )
+        if self.protocol == "kserve_v2":
+            self._meta = await self._fetch_v2_metadata()
+        else:
+            self._meta = ModelMetadata(
+                name=self.name,
+                platform="openai_remote",
+                inputs=[],
+                outputs=[],
+                device="remote",
+                extra={"url": self.spec.url, "upstream_model": self._upstream_model},
+            )
+
+    async def warmup(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def abort(self, request_id: str) -> None:
+        # Closing the upstream stream (done by the generator's finally) is the abort.
+        return None
+
+    # --- HTTP plumbing -----------------------------------------------------------------------
+
+    async def _request(self, method: str, path: str, body: Any = None) -> Any:
+        assert self._client is not None, "load() first"
+        content = _json_encode.encode(body) if body is not None else None
+        try:
+            response = await self._client.request(
+                method,
+                path,
+                content=content,
+                headers={"content-type": "application/json"} if content else None,
+            )
+        except httpx.TimeoutException:
+            raise BackendTimeout(
+                f"upstream {self.name!r} did not answer in {self.spec.timeout_s:g}s"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(f"upstream {self.name!r} unreachable: {type(exc).__name__}") from None
+        if response.status_code >= 400:
+            raise _upstream_error(response.status_code, response.content)
+        try:
+            return _json_decode.decode(response.content)
+        except msgspec.DecodeError:
+            raise BackendInternalError(f"upstream {self.name!r} sent a body that is not JSON") from None
+
+    # --- Open Inference Protocol v2 ----------------------------------------------------------
+
+    async def _fetch_v2_metadata(self) -> ModelMetadata:
+        meta = await self._request("GET", f"/v2/models/{self._upstream_model}")
+        try:
+
+            def specs(items: list[dict[str, Any]]) -> list[TensorSpec]:
+                return [
+                    TensorSpec(
+                        name=i["name"], datatype=i["datatype"], shape=tuple(int(d) for d in i["shape"])
+                    )
+                    for i in items
+                ]
+
+            return ModelMetadata(
+                name=self.name,
+                platform=str(meta.get("platform", "remote")),
+                inputs=specs(meta.get("inputs", [])),
+                outputs=specs(meta.get("outputs", [])),
+                device="remote",
+                extra={"url": self.spec.url, "upstream_model": self._upstream_model},
+            )
+        except (KeyError, TypeError, ValueError):
+            raise BackendInternalError(f"upstream {self.name!r} sent malformed model metadata") from None
+
+    async def infer(self, request: TensorRequest) -> TensorResponse:
+        if self.protocol != "kserve_v2":
+            raise InvalidInput(f"deployment {self.name!r} generates text; it does not take tensors")
+        validate_request(request, self.metadata())
+        body: dict[str, Any] = {
+            "id": request.id,
+            "inputs": [
+                {
+                    "name": t.name,
+                    "shape": list(t.shape),
+                    "datatype": t.datatype,
+                    "data": _to_json_list(t.data, t.datatype),
+                }
+                for t in request.inputs
+            ],
+        }
+        if request.outputs is not None:
+            body["outputs"] = [{"name": n} for n in request.outputs]
+        answer = await self._request("POST", f"/v2/models/{self._upstream_model}/infer", body)
+        try:
+            outputs = [
+                Tensor(
+                    name=o["name"],
+                    datatype=o["datatype"],
+                    shape=tuple(o["shape"]),
+                    data=_from_json_list(o["data"], o["datatype"], tuple(o["shape"])),
+                )
+                for o in answer["outputs"]
+            ]
+        except (KeyError, TypeError, ValueError):
+            raise BackendInternalError(
+                f"upstream {self.name!r} sent a malformed inference response"
+            ) from None
+        return TensorResponse(id=request.id, outputs=outputs)
+
+    # --- OpenAI ------------------------------------------------------------------------------
+
+    def _openai_body(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
+        s = request.sampling
+        body: dict[str, Any] = {
+            "model": request.upstream_model or self._upstream_model,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop:
+            body["stop"] = s.stop
+        if request.messages is not None:
+            body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+            return "/v1/chat/completions", body
+        body["prompt"] = request.prompt if request.prompt is not None else request.prompt_token_ids
+        return "/v1/completions", body
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        if self.protocol != "openai":
+            raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
+        assert self._client is not None, "load() first"
+        path, body = self._openai_body(request)
+        try:
+            async with self._client.stream("POST", path, content=_json_encode.encode(body)) as response:
+                if response.status_code >= 400:
+                    raise _upstream_error(response.status_code, await response.aread())
+                async for event in self._parse_sse(request.request_id, response):
+                    yield event
+        except httpx.TimeoutException:
+            raise BackendTimeout(
+                f"upstream {self.name!r} did not answer in {self.spec.timeout_s:g}s"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(f"upstream {self.name!r} failed: {type(exc).__name__}") from None
+
+    async def _parse_sse(self, request_id: str, response: httpx.Response) -> AsyncIterator[TokenEvent]:
+        finish: str | None = None
+        usage: Usage | None = None
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                chunk = _json_decode.decode(data)
+            except msgspec.DecodeError:
+                raise BackendInternalError(f"upstream {self.name!r} sent a malformed stream event") from None
+            if chunk.get("error"):
+                raise _upstream_error(502, _json_encode.encode(chunk))
+            if chunk.get("usage"):
+                u = chunk["usage"]
+                usage = Usage(
+                    prompt_tokens=int(u.get("prompt_tokens", 0)),
+                    completion_tokens=int(u.get("completion_tokens", 0)),
+                )
+            for choice in chunk.get("choices") or []:
+                text = choice.get("text")
+                if text is None:
+                    text = (choice.get("delta") or {}).get("content") or ""
+                finish = choice.get("finish_reason") or finish
+                if text:
+                    yield TokenEvent(request_id=request_id, text=text)
+        yield TokenEvent(request_id=request_id, finish_reason=finish or "stop", usage=usage or Usage())
+
+
+def _to_json_list(data: np.ndarray, datatype: str) -> list[Any]:
+    flat = data.reshape(-1)
+    if datatype == "BYTES":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
+    return flat.tolist()
+
+
+def _from_json_list(values: list[Any], datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    if datatype == "BYTES":
+        return np.array([v.encode() if isinstance(v, str) else v for v in values], dtype=object).reshape(
+            shape
+        )
+    return np.asarray(values, dtype=V2_TO_NUMPY[datatype]).reshape(shape)
+
+
+def create(name: str, spec: DeploymentSpec) -> RemoteBackend:
+    """Validate a remote deployment (URL, protocol, key variable); connects only in `load()`."""
+    if not spec.url or not spec.url.startswith(("http://", "https://")):
+        raise ValueError("url: an http:// or https:// base URL is required for backend remote")
+    api_key = None
+    if spec.api_key_env:
+        api_key = os.environ.get(spec.api_key_env)
+        if not api_key:
+            raise ValueError(f"api_key_env: environment variable {spec.api_key_env} is not set")
+    try:
+        options = msgspec.convert(spec.options, RemoteOptions)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"options: {exc}") from None
+    return RemoteBackend(name, spec, options, api_key)

@@ -1,0 +1,123 @@
+"""The Litestar application, built by `create_app(config)`.
+
+Cheap, fallible work (deciding each deployment's backend and options) happens here, so a bad config
+fails before the server binds a port. Resources (the state store, loaded models) are opened in the
+lifespan and closed when the server stops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import structlog
+from litestar import Litestar, Request, Response, get
+from litestar.exceptions import HTTPException
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.admin import ROUTES as ADMIN_ROUTES
+from gateway.config import Config, ConfigError
+from gateway.core import GatewayCore
+from gateway.deployments import build_deployments, close_deployments, open_deployments
+from gateway.errors import Protocol, error_response
+from gateway.protocols import kserve, openai, tfserving
+from policies.admission import Admission
+from policies.keys import KeyService
+from policies.stores import open_store
+from router.planner import Router
+
+log = structlog.get_logger(__name__)
+
+
+@get("/health/live", sync_to_thread=False)
+def health_live() -> dict[str, str]:
+    return {"status": "live"}
+
+
+@get("/health/ready", sync_to_thread=False)
+def health_ready(request: Request) -> Response[dict[str, object]]:
+    core: GatewayCore = request.app.state.core
+    deployments = {
+        name: {"ready": d.ready, "backend": d.spec.backend, "device": d.device, "error": d.load_error}
+        for name, d in core.deployments.items()
+    }
+    ok = core.all_ready()
+    return Response(
+        {"status": "ready" if ok else "not_ready", "deployments": deployments}, status_code=200 if ok else 503
+    )
+
+
+@get("/metrics", sync_to_thread=False)
+def metrics_endpoint() -> Response[bytes]:
+    return Response(content=generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _protocol_of(path: str) -> Protocol:
+    if path.startswith("/v2"):
+        return "v2"
+    if path.startswith("/v1/models/") and (":" in path or "/versions/" in path or "/labels/" in path):
+        return "tfserving"
+    if path.startswith("/v1"):
+        return "openai"
+    return "plain"
+
+
+def _http_exception(request: Request, exc: HTTPException) -> Response[bytes]:
+    """Litestar's own refusals (no such route, wrong method) in the caller's protocol envelope."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
+    return error_response(_protocol_of(request.url.path), exc.status_code, code, message)
+
+
+def _unexpected(request: Request, exc: Exception) -> Response[bytes]:
+    log.exception("unhandled_error", path=request.url.path, exc_info=exc)
+    return error_response(
+        _protocol_of(request.url.path), 500, "internal_error", "internal error; see the gateway log"
+    )
+
+
+def create_app(config: Config, *, clock: Callable[[], float] = time.time) -> Litestar:
+    """Build the gateway app for `config`.
+
+    Raises:
+        ConfigError: a deployment's backend refuses its fields or options.
+    """
+    weights = {name: t.weight for name, t in config.tenants.items()}
+    try:
+        deployments = build_deployments(config, weights)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        store = await open_store(config.state.url)
+        keys = KeyService(store, clock, tenants=list(config.tenants))
+        admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
+        router = Router(config.models, is_healthy=lambda name: deployments[name].ready)
+        app.state.core = GatewayCore(config, deployments, router, keys, admission)
+        app.state.store = store
+        await open_deployments(deployments)
+        log.info("gateway_started", deployments=len(deployments), models=len(config.models))
+        try:
+            yield
+        finally:
+            await close_deployments(deployments)
+            await store.close()
+
+    return Litestar(
+        route_handlers=[
+            health_live,
+            health_ready,
+            metrics_endpoint,
+            *kserve.ROUTES,
+            *tfserving.ROUTES,
+            *openai.ROUTES,
+            *ADMIN_ROUTES,
+        ],
+        lifespan=[lifespan],
+        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+        request_max_body_size=None,  # enforced by gateway.http.read_body, in each protocol's envelope
+        openapi_config=None,
+        debug=False,
+    )

@@ -1,0 +1,226 @@
+"""The `fleetgate` command: serve, check-config, demo-models, keys, usage.
+
+Errors a user can fix (a bad config, an unknown tenant) print one line on stderr and exit 2; they
+never print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gateway.config import Config, ConfigError, load_config
+
+EXIT_USAGE = 2
+
+
+def _fail(message: str) -> int:
+    print(f"fleetgate: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _load(path: str) -> Config:
+    return load_config(path)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+
+    config = _load(args.config)
+    create_app(config)  # builds every deployment's backend: options and files are checked too
+    print(
+        f"{args.config}: ok ({len(config.deployments)} deployments, {len(config.models)} models, "
+        f"{len(config.tenants)} tenants)"
+    )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.logs import configure_logging
+
+    config = _load(args.config)
+    server = config.server
+    if args.host:
+        server = msgspec.structs.replace(server, host=args.host)
+    if args.port is not None:
+        server = msgspec.structs.replace(server, port=args.port)
+    config = msgspec.structs.replace(config, server=server)
+    configure_logging(config.server.log_level)
+    app = create_app(config)
+    uvicorn.run(
+        app,
+        host=config.server.host,
+        port=config.server.port,
+        log_level="warning",
+        access_log=False,  # fleetgate writes its own access line, with tenant and deployment
+        timeout_keep_alive=30,
+    )
+    return 0
+
+
+def cmd_demo_models(args: argparse.Namespace) -> int:
+    import os
+
+    # TensorFlow (for the SavedModel) is chatty on stderr at import; keep the command's output readable.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    from gateway.demo_models import write_all
+
+    written = write_all(Path(args.out), savedmodel=not args.no_savedmodel, llama=not args.no_llama)
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+async def _with_store(config: Config, work: Callable[[Any, Any], Awaitable[int]]) -> int:
+    from policies.admission import Admission
+    from policies.keys import KeyService
+    from policies.stores import open_store
+
+    store = await open_store(config.state.url)
+    try:
+        keys = KeyService(store, time.time, tenants=list(config.tenants))
+        admission = Admission(store, config.tenants, time.time)
+        return await work(keys, admission)
+    finally:
+        await store.close()
+
+
+def _parse_expiry(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    if value[-1:] in ("d", "h") and value[:-1].isdigit():
+        seconds = int(value[:-1]) * (86400 if value.endswith("d") else 3600)
+        return datetime.fromtimestamp(time.time() + seconds, tz=UTC)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"--expires {value!r}: use an ISO time (2027-01-31T00:00:00Z) or a duration like 30d"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+
+    async def create(keys: Any, _: Any) -> int:
+        try:
+            record, secret = await keys.create(
+                args.tenant, args.models or None, _parse_expiry(args.expires), args.name
+            )
+        except ValueError as exc:
+            return _fail(str(exc))
+        print(
+            f"created key {record.key_id} for tenant {record.tenant}; the secret is shown once:",
+            file=sys.stderr,
+        )
+        print(secret)
+        return 0
+
+    async def list_(keys: Any, _: Any) -> int:
+        for r in await keys.list(args.tenant):
+            state = "revoked" if r.revoked_at else ("expired" if not r.active(time.time()) else "active")
+            expires = r.expires_at.isoformat() if r.expires_at else "never"
+            print(
+                f"{r.key_id}\t{r.tenant}\t{state}\tmodels={','.join(r.models)}\texpires={expires}\t{r.name or ''}"
+            )
+        return 0
+
+    async def revoke(keys: Any, _: Any) -> int:
+        if not await keys.revoke(args.key_id):
+            return _fail(f"no key {args.key_id!r}")
+        print(f"revoked {args.key_id}")
+        return 0
+
+    action = {"create": create, "list": list_, "revoke": revoke}[args.action]
+    return asyncio.run(_with_store(config, action))
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+
+    async def report(_: Any, admission: Any) -> int:
+        rows = await admission.usage(args.tenant)
+        print("tenant\tmodel\tperiod\trequests\ttokens")
+        for row in rows:
+            print(f"{row.tenant}\t{row.model}\t{row.period}\t{row.requests}\t{row.tokens}")
+        return 0
+
+    return asyncio.run(_with_store(config, report))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetgate", description="One API endpoint for an inference fleet.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="serve the gateway")
+    p.add_argument("--config", required=True)
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("check-config", help="check a config file and exit")
+    p.add_argument("config")
+    p.set_defaults(func=cmd_check_config)
+
+    p = sub.add_parser("demo-models", help="build the demo models locally")
+    p.add_argument("--out", default="models")
+    p.add_argument(
+        "--no-savedmodel", action="store_true", help="skip the TF SavedModel (no TensorFlow needed)"
+    )
+    p.add_argument("--no-llama", action="store_true", help="skip the tiny Llama (no torch needed)")
+    p.set_defaults(func=cmd_demo_models)
+
+    p = sub.add_parser("keys", help="create, list or revoke tenant API keys")
+    keys = p.add_subparsers(dest="action", required=True)
+    k = keys.add_parser("create", help="create a key; prints the secret alone on stdout, once")
+    k.add_argument("--config", required=True)
+    k.add_argument("--tenant", required=True)
+    k.add_argument("--models", nargs="*", help="model globs the key is restricted to")
+    k.add_argument("--expires", help="ISO time or a duration like 30d / 12h")
+    k.add_argument("--name")
+    k.set_defaults(func=cmd_keys)
+    k = keys.add_parser("list", help="list keys (never their secrets)")
+    k.add_argument("--config", required=True)
+    k.add_argument("--tenant")
+    k.set_defaults(func=cmd_keys)
+    k = keys.add_parser("revoke", help="revoke a key on every replica")
+    k.add_argument("--config", required=True)
+    k.add_argument("key_id")
+    k.set_defaults(func=cmd_keys)
+
+    p = sub.add_parser("usage", help="usage per tenant, model and period")
+    p.add_argument("--config", required=True)
+    p.add_argument("--tenant")
+    p.set_defaults(func=cmd_usage)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gateway.logs import configure_logging
+
+    args = build_parser().parse_args(argv)
+    if args.command != "serve":
+        configure_logging("warning", stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

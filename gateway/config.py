@@ -1,0 +1,180 @@
+"""The gateway's configuration: YAML decoded into msgspec Structs, checked once at start-up.
+
+Every problem is reported as one `ConfigError` line naming the path in the file, e.g.
+`Expected `int`, got `str` - at `$.server.port``. Relative paths in the file (model files, the
+SQLite state file) are resolved against the directory of the config file, so a config works
+whatever directory fleetgate is started from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from backends.spec import DeploymentSpec, SpecBase
+from policies.fair_queue import QueueSpec
+from policies.types import TenantSpec
+from router.spec import ModelConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot be served. The message is one line and names the path."""
+
+
+class ServerConfig(SpecBase):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 16 * 1024 * 1024
+    request_timeout_s: float = 120.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be in 0..65535")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be >= 1024")
+        if self.request_timeout_s <= 0:
+            raise ValueError("request_timeout_s must be > 0")
+
+
+class StateConfig(SpecBase):
+    #: memory:// | sqlite:///path | redis://host:port/db
+    url: str = "sqlite:///./var/fleetgate.db"
+    #: when the store cannot be reached, keep admitting on this replica's local state for this many
+    #: seconds before refusing (503); 0, the default, fails closed at once
+    fail_open_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("memory://", "sqlite:///", "redis://", "rediss://")):
+            raise ValueError("url must start with memory://, sqlite:///, redis:// or rediss://")
+
+
+class AdminConfig(SpecBase):
+    #: environment variable holding the admin API bearer key; no variable set = admin API off
+    key_env: str = "FLEETGATE_ADMIN_KEY"
+
+
+class DeploymentConfig(DeploymentSpec):
+    #: the fair queue in front of this deployment (defaults apply when omitted)
+    queue: QueueSpec | None = None
+
+
+class Config(SpecBase):
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    state: StateConfig = msgspec.field(default_factory=StateConfig)
+    admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
+    tenants: dict[str, TenantSpec] = msgspec.field(default_factory=dict)
+    deployments: dict[str, DeploymentConfig] = msgspec.field(default_factory=dict)
+    models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: route weights of one model must add up to this (percent)
+WEIGHT_TOTAL = 100.0
+
+
+def _interpolate(node: Any, path: str, env: dict[str, str]) -> Any:
+    """Replace `${NAME}` in every string of the tree; a missing variable is an error."""
+    if isinstance(node, str):
+
+        def repl(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                raise ConfigError(f"environment variable {name} is not set - at `{path}`")
+            return env[name]
+
+        return _ENV_PATTERN.sub(repl, node)
+    if isinstance(node, dict):
+        return {k: _interpolate(v, f"{path}.{k}", env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, f"{path}[{i}]", env) for i, v in enumerate(node)]
+    return node
+
+
+def _resolve(path: str | None, base_dir: Path) -> str | None:
+    if path is None or os.path.isabs(path):
+        return path
+    return str((base_dir / path).resolve())
+
+
+def _resolve_paths(config: Config, base_dir: Path) -> Config:
+    deployments = {
+        name: msgspec.structs.replace(dep, model=_resolve(dep.model, base_dir))
+        for name, dep in config.deployments.items()
+    }
+    state = config.state
+    if state.url.startswith("sqlite:///") and not state.url.startswith("sqlite:////"):
+        relative = state.url.removeprefix("sqlite:///")
+        state = msgspec.structs.replace(state, url="sqlite:///" + str(_resolve(relative, base_dir)))
+    return msgspec.structs.replace(config, deployments=deployments, state=state)
+
+
+def _check_references(config: Config) -> None:
+    """Cross-section checks msgspec cannot do: names, weights, files."""
+    names = config.deployments
+    for model, spec in config.models.items():
+        base = f"$.models.{model}"
+        for i, route in enumerate(spec.routes):
+            if route.deployment not in names:
+                raise ConfigError(
+                    f"unknown deployment {route.deployment!r} - at `{base}.routes[{i}].deployment`"
+                )
+        total = sum(r.weight for r in spec.routes)
+        if len(spec.routes) > 1 and abs(total - WEIGHT_TOTAL) > 1e-6:
+            raise ConfigError(f"route weights add up to {total:g}, not {WEIGHT_TOTAL:g} - at `{base}.routes`")
+        for i, dep in enumerate(spec.fallback):
+            if dep not in names:
+                raise ConfigError(f"unknown deployment {dep!r} - at `{base}.fallback[{i}]`")
+        if spec.shadow and spec.shadow.deployment not in names:
+            raise ConfigError(
+                f"unknown deployment {spec.shadow.deployment!r} - at `{base}.shadow.deployment`"
+            )
+        for version, dep in spec.versions.items():
+            if dep not in names:
+                raise ConfigError(f"unknown deployment {dep!r} - at `{base}.versions.{version}`")
+        for label, version in spec.labels.items():
+            if version not in spec.versions:
+                raise ConfigError(f"label points to unknown version {version!r} - at `{base}.labels.{label}`")
+    for name, dep in config.deployments.items():
+        if dep.model is not None and not os.path.exists(dep.model):
+            raise ConfigError(f"model file {dep.model} does not exist - at `$.deployments.{name}.model`")
+
+
+def parse_config(text: str, *, base_dir: Path, env: dict[str, str] | None = None) -> Config:
+    """Decode and check a YAML config. Raises ConfigError with one line naming the path."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"invalid YAML{where}: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("the config must be a mapping of sections - at `$`")
+    raw = _interpolate(raw, "$", dict(os.environ) if env is None else env)
+    try:
+        config = msgspec.convert(raw, Config, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(str(exc)) from None
+    config = _resolve_paths(config, base_dir)
+    _check_references(config)
+    return config
+
+
+def load_config(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> Config:
+    """Read, decode and check a config file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+    return parse_config(text, base_dir=file.resolve().parent, env=env)

@@ -1,0 +1,306 @@
+"""The request path, protocol-free: authenticate, route, admit, queue, serve, reconcile.
+
+Protocol adapters (gateway/protocols/) decode a body into an internal request, call `infer` or
+`generate` here, and encode what comes back. Everything a request goes through after decoding lives
+in this one place, so the three wire protocols cannot drift apart in what they enforce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from backends.base import Capability, GenerateRequest, TensorRequest, TensorResponse, TokenEvent, Usage
+from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput, ModelNotFound
+from gateway import metrics
+from gateway.config import Config
+from gateway.deployments import Deployment
+from policies.admission import Admission, Reservation
+from policies.errors import PolicyError, Unauthenticated
+from policies.keys import KeyService
+from policies.principal import Principal
+from router.planner import Plan, Router
+
+log = structlog.get_logger(__name__)
+
+#: errors after which the next deployment of the plan is tried (nothing was sent to the caller yet)
+RETRYABLE = (BackendUnavailable, BackendTimeout)
+
+
+@dataclass
+class Served:
+    """What the protocol adapter needs besides the payload: who served, and headers to send."""
+
+    deployment: Deployment
+    plan: Plan
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def extract_key(headers: Mapping[str, str]) -> str | None:
+    """The API key from `Authorization: Bearer ...` or `x-api-key`."""
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+        return None
+    key = headers.get("x-api-key")
+    return key.strip() if key else None
+
+
+class GatewayCore:
+    """Holds the live state of one gateway process and runs the request path."""
+
+    def __init__(
+        self,
+        config: Config,
+        deployments: dict[str, Deployment],
+        router: Router,
+        keys: KeyService,
+        admission: Admission,
+    ) -> None:
+        self.config = config
+        self.deployments = deployments
+        self.router = router
+        self.keys = keys
+        self.admission = admission
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # --- identity and visibility -----------------------------------------------------------
+
+    async def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        secret = extract_key(headers)
+        if secret is None:
+            raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
+        principal = await self.keys.authenticate(secret)
+        if principal.tenant not in self.config.tenants:
+            raise Unauthenticated("the API key belongs to a tenant that is no longer configured")
+        return principal
+
+    def can_see(self, principal: Principal, model: str) -> bool:
+        tenant = self.config.tenants.get(principal.tenant)
+        return tenant is not None and model in self.config.models and principal.can_see(model, tenant.models)
+
+    def visible_models(self, principal: Principal) -> list[str]:
+        return [m for m in self.router.names() if self.can_see(principal, m)]
+
+    def check_visible(self, principal: Principal, model: str) -> None:
+        """A model the caller may not see answers exactly like one that does not exist."""
+        if not self.can_see(principal, model):
+            raise ModelNotFound(f"model {model!r} does not exist")
+
+    def all_ready(self) -> bool:
+        """Ready only when every deployment is loaded and warmed up."""
+        return all(d.ready for d in self.deployments.values())
+
+    def is_healthy(self, deployment: str) -> bool:
+        dep = self.deployments.get(deployment)
+        return dep is not None and dep.ready
+
+    def plan(
+        self,
+        principal: Principal,
+        model: str,
+        version: str | None,
+        label: str | None,
+        headers: Mapping[str, str],
+    ) -> Plan:
+        self.check_visible(principal, model)
+        return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
+
+    def _candidates(self, plan: Plan, capability: Capability) -> list[Deployment]:
+        chain = [self.deployments[d] for d in (plan.primary, *plan.fallbacks) if d in self.deployments]
+        chain = [d for d in chain if capability in d.backend.capabilities]
+        if not chain:
+            kind = "tensors" if capability is Capability.TENSOR else "text generation"
+            raise InvalidInput(f"model {plan.model!r} does not serve {kind} on this endpoint")
+        ready = [d for d in chain if d.ready]
+        if not ready:
+            raise BackendUnavailable(f"no healthy deployment for model {plan.model!r}", retry_after_s=5.0)
+        return ready
+
+    # --- tensors ---------------------------------------------------------------------------
+
+    async def infer(
+        self, principal: Principal, plan: Plan, request: TensorRequest
+    ) -> tuple[TensorResponse, Served]:
+        """Admit, queue and run a tensor request, falling back along the plan on retryable errors."""
+        candidates = self._candidates(plan, Capability.TENSOR)
+        cost = request.batch_rows
+        reservation = await self._admit(principal, plan.model, cost)
+        used = 0
+        try:
+            last_error: Exception | None = None
+            for index, dep in enumerate(candidates):
+                if index:
+                    metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
+                try:
+                    response = await self._run_queued(principal, dep, cost, dep.backend.infer(request))
+                except RETRYABLE as exc:
+                    last_error = exc
+                    log.warning(
+                        "deployment_failed",
+                        deployment=dep.name,
+                        error=str(exc),
+                        next=index + 1 < len(candidates),
+                    )
+                    continue
+                used = cost
+                self._shadow(plan, dep, request)
+                served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+                return response, served
+            assert last_error is not None
+            raise last_error
+        finally:
+            await self.admission.reconcile(reservation, used)
+
+    async def _run_queued(self, principal: Principal, dep: Deployment, cost: float, work: Any) -> Any:
+        """Wait for a turn in the deployment's fair queue, then await `work` (a coroutine)."""
+        queued_at = time.perf_counter()
+        try:
+            ticket = await dep.queue.acquire(principal.tenant, cost)
+        except BaseException:
+            work.close()  # never awaited: close it so Python does not warn
+            raise
+        metrics.QUEUE_TIME.labels(dep.name, principal.tenant).observe(time.perf_counter() - queued_at)
+        try:
+            return await work
+        finally:
+            dep.queue.release(ticket, cost)
+
+    def _shadow(self, plan: Plan, served: Deployment, request: TensorRequest) -> None:
+        """Mirror to shadows after the answer; never charged to the caller, never awaited by it."""
+        for name in plan.shadows:
+            dep = self.deployments.get(name)
+            if (
+                dep is None
+                or dep is served
+                or not dep.ready
+                or Capability.TENSOR not in dep.backend.capabilities
+            ):
+                continue
+            task = asyncio.get_running_loop().create_task(self._run_shadow(dep, request))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _run_shadow(self, dep: Deployment, request: TensorRequest) -> None:
+        try:
+            await dep.backend.infer(request)
+        except Exception as exc:  # noqa: BLE001 - a shadow never affects anyone
+            log.info("shadow_failed", deployment=dep.name, error=str(exc))
+
+    async def _admit(self, principal: Principal, model: str, cost: int) -> Reservation:
+        try:
+            return await self.admission.admit(principal, model, cost)
+        except PolicyError as exc:
+            metrics.REJECTIONS.labels(principal.tenant, exc.code).inc()
+            raise
+
+    # --- text generation -------------------------------------------------------------------
+
+    def estimate_prompt_tokens(self, plan: Plan, request: GenerateRequest) -> int:
+        """Prompt tokens to reserve at admission: exact where the backend has a tokenizer.
+
+        Remote upstreams tokenize on their side, so a conservative estimate (about four bytes per
+        token) is reserved and the upstream's real count settles it when the answer ends.
+        """
+        dep = self.deployments.get(plan.primary)
+        counter = getattr(dep.backend, "count_prompt_tokens", None) if dep else None
+        if counter is not None:
+            return int(counter(request))
+        if request.prompt_token_ids is not None:
+            return len(request.prompt_token_ids)
+        text = request.prompt or "".join(m.content for m in request.messages or [])
+        return max(1, len(text.encode()) // 4 + 4 * len(request.messages or []))
+
+    async def start_generation(
+        self, principal: Principal, plan: Plan, request: GenerateRequest, prompt_tokens: int
+    ) -> tuple[AsyncIterator[TokenEvent], Served]:
+        """Admit and start a generation; returns the stream once the first event is in hand.
+
+        The first event is awaited here so that a deployment that fails before producing anything
+        can still be replaced by the next one in the plan, and so that errors before the first
+        token reach the caller as a proper HTTP error instead of a broken stream.
+        """
+        candidates = self._candidates(plan, Capability.GENERATE)
+        reservation = await self._admit(principal, plan.model, prompt_tokens + request.sampling.max_tokens)
+        last_error: Exception | None = None
+        for index, dep in enumerate(candidates):
+            if index:
+                metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
+            try:
+                ticket = await dep.queue.acquire(
+                    principal.tenant, prompt_tokens + request.sampling.max_tokens
+                )
+            except BaseException:
+                await self.admission.reconcile(reservation, 0)
+                raise
+            stream = dep.backend.generate(request)
+            try:
+                first = await anext(stream)
+            except StopAsyncIteration:
+                first = TokenEvent(request_id=request.request_id, finish_reason="stop", usage=Usage())
+            except RETRYABLE as exc:
+                dep.queue.release(ticket, 0)
+                last_error = exc
+                log.warning("deployment_failed", deployment=dep.name, error=str(exc))
+                continue
+            except BaseException:
+                dep.queue.release(ticket, 0)
+                await self.admission.reconcile(reservation, 0)
+                raise
+            served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+            return self._finish_stream(
+                principal, plan, dep, request, stream, first, ticket, reservation
+            ), served
+        await self.admission.reconcile(reservation, 0)
+        assert last_error is not None
+        raise last_error
+
+    async def _finish_stream(
+        self,
+        principal: Principal,
+        plan: Plan,
+        dep: Deployment,
+        request: GenerateRequest,
+        stream: AsyncIterator[TokenEvent],
+        first: TokenEvent,
+        ticket: Any,
+        reservation: Reservation,
+    ) -> AsyncIterator[TokenEvent]:
+        """Yield the stream; always release the queue slot and reconcile the tokens really used."""
+        usage = Usage()
+        completed = False
+        try:
+            event: TokenEvent | None = first
+            while event is not None:
+                if event.usage is not None:
+                    usage = event.usage
+                yield event
+                if event.finish_reason is not None:
+                    completed = True
+                    break
+                event = await anext(stream, None)
+        finally:
+            if not completed:
+                await dep.backend.abort(request.request_id)
+                await _aclose(stream)
+            total = usage.prompt_tokens + 2 * usage.completion_tokens
+            dep.queue.release(ticket, float(total))
+            await self.admission.reconcile(reservation, usage.total_tokens)
+            metrics.TOKENS.labels(principal.tenant, plan.model, "prompt").inc(usage.prompt_tokens)
+            metrics.TOKENS.labels(principal.tenant, plan.model, "completion").inc(usage.completion_tokens)
+
+
+async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:  # noqa: BLE001 - best effort
+            pass

@@ -1,0 +1,117 @@
+"""A running deployment: its backend, its fair queue and its labels, opened and closed together."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import structlog
+
+from backends.base import Backend
+from backends.registry import create_backend
+from gateway import metrics
+from gateway.config import Config, DeploymentConfig
+from policies.fair_queue import FairQueue, QueueSpec
+
+log = structlog.get_logger(__name__)
+
+
+def default_queue_spec(spec: DeploymentConfig) -> QueueSpec:
+    """The queue when the config names none: wide enough that dynamic batching can fill batches."""
+    if spec.queue is not None:
+        return spec.queue
+    if spec.batching is not None:
+        return QueueSpec(max_concurrency=max(8, 2 * spec.batching.max_batch_size))
+    if spec.backend in ("torch_llm", "remote"):
+        return QueueSpec(max_concurrency=64)
+    return QueueSpec(max_concurrency=8)
+
+
+@dataclass
+class Deployment:
+    name: str
+    spec: DeploymentConfig
+    backend: Backend
+    queue: FairQueue
+    load_error: str | None = None
+    #: consecutive failures, for the health view (the router's circuit breaker builds on it)
+    failures: int = field(default=0)
+
+    @property
+    def ready(self) -> bool:
+        return self.load_error is None and self.backend.ready
+
+    @property
+    def device(self) -> str:
+        try:
+            return self.backend.metadata().device
+        except Exception:  # noqa: BLE001 - not loaded yet
+            return self.spec.device or "unknown"
+
+    @property
+    def hardware(self) -> str:
+        return self.spec.hardware or self.device
+
+    def served_by(self) -> str:
+        """Value of the `x-fleetgate-deployment` response header."""
+        return f"{self.name}; backend={self.spec.backend}; device={self.device}; hardware={self.hardware}"
+
+
+def build_deployments(config: Config, weights: Mapping[str, float]) -> dict[str, Deployment]:
+    """Create (not load) every deployment. Raises ValueError naming the deployment's path."""
+    out: dict[str, Deployment] = {}
+    for name, spec in config.deployments.items():
+        try:
+            backend = create_backend(name, spec)
+        except ValueError as exc:
+            raise ValueError(f"{exc} - at `$.deployments.{name}`") from None
+        queue = FairQueue(default_queue_spec(spec), weights=weights)
+        out[name] = Deployment(name=name, spec=spec, backend=backend, queue=queue)
+    return out
+
+
+async def _open_one(dep: Deployment) -> None:
+    started = time.perf_counter()
+    try:
+        await dep.backend.load()
+        await dep.backend.warmup()
+    except Exception as exc:  # noqa: BLE001 - reported, the gateway still serves the others
+        dep.load_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log.error(
+            "deployment_load_failed", deployment=dep.name, backend=dep.spec.backend, error=dep.load_error
+        )
+        return
+    # Tensor backends with a batcher report batch sizes to the metrics.
+    if hasattr(dep.backend, "batch_observer"):
+        name = dep.name
+
+        def observe(requests: int, rows: int) -> None:
+            metrics.BATCH_SIZE.labels(name).observe(rows)
+            metrics.BATCH_REQUESTS.labels(name).observe(requests)
+
+        dep.backend.batch_observer = observe  # type: ignore[attr-defined]
+    metrics.BACKEND_READY.labels(dep.name, dep.spec.backend, dep.device, dep.hardware).set(1)
+    log.info(
+        "deployment_ready",
+        deployment=dep.name,
+        backend=dep.spec.backend,
+        device=dep.device,
+        hardware=dep.hardware,
+        load_s=round(time.perf_counter() - started, 3),
+    )
+
+
+async def open_deployments(deployments: Mapping[str, Deployment]) -> None:
+    """Load and warm every deployment concurrently; failures are recorded, not raised."""
+    await asyncio.gather(*(_open_one(d) for d in deployments.values()))
+
+
+async def close_deployments(deployments: Mapping[str, Deployment]) -> None:
+    for dep in deployments.values():
+        try:
+            await dep.backend.close()
+        except Exception as exc:  # noqa: BLE001 - closing must go on for the others
+            log.warning("deployment_close_failed", deployment=dep.name, error=str(exc))
+        metrics.BACKEND_READY.labels(dep.name, dep.spec.backend, dep.device, dep.hardware).set(0)

@@ -1,0 +1,216 @@
+"""OpenAI-compatible text endpoints: /v1/models, /v1/completions, /v1/chat/completions (+ SSE).
+
+`model` may name `model`, `model:version` or `model@label`. Streams are Server-Sent Events
+(`data: {...}` lines, `data: [DONE]` last); with `stream_options.include_usage` a final chunk with
+empty `choices` carries the usage. A stream that breaks after its first token ends with an
+`{"error": ...}` event and `[DONE]`, never a cut connection.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.response import Stream
+
+from backends.base import GenerateRequest, TokenEvent, Usage
+from gateway import metrics
+from gateway.core import GatewayCore, Served
+from gateway.errors import describe
+from gateway.http import Call, lower_headers, read_body
+from gateway.protocols.openai_schema import (
+    chat_decoder,
+    chat_request,
+    completion_decoder,
+    completion_request,
+    decode,
+)
+from router.planner import split_model_name
+
+_encoder = msgspec.json.Encoder()
+_STARTED = int(time.time())
+
+
+def _json(payload: Any, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(content=_encoder.encode(payload), media_type="application/json", headers=headers)
+
+
+@get("/v1/models")
+async def list_models(request: Request) -> Response[bytes]:
+    headers = lower_headers(request)
+    call = Call("openai", headers)
+    try:
+        core: GatewayCore = request.app.state.core
+        principal = await core.authenticate(headers)
+        call.tenant = principal.tenant
+        data = [
+            {"id": m, "object": "model", "created": _STARTED, "owned_by": principal.tenant}
+            for m in core.visible_models(principal)
+        ]
+        call.done(200)
+        return _json({"object": "list", "data": data})
+    except Exception as exc:  # noqa: BLE001 - answered in the protocol's envelope
+        return call.fail(exc)
+
+
+def _usage_json(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+class _Shape:
+    """The few differences between the completions and chat completions wire shapes."""
+
+    def __init__(self, chat: bool, model: str, request_id: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.created = int(time.time())
+
+    def _envelope(self, choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def chunk(self, text: str, finish: str | None, first: bool) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {"content": text} if text or not first else {"content": ""}
+            if first:
+                delta["role"] = "assistant"
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            return self._envelope([choice], "chat.completion.chunk")
+        return self._envelope(
+            [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}], "text_completion"
+        )
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._envelope([], obj), "usage": _usage_json(usage)}
+
+    def whole(self, text: str, finish: str, usage: Usage) -> dict[str, Any]:
+        if self.chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+            return {**self._envelope([choice], "chat.completion"), "usage": _usage_json(usage)}
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        return {**self._envelope([choice], "text_completion"), "usage": _usage_json(usage)}
+
+
+def _finish_reason(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+async def _sse(
+    events: AsyncIterator[TokenEvent], shape: _Shape, include_usage: bool, call: Call, served: Served
+) -> AsyncIterator[bytes]:
+    first = True
+    usage = Usage()
+    last = time.perf_counter()
+    labels = (call.model, served.deployment.name)
+    status = 200
+    try:
+        async for event in events:
+            now = time.perf_counter()
+            if event.text:
+                if first:
+                    metrics.TIME_TO_FIRST_TOKEN.labels(*labels).observe(now - call.started)
+                else:
+                    metrics.INTER_TOKEN_LATENCY.labels(*labels).observe(now - last)
+                last = now
+            if event.usage is not None:
+                usage = event.usage
+            if event.text or first or event.finish_reason:
+                finish = _finish_reason(event.finish_reason) if event.finish_reason else None
+                yield b"data: " + _encoder.encode(shape.chunk(event.text, finish, first)) + b"\n\n"
+                first = False
+        if include_usage:
+            yield b"data: " + _encoder.encode(shape.usage_chunk(usage)) + b"\n\n"
+    except Exception as exc:  # noqa: BLE001 - the stream has started: end it with an error event
+        known = describe(exc)
+        message = known[2] if known else "internal error; see the gateway log"
+        code = known[1] if known else "internal_error"
+        status = known[0] if known else 500
+        yield (
+            b"data: "
+            + _encoder.encode({"error": {"message": message, "type": "server_error", "code": code}})
+            + b"\n\n"
+        )
+    finally:
+        call.done(status)
+    yield b"data: [DONE]\n\n"
+
+
+async def _generate(request: Request, chat: bool) -> Response[Any]:
+    headers = lower_headers(request)
+    call = Call("openai", headers)
+    try:
+        core: GatewayCore = request.app.state.core
+        principal = await core.authenticate(headers)
+        call.tenant = principal.tenant
+        body_bytes = await read_body(
+            request, core.config.server.max_body_bytes, allowed_types=("application/json", "")
+        )
+        body = decode(body_bytes, chat_decoder if chat else completion_decoder)
+        model, version, label = split_model_name(body.model)
+        call.model = model
+        plan = core.plan(principal, model, version, label, headers)
+        gen: GenerateRequest = (
+            chat_request(body, call.request_id) if chat else completion_request(body, call.request_id)
+        )
+        gen.tenant = principal.tenant
+        prompt_tokens = core.estimate_prompt_tokens(plan, gen)
+        events, served = await core.start_generation(principal, plan, gen, prompt_tokens)
+        dep = served.deployment
+        call.served_by(dep.name, dep.spec.backend, dep.device)
+        out_headers = {
+            **served.headers,
+            "x-fleetgate-deployment": dep.served_by(),
+            "x-request-id": call.request_id,
+        }
+        shape = _Shape(chat, body.model, call.request_id)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return Stream(
+                _sse(events, shape, include_usage, call, served),
+                media_type="text/event-stream",
+                headers={**out_headers, "cache-control": "no-cache"},
+            )
+        parts: list[str] = []
+        usage, finish = Usage(), "stop"
+        async for event in events:
+            parts.append(event.text)
+            if event.usage is not None:
+                usage = event.usage
+            if event.finish_reason:
+                finish = _finish_reason(event.finish_reason)
+        call.done(200)
+        return _json(shape.whole("".join(parts), finish, usage), out_headers)
+    except Exception as exc:  # noqa: BLE001
+        return call.fail(exc)
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request) -> Response[Any]:
+    return await _generate(request, chat=False)
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request) -> Response[Any]:
+    return await _generate(request, chat=True)
+
+
+ROUTES = [list_models, completions, chat_completions]

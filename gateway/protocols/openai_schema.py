@@ -1,0 +1,160 @@
+"""OpenAI request bodies, decoded with msgspec, and their translation to GenerateRequest.
+
+Unknown fields are tolerated (clients send many optional ones); fields we cannot honour (n > 1,
+best_of, tools) are refused with a 400 that names them rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from backends.base import ChatMessage, GenerateRequest, SamplingParams
+from backends.errors import InvalidInput
+
+DEFAULT_MAX_TOKENS = 256
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None
+    # extensions shared with vLLM
+    top_k: int | None = None
+    ignore_eos: bool = False
+
+
+class CompletionBody(_Common, kw_only=True):
+    #: a string, a list of one string, token ids, or a list of one list of token ids
+    prompt: str | list[Any]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+
+
+class ChatPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageBody(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[ChatPart] | None = None
+    name: str | None = None
+
+
+class ChatBody(_Common, kw_only=True):
+    messages: list[ChatMessageBody]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    tools: list[Any] | None = None
+
+
+completion_decoder = msgspec.json.Decoder(CompletionBody)
+chat_decoder = msgspec.json.Decoder(ChatBody)
+
+
+def decode(body: bytes, decoder: msgspec.json.Decoder) -> Any:
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"malformed JSON: {exc}") from None
+
+
+def _sampling(body: _Common, max_tokens: int | None, logprobs: bool) -> SamplingParams:
+    if body.n != 1:
+        raise InvalidInput("`n` must be 1: one completion per request")
+    temperature = 1.0 if body.temperature is None else body.temperature
+    top_p = 1.0 if body.top_p is None else body.top_p
+    if not 0.0 <= temperature <= 2.0:
+        raise InvalidInput("`temperature` must be between 0 and 2")
+    if not 0.0 < top_p <= 1.0:
+        raise InvalidInput("`top_p` must be in (0, 1]")
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidInput("`max_tokens` must be >= 1")
+    if body.top_k is not None and body.top_k < 0:
+        raise InvalidInput("`top_k` must be >= 0")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > 4:
+        raise InvalidInput("`stop` takes at most 4 sequences")
+    return SamplingParams(
+        max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=body.top_k or 0,
+        seed=body.seed,
+        stop=[s for s in stop if s],
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+    )
+
+
+def completion_request(body: CompletionBody, request_id: str) -> GenerateRequest:
+    if body.best_of not in (None, 1):
+        raise InvalidInput("`best_of` must be 1")
+    if body.echo:
+        raise InvalidInput("`echo` is not supported")
+    prompt: str | None = None
+    token_ids: list[int] | None = None
+    p = body.prompt
+    if isinstance(p, str):
+        prompt = p
+    elif p and all(isinstance(x, str) for x in p):
+        if len(p) != 1:
+            raise InvalidInput("`prompt` may hold one prompt per request")
+        prompt = p[0]  # type: ignore[assignment]
+    elif p and all(isinstance(x, int) for x in p):
+        token_ids = list(p)  # type: ignore[arg-type]
+    elif p and len(p) == 1 and isinstance(p[0], list):
+        token_ids = list(p[0])  # type: ignore[arg-type]
+    else:
+        raise InvalidInput("`prompt` must be a string, a list of one string, or a list of token ids")
+    return GenerateRequest(
+        request_id=request_id,
+        prompt=prompt,
+        prompt_token_ids=token_ids,
+        sampling=_sampling(body, body.max_tokens, bool(body.logprobs)),
+    )
+
+
+def _content(message: ChatMessageBody, index: int) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for part in message.content:
+        if part.type != "text" or part.text is None:
+            raise InvalidInput(f"messages[{index}]: only text content parts are supported")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
+    if body.tools:
+        raise InvalidInput("`tools` are not supported by this deployment")
+    if not body.messages:
+        raise InvalidInput("`messages` must not be empty")
+    roles = {"system", "user", "assistant", "developer", "tool"}
+    for i, m in enumerate(body.messages):
+        if m.role not in roles:
+            raise InvalidInput(f"messages[{i}].role {m.role!r} is not one of {sorted(roles)}")
+    messages = [ChatMessage(role=m.role, content=_content(m, i)) for i, m in enumerate(body.messages)]
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    return GenerateRequest(
+        request_id=request_id, messages=messages, sampling=_sampling(body, max_tokens, body.logprobs)
+    )

@@ -1,0 +1,216 @@
+"""Open Inference Protocol v2 bodies <-> internal tensors, incl. the binary tensor data extension.
+
+With the extension (what tritonclient sends by default) the body is a JSON header of
+`Inference-Header-Content-Length` bytes followed by the raw bytes of each binary input, in input
+order. BYTES elements travel as a 4-byte little-endian length followed by the bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from backends.base import V2_TO_NUMPY, Tensor, TensorRequest, TensorResponse
+from backends.errors import InvalidInput
+
+
+class _InputJSON(msgspec.Struct, kw_only=True):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+    data: Any = None
+
+
+class _OutputJSON(msgspec.Struct, kw_only=True):
+    name: str
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class InferRequestJSON(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+    inputs: list[_InputJSON]
+    outputs: list[_OutputJSON] | None = None
+
+
+_request_decoder = msgspec.json.Decoder(InferRequestJSON)
+_encoder = msgspec.json.Encoder()
+
+
+class DecodedInfer(msgspec.Struct):
+    request: TensorRequest
+    #: output name -> send as binary; `None` key means the request-level default
+    binary_outputs: dict[str, bool]
+    binary_default: bool
+
+
+def _element_count(shape: list[int], name: str) -> int:
+    if any((not isinstance(d, int)) or d < 0 for d in shape):
+        raise InvalidInput(f"input {name!r}: shape {shape} must list non-negative integers")
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _bytes_from_binary(raw: memoryview, count: int, name: str) -> np.ndarray:
+    items: list[bytes] = []
+    offset = 0
+    for _ in range(count):
+        if offset + 4 > len(raw):
+            raise InvalidInput(f"input {name!r}: binary BYTES data ends early")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise InvalidInput(f"input {name!r}: binary BYTES data ends early")
+        items.append(bytes(raw[offset : offset + length]))
+        offset += length
+    if offset != len(raw):
+        raise InvalidInput(f"input {name!r}: binary BYTES data has {len(raw) - offset} trailing bytes")
+    return np.array(items, dtype=object)
+
+
+def _flatten(data: Any) -> list[Any]:
+    """Flatten nested JSON lists (v2 allows both flat and nested tensor data)."""
+    if not isinstance(data, list):
+        return [data]
+    if not data or not isinstance(data[0], list):
+        return data
+    out: list[Any] = []
+    stack = [data]
+    # iterative depth-first flatten that keeps row-major order
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _array_from_json(inp: _InputJSON, count: int) -> np.ndarray:
+    if inp.data is None:
+        raise InvalidInput(f"input {inp.name!r} has neither `data` nor binary_data_size")
+    flat = _flatten(inp.data)
+    if len(flat) != count:
+        raise InvalidInput(f"input {inp.name!r}: {len(flat)} elements given, shape {inp.shape} needs {count}")
+    if inp.datatype == "BYTES":
+        if not all(isinstance(v, str | bytes) for v in flat):
+            raise InvalidInput(f"input {inp.name!r}: BYTES data must be strings")
+        return np.array([v.encode() if isinstance(v, str) else v for v in flat], dtype=object)
+    dtype = V2_TO_NUMPY[inp.datatype]
+    kind_ok = {
+        "b": lambda v: isinstance(v, bool),
+        "f": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    }.get(dtype.kind, lambda v: isinstance(v, int) and not isinstance(v, bool))
+    if not all(kind_ok(v) for v in flat):
+        raise InvalidInput(f"input {inp.name!r}: data does not match datatype {inp.datatype}")
+    try:
+        return np.array(flat, dtype=dtype)
+    except (OverflowError, ValueError):
+        raise InvalidInput(f"input {inp.name!r}: a value is out of range for {inp.datatype}") from None
+
+
+def decode_infer(body: bytes, header_length: int | None, request_id: str) -> DecodedInfer:
+    """Parse a v2 inference body (JSON, or JSON header + binary blobs)."""
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise InvalidInput("Inference-Header-Content-Length is larger than the body")
+        head, blob = body[:header_length], memoryview(body)[header_length:]
+    else:
+        head, blob = body, memoryview(b"")
+    try:
+        parsed = _request_decoder.decode(head)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(f"invalid inference request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"malformed JSON: {exc}") from None
+    offset = 0
+    tensors: list[Tensor] = []
+    for inp in parsed.inputs:
+        if inp.datatype not in V2_TO_NUMPY:
+            raise InvalidInput(f"input {inp.name!r}: unsupported datatype {inp.datatype!r}")
+        count = _element_count(inp.shape, inp.name)
+        size = inp.parameters.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(blob):
+                raise InvalidInput(
+                    f"input {inp.name!r}: binary_data_size {size} exceeds the binary data sent"
+                )
+            raw = blob[offset : offset + size]
+            offset += size
+            if inp.datatype == "BYTES":
+                array = _bytes_from_binary(raw, count, inp.name)
+            else:
+                dtype = V2_TO_NUMPY[inp.datatype]
+                if size != count * dtype.itemsize:
+                    raise InvalidInput(
+                        f"input {inp.name!r}: {size} bytes given, shape {inp.shape} of {inp.datatype} needs "
+                        f"{count * dtype.itemsize}"
+                    )
+                array = np.frombuffer(raw, dtype=dtype).copy()
+        else:
+            array = _array_from_json(inp, count)
+        tensors.append(
+            Tensor(
+                name=inp.name, datatype=inp.datatype, shape=tuple(inp.shape), data=array.reshape(inp.shape)
+            )
+        )
+    if offset != len(blob):
+        raise InvalidInput(f"{len(blob) - offset} bytes of binary data are not claimed by any input")
+    binary_default = bool(parsed.parameters.get("binary_data_output", False))
+    binary_outputs: dict[str, bool] = {}
+    names = None
+    if parsed.outputs is not None:
+        names = [o.name for o in parsed.outputs]
+        for o in parsed.outputs:
+            binary_outputs[o.name] = bool(o.parameters.get("binary_data", binary_default))
+    request = TensorRequest(
+        id=parsed.id or request_id, inputs=tensors, outputs=names, parameters=parsed.parameters
+    )
+    return DecodedInfer(request=request, binary_outputs=binary_outputs, binary_default=binary_default)
+
+
+def _binary_of(data: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        parts = []
+        for v in data.reshape(-1):
+            b = v if isinstance(v, bytes) else str(v).encode()
+            parts.append(struct.pack("<I", len(b)))
+            parts.append(b)
+        return b"".join(parts)
+    return np.ascontiguousarray(data).tobytes()
+
+
+def _json_of(data: np.ndarray, datatype: str) -> list[Any]:
+    flat = data.reshape(-1)
+    if datatype == "BYTES":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
+    if datatype == "FP16":
+        flat = flat.astype(np.float32)
+    return flat.tolist()
+
+
+def encode_infer(
+    response: TensorResponse, model: str, version: str | None, decoded: DecodedInfer
+) -> tuple[bytes, int | None]:
+    """Encode a v2 response; returns (body, json header length or None when all JSON)."""
+    outputs_json: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for t in response.outputs:
+        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        if decoded.binary_outputs.get(t.name, decoded.binary_default):
+            blob = _binary_of(t.data, t.datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_of(t.data, t.datatype)
+        outputs_json.append(entry)
+    head: dict[str, Any] = {"model_name": model, "id": response.id, "outputs": outputs_json}
+    if version is not None:
+        head["model_version"] = version
+    header = _encoder.encode(head)
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
