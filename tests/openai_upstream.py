@@ -1,0 +1,79 @@
+"""A small OpenAI-compatible upstream for the remote backend's tests: another server of the fleet.
+
+It "generates" deterministically: the completion is the prompt's words in reverse order, one word per
+stream event, truncated at `max_tokens` words. That makes every answer predictable, so the tests can
+check exactly what passed through the gateway. `prompt == "fail-midway"` breaks the stream after
+two words; `model == "missing"` answers 404 like a real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, post
+from litestar.response import Stream
+
+_enc = msgspec.json.Encoder()
+
+
+def reply_words(prompt: str, max_tokens: int) -> list[str]:
+    words = prompt.split()[::-1] or ["empty"]
+    return words[:max_tokens]
+
+
+def _prompt_of(body: dict[str, Any]) -> str:
+    if "messages" in body:
+        return " ".join(m.get("content") or "" for m in body["messages"])
+    p = body.get("prompt", "")
+    return p if isinstance(p, str) else " ".join(str(x) for x in p)
+
+
+async def _events(body: dict[str, Any], chat: bool) -> AsyncIterator[bytes]:
+    prompt = _prompt_of(body)
+    words = reply_words(prompt, int(body.get("max_tokens") or 16))
+    for i, word in enumerate(words):
+        if prompt == "fail-midway" and i == 2:
+            raise RuntimeError("upstream broke")
+        text = word if i == 0 else " " + word
+        if chat:
+            choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": None}
+        yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [choice]}) + b"\n\n"
+        await asyncio.sleep(0.001)
+    finish = "length" if len(words) == int(body.get("max_tokens") or 16) else "stop"
+    last = {"index": 0, "delta": {}, "finish_reason": finish} if chat else {"index": 0, "text": "", "finish_reason": finish}
+    yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [last]}) + b"\n\n"
+    usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words), "total_tokens": len(prompt.split()) + len(words)}
+    yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [], "usage": usage}) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+async def _handle(request: Request, chat: bool) -> Response[Any]:
+    body = msgspec.json.decode(await request.body())
+    if body.get("model") == "missing":
+        return Response({"error": {"message": "model missing not found", "type": "not_found"}}, status_code=404)
+    if request.headers.get("authorization") != "Bearer upstream-secret":
+        return Response({"error": {"message": "bad upstream key"}}, status_code=401)
+    if not body.get("stream"):
+        words = reply_words(_prompt_of(body), int(body.get("max_tokens") or 16))
+        return Response({"choices": [{"index": 0, "text": " ".join(words)}], "created": int(time.time())})
+    return Stream(_events(body, chat), media_type="text/event-stream")
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request) -> Response[Any]:
+    return await _handle(request, chat=False)
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat(request: Request) -> Response[Any]:
+    return await _handle(request, chat=True)
+
+
+def create_upstream() -> Litestar:
+    return Litestar([completions, chat], openapi_config=None)
