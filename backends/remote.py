@@ -259,11 +259,13 @@ class RemoteBackend:
     async def _parse_sse(self, request_id: str, response: httpx.Response) -> AsyncIterator[TokenEvent]:
         finish: str | None = None
         usage: Usage | None = None
+        done = False
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
+                done = True
                 break
             try:
                 chunk = _json_decode.decode(data)
@@ -284,6 +286,8 @@ class RemoteBackend:
                 finish = choice.get("finish_reason") or finish
                 if text:
                     yield TokenEvent(request_id=request_id, text=text)
+        if not done and finish is None:
+            raise BackendUnavailable(f"upstream {self.name!r} ended the stream before finishing")
         yield TokenEvent(request_id=request_id, finish_reason=finish or "stop", usage=usage or Usage())
 
 

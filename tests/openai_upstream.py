@@ -2,7 +2,7 @@
 
 It "generates" deterministically: the completion is the prompt's words in reverse order, one word per
 stream event, truncated at `max_tokens` words. That makes every answer predictable, so the tests can
-check exactly what passed through the gateway. `prompt == "fail-midway"` breaks the stream after
+check exactly what passed through the gateway. a prompt containing "fail-midway" breaks the stream after
 two words; `model == "missing"` answers 404 like a real server.
 """
 
@@ -36,7 +36,7 @@ async def _events(body: dict[str, Any], chat: bool) -> AsyncIterator[bytes]:
     prompt = _prompt_of(body)
     words = reply_words(prompt, int(body.get("max_tokens") or 16))
     for i, word in enumerate(words):
-        if prompt == "fail-midway" and i == 2:
+        if "fail-midway" in prompt and i == 2:
             raise RuntimeError("upstream broke")
         text = word if i == 0 else " " + word
         if chat:
