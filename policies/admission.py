@@ -165,6 +165,8 @@ class Admission:
         )
 
     async def _acquire(self, kwargs: dict, now: float) -> tuple[AcquireResult, bool]:
+        if not (kwargs["buckets"] or kwargs["leases"] or kwargs["counters"]):
+            return AcquireResult(True, [], [], []), False  # an unlimited tenant: nothing to check
         try:
             result = await self._store.acquire(**kwargs)
         except StoreUnavailable as exc:
@@ -269,6 +271,9 @@ class Admission:
             self.stats["reconcile_deferred"] += 1
             self._pending.append(settle)
             log.error("reconcile_deferred", error=exc.message, reservation=r.id, pending=len(self._pending))
+            return
+        if self._pending:
+            await self._flush_pending()
 
     async def _flush_pending(self) -> None:
         try:

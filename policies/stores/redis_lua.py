@@ -64,10 +64,10 @@ for j = 1, nl do
     table.insert(denials, 'lease'); table.insert(denials, tostring(j - 1)); table.insert(denials, '-1')
   end
 end
-local used, ccosts, cttls = {}, {}, {}
+local used, ccosts, cttls, cargs = {}, {}, {}, {}
 for k = 1, nc do
   local key, limit = KEYS[nb + nl + k], tonumber(ARGV[a])
-  ccosts[k], cttls[k] = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  ccosts[k], cttls[k], cargs[k] = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), a + 1
   a = a + 3
   used[k] = tonumber(redis.call('GET', key) or '0')
   if limit >= 0 and used[k] + ccosts[k] > limit then
@@ -93,7 +93,7 @@ if ok then
 end
 for k = 1, nc do
   if ok then
-    used[k] = redis.call('INCRBY', KEYS[nb + nl + k], ccosts[k])
+    used[k] = redis.call('INCRBY', KEYS[nb + nl + k], ARGV[cargs[k]])  -- the integer as sent
     extend(KEYS[nb + nl + k], math.ceil(cttls[k] * 1000))
   end
   table.insert(out, fmt(used[k]))
@@ -128,14 +128,14 @@ end
 for k = 1, nc do
   local key, delta, ttl = KEYS[1 + nb + nl + k], tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   a = a + 2
-  if redis.call('INCRBY', key, delta) < 0 then redis.call('SET', key, '0', 'KEEPTTL') end
+  if redis.call('INCRBY', key, ARGV[a - 2]) < 0 then redis.call('SET', key, '0', 'KEEPTTL') end
   extend(key, math.ceil(ttl * 1000))
 end
 local index = KEYS[2 + nb + nl + nc + nu]
 for u = 1, nu do
   local key = KEYS[1 + nb + nl + nc + u]
-  redis.call('HINCRBY', key, 'requests', tonumber(ARGV[a]))
-  redis.call('HINCRBY', key, 'tokens', tonumber(ARGV[a + 1]))
+  redis.call('HINCRBY', key, 'requests', ARGV[a])
+  redis.call('HINCRBY', key, 'tokens', ARGV[a + 1])
   redis.call('SADD', index, ARGV[a + 2])
   a = a + 3
 end

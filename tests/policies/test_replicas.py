@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +19,8 @@ from policies.stores.redis_store import RedisStore
 from policies.types import Limits, Quotas
 from tests.policies.conftest import _free_port
 from tests.policies.helpers import ACME, ACME_KEY2, admission
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def _burst(adms, n: int, cost=lambda i: 0) -> tuple[list, int]:  # noqa: ANN001
@@ -82,7 +90,7 @@ async def test_closed_sqlite_store_is_unavailable(tmp_path, clock) -> None:
     await store.close()
     await store.close()
     with pytest.raises(StoreUnavailable):
-        await admission(store, clock).admit(ACME, "m", 1)
+        await admission(store, clock, limits=Limits(max_concurrency=1)).admit(ACME, "m", 1)
 
 
 async def test_fail_open_is_bounded_in_time_and_amount(tmp_path, clock) -> None:
@@ -115,6 +123,69 @@ async def test_deferred_reconcile_reaches_the_store_when_it_is_back(tmp_path, cl
     await adm.reconcile(r, 8)
     assert adm.stats["reconcile_deferred"] == 1
     adm._store = await open_store(url)  # ... and comes back (a new connection)
-    await adm.admit(ACME, "m", 1)  # the next call that works flushes the deferred settle
-    assert [(u.period, u.tokens) for u in await adm.usage()] == [("2026-11", 8), ("2026-11-21", 8)]
+    await adm.reconcile(await adm.admit(ACME, "m", 1), 1)  # the next settle that works flushes it
+    assert [(u.period, u.tokens) for u in await adm.usage()] == [("2026-11", 9), ("2026-11-21", 9)]
     await adm._store.close()
+
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, os, sys, time
+    from policies.admission import Admission
+    from policies.errors import RateLimited
+    from policies.principal import Principal
+    from policies.stores import open_store
+    from policies.types import Limits, TenantSpec
+
+    async def main() -> None:
+        url, go, now = sys.argv[1], sys.argv[2], float(sys.argv[3])
+        store = await open_store(url)
+        spec = TenantSpec(limits=Limits(requests_per_minute=100))
+        adm = Admission(store, {"acme": spec}, lambda: now)  # one instant: no refill during the burst
+        who = Principal("acme", "0123456789ab", ("*",))
+        print("ready", flush=True)
+        while not os.path.exists(go):
+            time.sleep(0.005)
+
+        async def one() -> int:
+            try:
+                await adm.admit(who, "m", 1)
+                return 1
+            except RateLimited:
+                return 0
+
+        print(sum(await asyncio.gather(*(one() for _ in range(250)))), flush=True)
+        await store.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_two_processes_burst_500_against_100_per_minute(kind, request, tmp_path, clock) -> None:
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'state.db'}"
+    else:
+        url = f"{request.getfixturevalue('redis_url')}?prefix=p{uuid.uuid4().hex[:8]}:"
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, url, str(go), repr(clock())],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        go.touch()
+        admitted = [int(child.stdout.readline()) for child in children]  # type: ignore[union-attr]
+    finally:
+        for child in children:
+            child.wait(timeout=30)
+    assert sum(admitted) == 100, admitted
