@@ -147,6 +147,29 @@ def _check_references(config: Config) -> None:
             raise ConfigError(f"model file {dep.model} does not exist - at `$.deployments.{name}.model`")
 
 
+def _rebase(message: str, prefix: str) -> str:
+    """Point a msgspec error message, whose path starts at an entry, at the entry's place in the file."""
+    if " - at `$" in message:
+        return message.replace(" - at `$", f" - at `{prefix}", 1)
+    return f"{message} - at `{prefix}`"
+
+
+def _check_named_entries(raw: dict[str, Any]) -> None:
+    """Decode each entry of the name -> entry sections alone, so an error names the entry.
+
+    msgspec reports a path inside a dict value as `$.deployments[...]`; a user needs the name.
+    """
+    for section, kind in (("tenants", TenantSpec), ("deployments", DeploymentConfig), ("models", ModelConfig)):
+        entries = raw.get(section)
+        if not isinstance(entries, dict):
+            continue
+        for name, entry in entries.items():
+            try:
+                msgspec.convert(entry, kind, strict=True)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(_rebase(str(exc), f"$.{section}.{name}")) from None
+
+
 def parse_config(text: str, *, base_dir: Path, env: dict[str, str] | None = None) -> Config:
     """Decode and check a YAML config. Raises ConfigError with one line naming the path."""
     try:
@@ -161,6 +184,7 @@ def parse_config(text: str, *, base_dir: Path, env: dict[str, str] | None = None
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a mapping of sections - at `$`")
     raw = _interpolate(raw, "$", dict(os.environ) if env is None else env)
+    _check_named_entries(raw)
     try:
         config = msgspec.convert(raw, Config, strict=True)
     except msgspec.ValidationError as exc:

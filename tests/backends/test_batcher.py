@@ -1,0 +1,91 @@
+"""The dynamic batcher merges concurrent requests and isolates failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from backends.batcher import DynamicBatcher
+from backends.errors import BackendUnavailable
+
+
+class Recorder:
+    """A real computation (x * 2 per row) that records the batches it was given."""
+
+    def __init__(self, poison: float | None = None) -> None:
+        self.batches: list[int] = []
+        self.poison = poison
+
+    async def __call__(self, inputs, outputs):  # type: ignore[no-untyped-def]
+        x = inputs["x"]
+        self.batches.append(x.shape[0])
+        if self.poison is not None and (x == self.poison).any():
+            raise ValueError("poisoned row")
+        await asyncio.sleep(0.001)
+        return {"y": x * 2}
+
+
+async def test_concurrent_requests_are_merged_and_split_back():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=20, max_queue=100)
+    xs = [np.full((2, 3), i, np.float32) for i in range(10)]
+    results = await asyncio.gather(*(batcher.submit({"x": x}, None) for x in xs))
+    for x, r in zip(xs, results, strict=True):
+        np.testing.assert_array_equal(r["y"], x * 2)
+    assert run.batches == [20]
+    await batcher.close()
+
+
+async def test_batch_size_cap_is_respected():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=4, max_delay_ms=20, max_queue=100)
+    await asyncio.gather(*(batcher.submit({"x": np.zeros((1, 2), np.float32)}, None) for _ in range(10)))
+    assert max(run.batches) <= 4 and sum(run.batches) == 10
+    await batcher.close()
+
+
+async def test_incompatible_shapes_are_not_merged():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=20, max_queue=100)
+    a, b = np.zeros((1, 2), np.float32), np.zeros((1, 5), np.float32)
+    ra, rb = await asyncio.gather(batcher.submit({"x": a}, None), batcher.submit({"x": b}, None))
+    assert ra["y"].shape == (1, 2) and rb["y"].shape == (1, 5)
+    assert sorted(run.batches) == [1, 1]
+    await batcher.close()
+
+
+async def test_a_failing_request_does_not_fail_its_batch_mates():
+    run = Recorder(poison=-1.0)
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=20, max_queue=100)
+    good = [batcher.submit({"x": np.full((1, 2), i, np.float32)}, None) for i in range(3)]
+    bad = batcher.submit({"x": np.full((1, 2), -1.0, np.float32)}, None)
+    results = await asyncio.gather(*good, bad, return_exceptions=True)
+    assert all(isinstance(r, dict) for r in results[:3])
+    assert isinstance(results[3], ValueError)
+    await batcher.close()
+
+
+async def test_full_queue_is_refused():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=2, max_delay_ms=50, max_queue=2)
+    first = [asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}, None)) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(BackendUnavailable, match="queue"):
+        await batcher.submit({"x": np.zeros((1, 1), np.float32)}, None)
+    await asyncio.gather(*first)
+    await batcher.close()
+
+
+async def test_cancelled_request_is_dropped():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=30, max_queue=10)
+    gone = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}, None))
+    kept = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 1), np.float32)}, None))
+    await asyncio.sleep(0.005)
+    gone.cancel()
+    result = await kept
+    np.testing.assert_array_equal(result["y"], np.full((1, 1), 2.0))
+    assert run.batches == [1]
+    await batcher.close()
