@@ -96,6 +96,8 @@ class LLMEngine:
         self._next_id = 0
         self.kv_waste = KVWasteStats()
         self.num_steps = 0
+        self.num_prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.num_prefix_hits = 0  # ... and found there
         self._label = config.deployment
 
     @classmethod
@@ -237,6 +239,8 @@ class LLMEngine:
         m.KV_WASTE.labels(label).set(w.last)
         if num_preempted:
             m.PREEMPTIONS.labels(label).inc(num_preempted)
+        self.num_prefix_queries += queries
+        self.num_prefix_hits += hits
         if queries:
             m.PREFIX_QUERIES.labels(label).inc(queries)
             m.PREFIX_HITS.labels(label).inc(hits)

@@ -1,0 +1,261 @@
+"""The `torch_llm` backend: the gateway-facing adapter around the async engine.
+
+`create()` is cheap (validates options and the model folder, imports no torch); `load()` builds the
+engine in a worker thread; `generate()` streams `TokenEvent`s from the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from backends.base import (
+    Capability,
+    GenerateRequest,
+    ModelMetadata,
+    SamplingParams,
+    TensorRequest,
+    TensorResponse,
+    TensorSpec,
+    TokenEvent,
+    Usage,
+)
+from backends.errors import BackendUnavailable, InvalidInput
+from backends.spec import DeploymentSpec
+from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.options import LLMOptions, decode_options
+
+if TYPE_CHECKING:
+    from backends.torch_llm.async_engine import AsyncLLMEngine
+    from backends.torch_llm.factory import EngineParts
+    from backends.torch_llm.scheduler import WaitingQueue
+
+log = structlog.get_logger(__name__)
+
+
+def create(name: str, spec: DeploymentSpec) -> TorchLLMBackend:
+    """Validate a `torch_llm` deployment and return its (unloaded) backend.
+
+    Raises:
+        ValueError: bad `options` (the message names the option), a missing model folder or an
+            architecture this engine does not implement.
+    """
+    options = decode_options(spec.options)
+    if not spec.model:
+        raise ValueError(f"deployment {name!r}: torch_llm needs `model` (a local model folder)")
+    folder = pathlib.Path(spec.model)
+    if not folder.is_dir():
+        raise ValueError(f"deployment {name!r}: model folder {spec.model!r} does not exist")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"deployment {name!r}: no config.json in {spec.model!r}")
+    try:
+        ModelConfig.from_folder(folder)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"deployment {name!r}: {exc}") from None
+    if spec.device not in (None, "auto", "cpu", "cuda") and not str(spec.device).startswith("cuda:"):
+        raise ValueError(f"deployment {name!r}: device {spec.device!r} is not cpu, cuda, cuda:N or auto")
+    return TorchLLMBackend(name, folder, options, device=spec.device)
+
+
+class TorchLLMBackend:
+    """Text generation with the paged-KV continuous-batching engine.
+
+    Args:
+        name: deployment name (metrics label).
+        folder: local Hugging Face model folder.
+        options: decoded engine options.
+        device: cpu | cuda | cuda:N | auto (None = auto).
+        waiting: the waiting-order policy for the scheduler (FCFS when None).
+    """
+
+    capabilities = frozenset({Capability.GENERATE})
+
+    def __init__(
+        self,
+        name: str,
+        folder: pathlib.Path,
+        options: LLMOptions,
+        *,
+        device: str | None = None,
+        waiting: WaitingQueue | None = None,
+    ) -> None:
+        self.name = name
+        self.folder = folder
+        self.options = options
+        self.device = device
+        self._waiting = waiting
+        self._parts: EngineParts | None = None
+        self._engine: AsyncLLMEngine | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None
+
+    async def load(self) -> None:
+        from backends.torch_llm.async_engine import AsyncLLMEngine
+        from backends.torch_llm.factory import build_engine
+
+        parts = await asyncio.to_thread(
+            build_engine,
+            self.folder,
+            self.options,
+            device=self.device,
+            deployment=self.name,
+            waiting=self._waiting,
+        )
+        self._parts = parts
+        self._engine = AsyncLLMEngine(parts.engine, name=self.name)
+        self._engine.start()
+        log.info(
+            "llm_loaded",
+            deployment=self.name,
+            device=str(parts.device),
+            dtype=str(parts.dtype).removeprefix("torch."),
+            kv_blocks=parts.num_blocks,
+            max_model_len=parts.max_model_len,
+        )
+
+    async def warmup(self) -> None:
+        """Run one short generation so the first real request does not pay for lazy initialisation."""
+        request = GenerateRequest(
+            request_id=f"warmup-{self.name}",
+            prompt_token_ids=[0] * 8,
+            sampling=SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+        )
+        async for _ in self.generate(request):
+            pass
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await engine.close()
+
+    def metadata(self) -> ModelMetadata:
+        extra: dict[str, Any] = {"block_size": self.options.block_size, "folder": str(self.folder)}
+        device = self.device or "auto"
+        if self._parts is not None:
+            p = self._parts
+            device = str(p.device)
+            extra |= {
+                "dtype": str(p.dtype).removeprefix("torch."),
+                "max_model_len": p.max_model_len,
+                "num_kv_blocks": p.num_blocks,
+                "model_type": p.config.model_type,
+            }
+        return ModelMetadata(
+            name=self.name,
+            platform="pytorch",
+            inputs=[TensorSpec(name="text_input", datatype="BYTES", shape=(-1,))],
+            outputs=[TensorSpec(name="text_output", datatype="BYTES", shape=(-1,))],
+            device=device,
+            extra=extra,
+        )
+
+    # --- serving -------------------------------------------------------------------------------
+
+    async def infer(self, request: TensorRequest) -> TensorResponse:
+        raise InvalidInput("this deployment generates text")
+
+    def capacity(self) -> tuple[int, int]:
+        """(free sequence slots, free KV blocks) as of the engine's last step; (0, 0) before load."""
+        return self._engine.capacity if self._engine is not None else (0, 0)
+
+    def count_prompt_tokens(self, request: GenerateRequest) -> int:
+        """Prompt tokens `request` will use (after the chat template), for reservations."""
+        return len(self._prompt_ids(request))
+
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None:
+            await self._engine.abort(request_id)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Stream tokens; the last event has `finish_reason` and `usage`.
+
+        Raises:
+            InvalidInput: no/ambiguous prompt, bad sampling parameters, prompt too long.
+            BackendUnavailable: not loaded.
+        """
+        engine = self._engine
+        if engine is None or self._parts is None:
+            raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        ids = self._prompt_ids(request)
+        _check_sampling(request.sampling)
+        max_len = self._parts.max_model_len
+        if len(ids) >= max_len:
+            raise InvalidInput(
+                f"the prompt has {len(ids)} tokens; this deployment's max_model_len is {max_len} "
+                f"(prompt + output), so at most {max_len - 1} prompt tokens fit"
+            )
+        scope = (request.tenant or "") if self.options.prefix_cache_scope == "tenant" else ""
+        try:
+            queue = engine.add(request.request_id, ids, request.sampling, scope)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        completion = 0
+        finished = False
+        try:
+            while True:
+                out = await queue.get()
+                completion += len(out.token_ids)
+                done = out.finish_reason is not None
+                yield TokenEvent(
+                    request_id=request.request_id,
+                    text=out.text,
+                    token_ids=out.token_ids,
+                    logprobs=out.logprobs,
+                    finish_reason=out.finish_reason,
+                    usage=Usage(prompt_tokens=len(ids), completion_tokens=completion) if done else None,
+                )
+                if done:
+                    finished = True
+                    return
+        finally:
+            if not finished:  # the consumer went away (client disconnect): free the blocks
+                engine.abort_nowait(request.request_id)
+
+    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
+        given = [x is not None for x in (request.prompt, request.prompt_token_ids, request.messages)]
+        if sum(given) != 1:
+            raise InvalidInput("give exactly one of prompt, prompt_token_ids or messages")
+        if request.prompt_token_ids is not None:
+            ids = list(request.prompt_token_ids)
+            vocab = self._parts.config.vocab_size if self._parts else None
+            if vocab is not None and any(not 0 <= t < vocab for t in ids):
+                raise InvalidInput(f"prompt_token_ids must be in [0, {vocab})")
+        else:
+            tok = self._tokenizer()
+            if request.messages is not None:
+                try:
+                    ids = tok.apply_chat_template(
+                        [{"role": m.role, "content": m.content} for m in request.messages]
+                    )
+                except ValueError as exc:
+                    raise InvalidInput(str(exc)) from None
+            else:
+                ids = tok.encode(request.prompt or "")
+        if not ids:
+            raise InvalidInput("the prompt is empty")
+        return ids
+
+    def _tokenizer(self) -> Any:
+        if self._parts is None or self._parts.tokenizer is None:
+            raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        return self._parts.tokenizer
+
+
+def _check_sampling(p: SamplingParams) -> None:
+    checks = [
+        ("max_tokens", p.max_tokens >= 1, "must be >= 1"),
+        ("temperature", p.temperature >= 0.0, "must be >= 0"),
+        ("top_p", 0.0 < p.top_p <= 1.0, "must be in (0, 1]"),
+        ("top_k", p.top_k >= 0, "must be >= 0"),
+    ]
+    for name, ok, why in checks:
+        if not ok:
+            raise InvalidInput(f"{name} {why}")
