@@ -19,7 +19,7 @@ from datetime import datetime
 
 import structlog
 
-from policies.errors import Unauthenticated
+from policies.errors import StoreUnavailable, Unauthenticated
 from policies.principal import Principal
 from policies.stores.base import StateStore, from_epoch, to_epoch
 from policies.types import KeyRecord
@@ -51,6 +51,8 @@ class KeyService:
         tenants: names of the configured tenants; when given, `create` refuses others and keys of a
             tenant no longer configured stop authenticating. Update with `update_tenants`.
         cache_ttl_s: how long a looked-up record is reused (<= 1 s keeps revocation within 1 s).
+        stale_if_error_s: while the store is unreachable, keep accepting a key whose record was
+            fetched at most this long ago (pairs with Admission's fail_open_s; 0: never, fail closed).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class KeyService:
         *,
         tenants: Collection[str] | None = None,
         cache_ttl_s: float = 0.5,
+        stale_if_error_s: float = 0.0,
     ) -> None:
         if not 0 <= cache_ttl_s <= 1.0:
             raise ValueError(f"cache_ttl_s must be within [0, 1] s, got {cache_ttl_s}")
@@ -67,6 +70,7 @@ class KeyService:
         self._clock = clock
         self._tenants = None if tenants is None else frozenset(tenants)
         self._ttl = cache_ttl_s
+        self._stale_ttl = stale_if_error_s
         self._cache: OrderedDict[str, tuple[float, KeyRecord, str]] = OrderedDict()
 
     def update_tenants(self, tenants: Collection[str] | None) -> None:
@@ -154,7 +158,13 @@ class KeyService:
         cached = self._cache.get(key_id)
         if cached is not None and now - cached[0] < self._ttl:
             return cached[1], cached[2]
-        found = await self._store.get_key(key_id)
+        try:
+            found = await self._store.get_key(key_id)
+        except StoreUnavailable:
+            if cached is not None and now - cached[0] < self._stale_ttl:
+                log.warning("api_key_served_stale", key_id=key_id, age_s=now - cached[0])
+                return cached[1], cached[2]
+            raise
         if found is None:
             self._cache.pop(key_id, None)
             return None  # unknown ids are not cached: a flood of guesses cannot fill memory

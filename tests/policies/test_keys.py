@@ -123,3 +123,23 @@ def test_principal_can_see_needs_both_globs() -> None:
     assert p.can_see("digits", ["digits*"])
     assert not p.can_see("other", ["*"])
     assert not Principal("acme", "x", ("*",)).can_see("Digits", ["digits"])  # case-sensitive
+
+
+async def test_store_down_fails_closed_unless_stale_allowed(tmp_path, clock) -> None:
+    from policies.errors import StoreUnavailable
+    from policies.stores import open_store
+
+    store = await open_store(f"sqlite:///{tmp_path / 'k.db'}")
+    strict = KeyService(store, clock)
+    lenient = KeyService(store, clock, stale_if_error_s=30)
+    _, secret = await strict.create("acme")
+    await strict.authenticate(secret)
+    await lenient.authenticate(secret)
+    await store.close()  # the store goes away
+    clock.advance(1)
+    with pytest.raises(StoreUnavailable):
+        await strict.authenticate(secret)
+    assert (await lenient.authenticate(secret)).tenant == "acme"
+    clock.advance(30)
+    with pytest.raises(StoreUnavailable):
+        await lenient.authenticate(secret)
