@@ -131,8 +131,9 @@ def tf_model_base(weights_npz: Path, models_dir: Path) -> Path:
 class TFServingProcess:
     """The test PredictionService server in a subprocess, on a free loopback port."""
 
-    def __init__(self, model_base: Path, *, labels: dict[str, int]) -> None:
+    def __init__(self, model_base: Path, *, labels: dict[str, int], port: int = 0) -> None:
         args = [sys.executable, str(SERVER), "--model-name", "digits", "--model-base-path", str(model_base)]
+        args += ["--port", str(port)]
         for label, version in labels.items():
             args += ["--label", f"{label}={version}"]
         env = {**os.environ, **TF_ENV}
@@ -176,8 +177,8 @@ def tfs_server_factory(tf_model_base: Path) -> Iterator:
     """Start extra servers (for tests that stop one); all are stopped after the test."""
     started: list[TFServingProcess] = []
 
-    def start() -> TFServingProcess:
-        server = TFServingProcess(tf_model_base, labels={"stable": 1})
+    def start(port: int = 0) -> TFServingProcess:
+        server = TFServingProcess(tf_model_base, labels={"stable": 1}, port=port)
         started.append(server)
         return server
 
