@@ -45,6 +45,10 @@ class _Pending:
 class DynamicBatcher:
     """Collects requests for up to `max_delay_ms` or `max_batch_size` rows, then runs them together.
 
+    A lone caller is not made to wait: the delay applies once requests have been seen overlapping
+    (the previous batch merged several, or several are queued now). Requests that arrive while a
+    batch runs gather in the queue and go together in the next one.
+
     Args:
         run: coroutine that runs one batch (it must not block the event loop).
         max_batch_size: most rows in one merged batch; a larger request runs alone.
@@ -70,6 +74,8 @@ class DynamicBatcher:
         self._queue: list[_Pending] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: requests in the last batch run; 1 means callers are not overlapping right now
+        self._last_batch_requests = 1
 
     @property
     def depth(self) -> int:
@@ -130,8 +136,10 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             first = self._queue[0]
-            # Wait for company unless the batch is already full.
-            deadline = asyncio.get_running_loop().time() + self.max_delay_s
+            # Wait for company only when callers have been overlapping (the last batch merged
+            # several requests): a lone caller would otherwise pay max_delay_ms on every request.
+            wait = self._last_batch_requests > 1 or len(self._queue) > 1
+            deadline = asyncio.get_running_loop().time() + (self.max_delay_s if wait else 0.0)
             while self._queued_rows(first.key) < self.max_batch_size:
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
@@ -146,6 +154,7 @@ class DynamicBatcher:
                 await self._execute(batch)
 
     async def _execute(self, batch: list[_Pending]) -> None:
+        self._last_batch_requests = len(batch)
         if self._observer is not None:
             self._observer(len(batch), sum(p.rows for p in batch))
         if len(batch) == 1:

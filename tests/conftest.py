@@ -94,14 +94,18 @@ class Gateway:
 
 def create_key(url: str, tenant: str, **extra: object) -> str:
     r = httpx.post(
-        f"{url}/admin/keys", json={"tenant": tenant, **extra}, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+        f"{url}/admin/keys",
+        json={"tenant": tenant, **extra},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
     )
     r.raise_for_status()
     return r.json()["key"]
 
 
 @pytest.fixture(scope="module")
-def gateway(digits: DigitsModel, upstream_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(
+    digits: DigitsModel, upstream_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
     state = tmp_path_factory.mktemp("state") / "fleetgate.db"
     config = parse_config(gateway_yaml(digits, upstream_url, f"sqlite:///{state}"), base_dir=Path("."))
     with serve_app(create_app(config)) as url:

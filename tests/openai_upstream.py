@@ -43,20 +43,53 @@ async def _events(body: dict[str, Any], chat: bool) -> AsyncIterator[bytes]:
             choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
         else:
             choice = {"index": 0, "text": text, "finish_reason": None}
-        yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [choice]}) + b"\n\n"
+        yield (
+            b"data: "
+            + _enc.encode(
+                {"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [choice]}
+            )
+            + b"\n\n"
+        )
         await asyncio.sleep(0.001)
     finish = "length" if len(words) == int(body.get("max_tokens") or 16) else "stop"
-    last = {"index": 0, "delta": {}, "finish_reason": finish} if chat else {"index": 0, "text": "", "finish_reason": finish}
-    yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [last]}) + b"\n\n"
-    usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words), "total_tokens": len(prompt.split()) + len(words)}
-    yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [], "usage": usage}) + b"\n\n"
+    last = (
+        {"index": 0, "delta": {}, "finish_reason": finish}
+        if chat
+        else {"index": 0, "text": "", "finish_reason": finish}
+    )
+    yield (
+        b"data: "
+        + _enc.encode({"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [last]})
+        + b"\n\n"
+    )
+    usage = {
+        "prompt_tokens": len(prompt.split()),
+        "completion_tokens": len(words),
+        "total_tokens": len(prompt.split()) + len(words),
+    }
+    yield (
+        b"data: "
+        + _enc.encode(
+            {
+                "id": "u",
+                "object": "chunk",
+                "created": 0,
+                "model": body["model"],
+                "choices": [],
+                "usage": usage,
+            }
+        )
+        + b"\n\n"
+    )
     yield b"data: [DONE]\n\n"
 
 
 async def _handle(request: Request, chat: bool) -> Response[Any]:
     body = msgspec.json.decode(await request.body())
     if body.get("model") == "missing":
-        return Response({"error": {"message": "model missing not found", "type": "not_found"}}, status_code=404)
+        return Response(
+            {"error": {"message": "model missing not found", "type": "not_found"}}, status_code=404
+        )
     if request.headers.get("authorization") != "Bearer upstream-secret":
         return Response({"error": {"message": "bad upstream key"}}, status_code=401)
     if not body.get("stream"):

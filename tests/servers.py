@@ -22,7 +22,9 @@ def free_port() -> int:
 def serve_app(app: Any, *, timeout_s: float = 60.0) -> Iterator[str]:
     """Serve `app` with uvicorn in a thread; yields its base URL; stops it (lifespan shutdown) after."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

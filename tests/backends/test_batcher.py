@@ -70,7 +70,9 @@ async def test_a_failing_request_does_not_fail_its_batch_mates():
 async def test_full_queue_is_refused():
     run = Recorder()
     batcher = DynamicBatcher(run, max_batch_size=2, max_delay_ms=50, max_queue=2)
-    first = [asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}, None)) for _ in range(2)]
+    first = [
+        asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}, None)) for _ in range(2)
+    ]
     await asyncio.sleep(0)
     with pytest.raises(BackendUnavailable, match="queue"):
         await batcher.submit({"x": np.zeros((1, 1), np.float32)}, None)

@@ -99,7 +99,10 @@ def test_check_config_cli_one_clear_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("server: {port: '80'}\n")
     out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2
     assert out.stderr.strip() == "fleetgate: Expected `int`, got `str` - at `$.server.port`"

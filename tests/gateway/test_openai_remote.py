@@ -30,7 +30,9 @@ def test_completion_plain(client):
 
 
 def test_chat_plain(client):
-    out = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": PROMPT}], max_tokens=10)
+    out = client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": PROMPT}], max_tokens=10
+    )
     assert out.choices[0].message.content == " ".join(reply_words(PROMPT, 10))
     assert out.choices[0].message.role == "assistant"
     assert out.choices[0].finish_reason == "stop"
@@ -106,7 +108,11 @@ def test_errors_use_openai_envelope(gateway, client):
         client.completions.create(model="nope", prompt="x")
     with pytest.raises(AuthenticationError):
         OpenAI(base_url=f"{gateway.url}/v1", api_key="fg-abc-def", max_retries=0).models.list()
-    r = httpx.post(f"{gateway.url}/v1/chat/completions", content=b"{", headers={**gateway.headers(), "content-type": "application/json"})
+    r = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        content=b"{",
+        headers={**gateway.headers(), "content-type": "application/json"},
+    )
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
 

@@ -23,7 +23,11 @@ def expected(digits, rows):  # type: ignore[no-untyped-def]
 
 
 def test_row_form_predictions(gateway, rows, expected):
-    r = httpx.post(f"{gateway.url}/v1/models/digits:predict", json={"instances": rows.tolist()}, headers=gateway.headers())
+    r = httpx.post(
+        f"{gateway.url}/v1/models/digits:predict",
+        json={"instances": rows.tolist()},
+        headers=gateway.headers(),
+    )
     assert r.status_code == 200, r.text
     preds = r.json()["predictions"]
     assert [p["label"] for p in preds] == expected[1].tolist()
@@ -31,14 +35,20 @@ def test_row_form_predictions(gateway, rows, expected):
 
 
 def test_columnar_form_outputs(gateway, rows, expected):
-    r = httpx.post(f"{gateway.url}/v1/models/digits:predict", json={"inputs": {"input": rows.tolist()}}, headers=gateway.headers())
+    r = httpx.post(
+        f"{gateway.url}/v1/models/digits:predict",
+        json={"inputs": {"input": rows.tolist()}},
+        headers=gateway.headers(),
+    )
     assert r.status_code == 200, r.text
     assert r.json()["outputs"]["label"] == expected[1].tolist()
 
 
 @pytest.mark.parametrize("path", ["versions/2:predict", "labels/plain:predict", "labels/stable:predict"])
 def test_versions_and_labels(gateway, rows, expected, path):
-    r = httpx.post(f"{gateway.url}/v1/models/digits/{path}", json={"instances": rows.tolist()}, headers=gateway.headers())
+    r = httpx.post(
+        f"{gateway.url}/v1/models/digits/{path}", json={"instances": rows.tolist()}, headers=gateway.headers()
+    )
     assert r.status_code == 200, r.text
     assert [p["label"] for p in r.json()["predictions"]] == expected[1].tolist()
     served = r.headers["x-fleetgate-deployment"]
@@ -67,14 +77,18 @@ def test_errors_in_tf_serving_envelope(gateway, path, body, status, needle):
 
 def test_malformed_json_is_400(gateway):
     r = httpx.post(
-        f"{gateway.url}/v1/models/digits:predict", content=b"{", headers={**gateway.headers(), "content-type": "application/json"}
+        f"{gateway.url}/v1/models/digits:predict",
+        content=b"{",
+        headers={**gateway.headers(), "content-type": "application/json"},
     )
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]
 
 
 def test_status_and_metadata(gateway):
     status = httpx.get(f"{gateway.url}/v1/models/digits/versions/2", headers=gateway.headers()).json()
-    assert status["model_version_status"] == [{"version": "2", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]
+    assert status["model_version_status"] == [
+        {"version": "2", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+    ]
     meta = httpx.get(f"{gateway.url}/v1/models/digits/metadata", headers=gateway.headers()).json()
     sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
     assert sig["inputs"]["input"]["dtype"] == "DT_FLOAT"

@@ -36,8 +36,13 @@ def test_tritonclient_outputs_equal_direct_onnxruntime(gateway, digits, rows, bi
     client = _client(gateway)
     inp = triton.InferInput("input", list(rows.shape), "FP32")
     inp.set_data_from_numpy(rows, binary_data=binary)
-    outs = [triton.InferRequestedOutput("probabilities", binary_data=binary), triton.InferRequestedOutput("label", binary_data=binary)]
-    result = client.infer("digits", [inp], outputs=outs, model_version=model_version, headers=gateway.headers())
+    outs = [
+        triton.InferRequestedOutput("probabilities", binary_data=binary),
+        triton.InferRequestedOutput("label", binary_data=binary),
+    ]
+    result = client.infer(
+        "digits", [inp], outputs=outs, model_version=model_version, headers=gateway.headers()
+    )
     probs, labels = _direct(digits, rows)
     np.testing.assert_allclose(result.as_numpy("probabilities"), probs, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(result.as_numpy("label"), labels)
@@ -73,7 +78,9 @@ def test_nested_json_data_is_accepted(gateway, digits, rows):
 def _post(gateway: Gateway, payload: object, **kw):  # type: ignore[no-untyped-def]
     content = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     headers = {**gateway.headers(), "content-type": "application/json", **kw.pop("headers", {})}
-    return httpx.post(f"{gateway.url}/v2/models/{kw.pop('model', 'digits')}/infer", content=content, headers=headers)
+    return httpx.post(
+        f"{gateway.url}/v2/models/{kw.pop('model', 'digits')}/infer", content=content, headers=headers
+    )
 
 
 ROW = [0.0] * 64
@@ -83,12 +90,36 @@ ROW = [0.0] * 64
     ("payload", "status", "needle"),
     [
         (b"{not json", 400, "malformed JSON"),
-        ({"inputs": [{"name": "input", "shape": [1, 63], "datatype": "FP32", "data": ROW[:63]}]}, 400, "shape [1, 63]"),
-        ({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP64", "data": ROW}]}, 400, "datatype FP64"),
-        ({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ROW[:10]}]}, 400, "10 elements"),
-        ({"inputs": [{"name": "wrong", "shape": [1, 64], "datatype": "FP32", "data": ROW}]}, 400, "unknown input 'wrong'"),
-        ({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ["a"] * 64}]}, 400, "does not match datatype"),
-        ({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "NOPE", "data": ROW}]}, 400, "unsupported datatype"),
+        (
+            {"inputs": [{"name": "input", "shape": [1, 63], "datatype": "FP32", "data": ROW[:63]}]},
+            400,
+            "shape [1, 63]",
+        ),
+        (
+            {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP64", "data": ROW}]},
+            400,
+            "datatype FP64",
+        ),
+        (
+            {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ROW[:10]}]},
+            400,
+            "10 elements",
+        ),
+        (
+            {"inputs": [{"name": "wrong", "shape": [1, 64], "datatype": "FP32", "data": ROW}]},
+            400,
+            "unknown input 'wrong'",
+        ),
+        (
+            {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ["a"] * 64}]},
+            400,
+            "does not match datatype",
+        ),
+        (
+            {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "NOPE", "data": ROW}]},
+            400,
+            "unsupported datatype",
+        ),
         ({"inputs": []}, 400, "missing input"),
         ({"outputs": []}, 400, "inputs"),
     ],
@@ -100,9 +131,27 @@ def test_bad_input_is_400_naming_the_problem(gateway, payload, status, needle):
 
 
 def test_binary_size_mismatch_is_400(gateway):
-    header = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "parameters": {"binary_data_size": 100}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": [1, 64],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 100},
+                }
+            ]
+        }
+    ).encode()
     body = header + b"\0" * 100
-    r = _post(gateway, body, headers={"Inference-Header-Content-Length": str(len(header)), "content-type": "application/octet-stream"})
+    r = _post(
+        gateway,
+        body,
+        headers={
+            "Inference-Header-Content-Length": str(len(header)),
+            "content-type": "application/octet-stream",
+        },
+    )
     assert r.status_code == 400
     assert "100 bytes given" in r.json()["error"]
 
@@ -133,14 +182,22 @@ def test_oversized_chunked_body_is_413(gateway):
         for _ in range(100):
             yield b"y" * 1024
 
-    r = httpx.post(f"{gateway.url}/v2/models/digits/infer", content=chunks(), headers={**gateway.headers(), "content-type": "application/json"})
+    r = httpx.post(
+        f"{gateway.url}/v2/models/digits/infer",
+        content=chunks(),
+        headers={**gateway.headers(), "content-type": "application/json"},
+    )
     assert r.status_code == 413
 
 
 def test_missing_and_bad_keys_are_401_in_v2_envelope(gateway):
     r = httpx.post(f"{gateway.url}/v2/models/digits/infer", json={"inputs": []})
     assert r.status_code == 401 and isinstance(r.json()["error"], str)
-    r = httpx.post(f"{gateway.url}/v2/models/digits/infer", json={"inputs": []}, headers={"x-api-key": "fg-000000000000-nope"})
+    r = httpx.post(
+        f"{gateway.url}/v2/models/digits/infer",
+        json={"inputs": []},
+        headers={"x-api-key": "fg-000000000000-nope"},
+    )
     assert r.status_code == 401
     assert "fg-000000000000-nope" not in r.text
 

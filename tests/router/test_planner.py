@@ -14,7 +14,10 @@ from router.spec import ModelConfig, RouteConfig, ShadowConfig
 
 def _router(weights: tuple[float, float] = (90, 10), sticky: str = "key", **kw) -> Router:  # type: ignore[no-untyped-def]
     spec = ModelConfig(
-        routes=[RouteConfig(deployment="a", weight=weights[0]), RouteConfig(deployment="b", weight=weights[1])],
+        routes=[
+            RouteConfig(deployment="a", weight=weights[0]),
+            RouteConfig(deployment="b", weight=weights[1]),
+        ],
         sticky=sticky,
         **kw,
     )
@@ -54,7 +57,10 @@ def test_header_stickiness():
 
 
 def test_unhealthy_route_is_skipped_and_becomes_a_fallback():
-    spec = ModelConfig(routes=[RouteConfig(deployment="a", weight=50), RouteConfig(deployment="b", weight=50)], fallback=["c"])
+    spec = ModelConfig(
+        routes=[RouteConfig(deployment="a", weight=50), RouteConfig(deployment="b", weight=50)],
+        fallback=["c"],
+    )
     router = Router({"m": spec}, is_healthy=lambda name: name != "a")
     plans = [router.plan("m", principal=_user(i)) for i in range(200)]
     assert {p.primary for p in plans} == {"b"}

@@ -25,6 +25,12 @@ LLAMA3_ROPE = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> None:
+    """Tiny models run fastest single-threaded; on a shared 2-core box extra threads only contend."""
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """Llama with GQA and Llama-3 rope scaling (original context 32, so scaling matters here)."""
