@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import structlog
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policies.admission import Admission  # noqa: E402
@@ -119,6 +121,7 @@ def _start_redis(work: Path) -> tuple[str, int] | None:
 
 
 async def main() -> None:
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout: results only
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=32)
