@@ -102,7 +102,10 @@ def hf_greedy(folder: pathlib.Path, prompts: list[list[int]], max_new_tokens: in
     with torch.inference_mode():
         for p in prompts:
             ids = model.generate(
-                torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones(1, len(p))
+                torch.tensor([p]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(p)),
             )
             out.append(ids[0, len(p) :].tolist())
     return out
