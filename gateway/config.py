@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -116,32 +117,28 @@ def _resolve_paths(config: Config, base_dir: Path) -> Config:
     return msgspec.structs.replace(config, deployments=deployments, state=state)
 
 
+def _check_model(model: str, spec: ModelConfig, names: Mapping[str, object]) -> None:
+    base = f"$.models.{model}"
+    refs = [(f"{base}.routes[{i}].deployment", r.deployment) for i, r in enumerate(spec.routes)]
+    refs += [(f"{base}.fallback[{i}]", d) for i, d in enumerate(spec.fallback)]
+    refs += [(f"{base}.versions.{v}", d) for v, d in spec.versions.items()]
+    if spec.shadow is not None:
+        refs.append((f"{base}.shadow.deployment", spec.shadow.deployment))
+    for path, name in refs:
+        if name not in names:
+            raise ConfigError(f"unknown deployment {name!r} - at `{path}`")
+    total = sum(r.weight for r in spec.routes)
+    if len(spec.routes) > 1 and abs(total - WEIGHT_TOTAL) > 1e-6:
+        raise ConfigError(f"route weights add up to {total:g}, not {WEIGHT_TOTAL:g} - at `{base}.routes`")
+    for label, version in spec.labels.items():
+        if version not in spec.versions:
+            raise ConfigError(f"label points to unknown version {version!r} - at `{base}.labels.{label}`")
+
+
 def _check_references(config: Config) -> None:
     """Cross-section checks msgspec cannot do: names, weights, files."""
-    names = config.deployments
     for model, spec in config.models.items():
-        base = f"$.models.{model}"
-        for i, route in enumerate(spec.routes):
-            if route.deployment not in names:
-                raise ConfigError(
-                    f"unknown deployment {route.deployment!r} - at `{base}.routes[{i}].deployment`"
-                )
-        total = sum(r.weight for r in spec.routes)
-        if len(spec.routes) > 1 and abs(total - WEIGHT_TOTAL) > 1e-6:
-            raise ConfigError(f"route weights add up to {total:g}, not {WEIGHT_TOTAL:g} - at `{base}.routes`")
-        for i, dep in enumerate(spec.fallback):
-            if dep not in names:
-                raise ConfigError(f"unknown deployment {dep!r} - at `{base}.fallback[{i}]`")
-        if spec.shadow and spec.shadow.deployment not in names:
-            raise ConfigError(
-                f"unknown deployment {spec.shadow.deployment!r} - at `{base}.shadow.deployment`"
-            )
-        for version, dep in spec.versions.items():
-            if dep not in names:
-                raise ConfigError(f"unknown deployment {dep!r} - at `{base}.versions.{version}`")
-        for label, version in spec.labels.items():
-            if version not in spec.versions:
-                raise ConfigError(f"label points to unknown version {version!r} - at `{base}.labels.{label}`")
+        _check_model(model, spec, config.deployments)
     for name, dep in config.deployments.items():
         if dep.model is not None and not os.path.exists(dep.model):
             raise ConfigError(f"model file {dep.model} does not exist - at `$.deployments.{name}.model`")
@@ -159,7 +156,11 @@ def _check_named_entries(raw: dict[str, Any]) -> None:
 
     msgspec reports a path inside a dict value as `$.deployments[...]`; a user needs the name.
     """
-    for section, kind in (("tenants", TenantSpec), ("deployments", DeploymentConfig), ("models", ModelConfig)):
+    for section, kind in (
+        ("tenants", TenantSpec),
+        ("deployments", DeploymentConfig),
+        ("models", ModelConfig),
+    ):
         entries = raw.get(section)
         if not isinstance(entries, dict):
             continue

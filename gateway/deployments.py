@@ -59,6 +59,23 @@ class Deployment:
         return f"{self.name}; backend={self.spec.backend}; device={self.device}; hardware={self.hardware}"
 
 
+def _make_queue(spec: QueueSpec, weights: Mapping[str, float], backend: Backend) -> FairQueue:
+    """The deployment's fair queue; for the LLM engine, gated on the engine's free sequence slots.
+
+    Without the gate the engine's own (FCFS) waiting list would absorb the backlog and fairness
+    between tenants would be lost. The engine's count is as of its last step, so it may admit a
+    request or two early. An idle queue (nothing in flight) always dispatches, so a stale count can
+    never stall it; every release re-checks the gate.
+    """
+    capacity = getattr(backend, "capacity", None)
+    if capacity is None:
+        return FairQueue(spec, weights=weights)
+    cell: list[FairQueue] = []
+    queue = FairQueue(spec, weights=weights, capacity=lambda: cell[0].in_flight == 0 or capacity()[0] > 0)
+    cell.append(queue)
+    return queue
+
+
 def build_deployments(config: Config, weights: Mapping[str, float]) -> dict[str, Deployment]:
     """Create (not load) every deployment. Raises ValueError naming the deployment's path."""
     out: dict[str, Deployment] = {}
@@ -67,7 +84,7 @@ def build_deployments(config: Config, weights: Mapping[str, float]) -> dict[str,
             backend = create_backend(name, spec)
         except ValueError as exc:
             raise ValueError(f"{exc} - at `$.deployments.{name}`") from None
-        queue = FairQueue(default_queue_spec(spec), weights=weights)
+        queue = _make_queue(default_queue_spec(spec), weights, backend)
         out[name] = Deployment(name=name, spec=spec, backend=backend, queue=queue)
     return out
 

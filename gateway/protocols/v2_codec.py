@@ -112,6 +112,27 @@ def _array_from_json(inp: _InputJSON, count: int) -> np.ndarray:
         raise InvalidInput(f"input {inp.name!r}: a value is out of range for {inp.datatype}") from None
 
 
+def _decode_input(inp: _InputJSON, blob: memoryview, offset: int) -> tuple[np.ndarray, int]:
+    """One input's array, from its JSON `data` or from the binary blob at `offset`; returns the next offset."""
+    if inp.datatype not in V2_TO_NUMPY:
+        raise InvalidInput(f"input {inp.name!r}: unsupported datatype {inp.datatype!r}")
+    count = _element_count(inp.shape, inp.name)
+    size = inp.parameters.get("binary_data_size")
+    if size is None:
+        return _array_from_json(inp, count), offset
+    if not isinstance(size, int) or size < 0 or offset + size > len(blob):
+        raise InvalidInput(f"input {inp.name!r}: binary_data_size {size} exceeds the binary data sent")
+    raw = blob[offset : offset + size]
+    if inp.datatype == "BYTES":
+        return _bytes_from_binary(raw, count, inp.name), offset + size
+    dtype = V2_TO_NUMPY[inp.datatype]
+    if size != count * dtype.itemsize:
+        raise InvalidInput(
+            f"input {inp.name!r}: {size} bytes given, shape {inp.shape} of {inp.datatype} needs {count * dtype.itemsize}"
+        )
+    return np.frombuffer(raw, dtype=dtype).copy(), offset + size
+
+
 def decode_infer(body: bytes, header_length: int | None, request_id: str) -> DecodedInfer:
     """Parse a v2 inference body (JSON, or JSON header + binary blobs)."""
     if header_length is not None:
@@ -129,29 +150,7 @@ def decode_infer(body: bytes, header_length: int | None, request_id: str) -> Dec
     offset = 0
     tensors: list[Tensor] = []
     for inp in parsed.inputs:
-        if inp.datatype not in V2_TO_NUMPY:
-            raise InvalidInput(f"input {inp.name!r}: unsupported datatype {inp.datatype!r}")
-        count = _element_count(inp.shape, inp.name)
-        size = inp.parameters.get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(blob):
-                raise InvalidInput(
-                    f"input {inp.name!r}: binary_data_size {size} exceeds the binary data sent"
-                )
-            raw = blob[offset : offset + size]
-            offset += size
-            if inp.datatype == "BYTES":
-                array = _bytes_from_binary(raw, count, inp.name)
-            else:
-                dtype = V2_TO_NUMPY[inp.datatype]
-                if size != count * dtype.itemsize:
-                    raise InvalidInput(
-                        f"input {inp.name!r}: {size} bytes given, shape {inp.shape} of {inp.datatype} needs "
-                        f"{count * dtype.itemsize}"
-                    )
-                array = np.frombuffer(raw, dtype=dtype).copy()
-        else:
-            array = _array_from_json(inp, count)
+        array, offset = _decode_input(inp, blob, offset)
         tensors.append(
             Tensor(
                 name=inp.name, datatype=inp.datatype, shape=tuple(inp.shape), data=array.reshape(inp.shape)
