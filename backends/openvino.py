@@ -12,7 +12,9 @@ compute in bf16, which moves probabilities by up to 0.1.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +41,7 @@ from backends.validation import validate_request
 
 log = structlog.get_logger(__name__)
 
-#: how often a request waiting for an idle infer request re-checks the queue, in case a
+#: how often a request waiting for an idle infer request re-checks the queue anyway, in case a
 #: completion was missed (OpenVINO does not call the callback of a request that failed)
 _IDLE_POLL_S = 0.05
 
@@ -89,6 +91,56 @@ def _port_spec(port: Any) -> TensorSpec:
     return TensorSpec(name=name, datatype=datatype, shape=dims)
 
 
+class _Slots:
+    """FIFO-fair count of free infer requests, owned by the event loop.
+
+    A slot is taken before `start_async` and given back when the request's result reaches the
+    loop; a freed slot goes straight to the longest waiter, so no newcomer overtakes it (which
+    would starve waiters and stretch p99).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self, idle_in_pool: Callable[[], bool]) -> None:
+        """Take a slot; `idle_in_pool` lets a waiter recover a slot whose completion was lost."""
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            while not waiter.done():
+                try:
+                    await asyncio.wait_for(asyncio.shield(waiter), _IDLE_POLL_S)
+                except TimeoutError:
+                    # OpenVINO does not call back for a request that failed inside the runtime:
+                    # if its pool has an idle request nobody holds a slot for, take that one.
+                    if self._waiters[0] is waiter and idle_in_pool():
+                        log.warning("openvino_slot_recovered")
+                        self._waiters.popleft()
+                        return
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot was handed over just as the caller gave up
+            else:
+                waiter.cancel()
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes directly to the longest waiter
+                return
+        self.free = min(self.size, self.free + 1)
+
+
 class OpenVINOBackend:
     """Serves one model with OpenVINO through its async infer-request queue."""
 
@@ -104,7 +156,7 @@ class OpenVINOBackend:
         self._queue: Any = None
         self._meta: ModelMetadata | None = None
         self._batcher: DynamicBatcher | None = None
-        self._idle: asyncio.Event | None = None
+        self._slots: _Slots | None = None
         self._warm = False
 
     @property
@@ -161,7 +213,7 @@ class OpenVINOBackend:
         outputs = [_port_spec(p) for p in compiled.outputs]
         queue.set_callback(self._on_done)
         self._compiled, self._queue = compiled, queue
-        self._idle = asyncio.Event()
+        self._slots = _Slots(len(queue))
         self._meta = ModelMetadata(
             name=self.name,
             platform="openvino_onnx" if str(self.spec.model).endswith(".onnx") else "openvino_ir",
@@ -239,30 +291,37 @@ class OpenVINOBackend:
         return TensorResponse(id=request.id, outputs=[Tensor.from_array(n, a) for n, a in result.items()])
 
     async def _acquire_idle(self) -> None:
-        """Wait until the queue has an idle infer request, without blocking the loop."""
-        assert self._idle is not None
-        while self._queue is not None and not self._queue.is_ready():
-            self._idle.clear()
-            try:
-                await asyncio.wait_for(self._idle.wait(), _IDLE_POLL_S)
-            except TimeoutError:
-                pass
+        """Take a slot, then make sure OpenVINO's pool really has the idle request, without blocking."""
+        assert self._slots is not None and self._queue is not None
+        queue = self._queue
+        await self._slots.acquire(queue.is_ready)
+        spins = 0
+        try:
+            while not queue.is_ready():
+                # The slot's previous request resolved on the loop, but OpenVINO returns a request
+                # to its idle pool only after the callback returns: a window of microseconds.
+                spins += 1
+                await asyncio.sleep(0 if spins < 100 else 0.001)
+        except BaseException:  # cancelled (deadline) before starting: the slot goes back
+            self._slots.release()
+            raise
 
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         """Start one inference on an idle infer request and await its outputs."""
         try:
             async with asyncio.timeout(self.spec.timeout_s):
-                await self._acquire_idle()
                 if self._queue is None:
                     raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+                await self._acquire_idle()
                 loop = asyncio.get_running_loop()
                 future: asyncio.Future[Arrays] = loop.create_future()
                 names = outputs if outputs is not None else tuple(s.name for s in self.metadata().outputs)
                 feeds = {k: (v.astype(bytes) if v.dtype == object else v) for k, v in inputs.items()}
                 try:
-                    # Never blocks here: _acquire_idle saw an idle request and nothing ran since.
+                    # Does not block: _acquire_idle saw an idle request and nothing ran since.
                     self._queue.start_async(feeds, (loop, future, names))
                 except Exception as exc:
+                    self._slots.release()  # type: ignore[union-attr]
                     raise BackendInternalError(f"OpenVINO failed: {_one_line(exc)}") from None
                 # Shielded: a timed-out caller must not cancel the future the callback will resolve.
                 return await asyncio.shield(future)
@@ -290,8 +349,8 @@ class OpenVINOBackend:
                 future.set_exception(result)
             else:
                 future.set_result(result)
-        if self._idle is not None:
-            self._idle.set()
+        if self._slots is not None:
+            self._slots.release()
 
     async def abort(self, request_id: str) -> None:  # tensor requests are not abortable mid-run
         return None

@@ -263,3 +263,42 @@ async def test_generate_is_refused(digits_ir):
     with pytest.raises(BackendError) as info:
         backend.generate(None)  # type: ignore[arg-type]
     assert info.value.status == 400
+
+
+async def test_requests_are_served_in_arrival_order(digits, digits_ir):
+    """One infer request, 24 callers: a freed request goes to the longest waiter, never a newcomer."""
+    backend = await _loaded(digits_ir, options={"num_requests": 1})
+    done: list[int] = []
+    x = np.repeat(digits.x_test[:1], 2000, axis=0)
+
+    async def call(i: int) -> None:
+        await backend.infer(_request(x, rid=str(i)))
+        done.append(i)
+
+    try:
+        await asyncio.gather(*(call(i) for i in range(24)))
+        assert done == list(range(24))
+    finally:
+        await backend.close()
+
+
+async def test_timed_out_callers_do_not_leak_infer_requests(digits, digits_ir):
+    backend = await _loaded(digits_ir, options={"num_requests": 2})
+    backend.spec = _spec(digits_ir, options={"num_requests": 2}, timeout_s=0.002)
+    x = np.repeat(digits.x_test[:1], 20000, axis=0)
+    try:
+        outcomes = await asyncio.gather(
+            *(backend.infer(_request(x)) for _ in range(16)), return_exceptions=True
+        )
+        timeouts = [o for o in outcomes if isinstance(o, BackendError)]
+        assert timeouts and all(o.status == 504 for o in timeouts)
+        for _ in range(200):  # the started requests finish on OpenVINO's threads
+            if backend._slots.free == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert backend._slots.free == 2
+        backend.spec = _spec(digits_ir, timeout_s=10.0)
+        results = await asyncio.gather(*(backend.infer(_request(digits.x_test[:3])) for _ in range(8)))
+        assert len(results) == 8
+    finally:
+        await backend.close()
