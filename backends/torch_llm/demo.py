@@ -78,6 +78,7 @@ def write_tiny_llama(
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
     vocab_size: int = 512,
+    pad_vocab_to: int | None = None,
     max_position_embeddings: int = 2048,
     architecture: Literal["llama", "qwen2", "mistral"] = "llama",
     rope_scaling: dict[str, Any] | None = None,
@@ -93,6 +94,9 @@ def write_tiny_llama(
         architecture: "llama", "qwen2" (biases on q/k/v) or "mistral".
         rope_scaling: e.g. `{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}`.
+        vocab_size: target vocabulary of the trained tokenizer (the small corpus may give fewer).
+        pad_vocab_to: make the model's vocabulary (embedding and LM head) at least this large, e.g.
+            32000 for realistic LM-head cost in benchmarks; the extra ids have no text.
         init_std: standard deviation of the random weights.
         dtype: dtype of the stored weights (and the config's dtype).
     """
@@ -101,7 +105,7 @@ def write_tiny_llama(
 
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(out_dir, vocab_size, seed)
+    vocab = max(write_tokenizer(out_dir, vocab_size, seed), pad_vocab_to or 0)
     head_dim = hidden_size // num_heads
     inter = intermediate_size or hidden_size * 8 // 3
     arch_name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}

@@ -1,0 +1,340 @@
+"""Benchmark the torch_llm engine against transformers static batching on the chat-mix trace.
+
+Both systems replay the same requests open-loop (request i is released at its trace time x scale)
+against the same random-weight Llama, one after the other in one run, with the same torch thread
+count. Greedy decoding with ignore_eos, so every request produces exactly its `max_tokens`.
+
+(a) engine: continuous batching, paged KV cache, chunked prefill, driven step by step on this thread.
+(b) transformers: `generate()` on static batches of up to `--hf-batch` arrived requests (left-padded);
+    a batch runs until its longest request is done, new arrivals wait for the next batch. Token times
+    are taken from a logits processor that runs once per generation step.
+
+Also: KV waste of the engine vs reserving max length per sequence, and batch-1 decode tokens/s as a
+fraction of the memory-bandwidth bound (bytes of weights + KV read per step / measured memcpy
+bandwidth). Writes bench/results/llm_engine.json and llm_engine.png.
+
+    .venv/bin/python bench/bench_llm_engine.py --requests 100 --scale 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import random
+import tempfile
+import time
+
+import torch
+
+from backends.base import SamplingParams
+from backends.torch_llm.demo import write_tiny_llama
+from backends.torch_llm.factory import build_engine
+from backends.torch_llm.options import LLMOptions
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "workloads" / "chat-mix.jsonl"
+RESULTS = ROOT / "bench" / "results"
+
+
+def load_trace(
+    path: pathlib.Path, n: int, scale: float, max_prompt: int, max_out: int, vocab: int
+) -> list[dict]:
+    reqs = []
+    for line in path.read_text().splitlines()[:n]:
+        r = json.loads(line)
+        rng = random.Random(r["seed"])
+        plen = min(r["prompt_tokens"], max_prompt)
+        reqs.append(
+            {
+                "t": r["t"] * scale,
+                "tenant": r["tenant"],
+                "prompt": [0] + [rng.randrange(6, vocab) for _ in range(plen - 1)],
+                "max_tokens": max(1, min(r["max_tokens"], max_out)),
+            }
+        )
+    t0 = reqs[0]["t"]
+    for r in reqs:
+        r["t"] -= t0
+    return reqs
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def summarize(reqs: list[dict], times: dict[int, list[float]], makespan: float) -> dict:
+    ttft = [times[i][0] - r["t"] for i, r in enumerate(reqs)]
+    itl = [b - a for i in times for a, b in zip(times[i], times[i][1:], strict=False)]
+    e2e = [times[i][-1] - r["t"] for i, r in enumerate(reqs)]
+    out_tokens = sum(len(v) for v in times.values())
+    return {
+        "output_tokens": out_tokens,
+        "makespan_s": makespan,
+        "output_tokens_per_s": out_tokens / makespan,
+        "ttft_p50_s": pct(ttft, 50),
+        "ttft_p99_s": pct(ttft, 99),
+        "itl_p50_s": pct(itl, 50),
+        "itl_p99_s": pct(itl, 99),
+        "e2e_p50_s": pct(e2e, 50),
+        "e2e_p99_s": pct(e2e, 99),
+        "ttft_all_s": ttft,
+    }
+
+
+def run_engine(folder: pathlib.Path, reqs: list[dict], opts: LLMOptions) -> tuple[dict, dict]:
+    engine = build_engine(folder, opts, device="cpu", deployment="bench").engine
+    engine.add_request("warm", [0, 7, 8, 9], SamplingParams(max_tokens=2, temperature=0.0))
+    while engine.has_unfinished:
+        engine.step()
+    times: dict[int, list[float]] = {i: [] for i in range(len(reqs))}
+    start = time.perf_counter()
+    nxt = 0
+    while nxt < len(reqs) or engine.has_unfinished:
+        now = time.perf_counter() - start
+        while nxt < len(reqs) and reqs[nxt]["t"] <= now:
+            r = reqs[nxt]
+            params = SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
+            engine.add_request(str(nxt), r["prompt"], params, cache_scope=r["tenant"])
+            nxt += 1
+        if not engine.has_unfinished:
+            time.sleep(max(0.0, reqs[nxt]["t"] - now))
+            continue
+        outs = engine.step()
+        stamp = time.perf_counter() - start
+        for o in outs:
+            if o.request_id != "warm":
+                times[int(o.request_id)].extend([stamp] * len(o.token_ids))
+    makespan = time.perf_counter() - start
+    w = engine.kv_waste
+    kv = {
+        "engine_waste": w.ratio(),
+        "reserve_max_model_len_waste": w.ratio(w.reserved_max_len),
+        "reserve_prompt_plus_max_tokens_waste": w.ratio(w.reserved_request),
+        "max_model_len": engine.config.max_model_len,
+        "block_size": opts.block_size,
+        "steps": engine.num_steps,
+        "preemptions": engine.scheduler.num_preemptions,
+        "prefix_hit_tokens": engine.num_prefix_hits,
+    }
+    return summarize(reqs, times, makespan), kv
+
+
+class _StepClock:
+    """A transformers LogitsProcessor that timestamps every generation step."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.stamps = start, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.stamps.append(time.perf_counter() - self.start)
+        return scores
+
+
+def run_hf(folder: pathlib.Path, reqs: list[dict], batch: int) -> dict:
+    from transformers import AutoModelForCausalLM, LogitsProcessorList
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    times: dict[int, list[float]] = {}
+    start = time.perf_counter()
+    nxt = 0
+    while nxt < len(reqs):
+        now = time.perf_counter() - start
+        if reqs[nxt]["t"] > now:
+            time.sleep(reqs[nxt]["t"] - now)
+            now = time.perf_counter() - start
+        ids = []
+        while nxt < len(reqs) and reqs[nxt]["t"] <= now and len(ids) < batch:
+            ids.append(nxt)
+            nxt += 1
+        width = max(len(reqs[i]["prompt"]) for i in ids)
+        inp = torch.zeros(len(ids), width, dtype=torch.long)
+        mask = torch.zeros(len(ids), width, dtype=torch.long)
+        for row, i in enumerate(ids):  # left padding
+            p = reqs[i]["prompt"]
+            inp[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        clock = _StepClock(start)
+        with torch.inference_mode():
+            model.generate(
+                inp,
+                attention_mask=mask,
+                max_new_tokens=max(reqs[i]["max_tokens"] for i in ids),
+                do_sample=False,
+                logits_processor=LogitsProcessorList([clock]),
+            )
+        for i in ids:
+            times[i] = clock.stamps[: reqs[i]["max_tokens"]]
+    return summarize(reqs, times, time.perf_counter() - start)
+
+
+def memcpy_bandwidth(nbytes: int = 256 << 20) -> float:
+    """Bytes moved per second (read + write) by a large tensor copy, best of 5."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
+
+
+def batch1_decode(folder: pathlib.Path, opts: LLMOptions, prompt_len: int = 128, steps: int = 128) -> dict:
+    parts = build_engine(folder, opts, device="cpu", deployment="bench-b1")
+    engine, cfg = parts.engine, parts.config
+    engine.add_request(
+        "b1",
+        [0] + [7] * (prompt_len - 1),
+        SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True),
+    )
+    engine.step()  # prefill + first token
+    t = time.perf_counter()
+    n = 0
+    while engine.has_unfinished:
+        n += len(engine.step())
+    dt = time.perf_counter() - t
+    params = sum(p.numel() for p in parts.engine.runner.model.parameters())
+    embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size  # only one row is read
+    elem = torch.empty((), dtype=parts.dtype).element_size()
+    weight_bytes = (params - embed) * elem
+    avg_ctx = prompt_len + steps / 2
+    kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem * avg_ctx
+    bw = memcpy_bandwidth()
+    tps = n / dt
+    bound = bw / (weight_bytes + kv_bytes)
+    return {
+        "decode_tokens_per_s": tps,
+        "weight_bytes_per_step": weight_bytes,
+        "kv_bytes_per_step_avg": kv_bytes,
+        "memcpy_bandwidth_bytes_per_s": bw,
+        "bandwidth_bound_tokens_per_s": bound,
+        "fraction_of_bound": tps / bound,
+    }
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    e, h = result["engine"], result["transformers_static"]
+    fig, ax = plt.subplots(1, 3, figsize=(13, 4))
+    ax[0].bar(
+        ["engine", "HF static"], [e["output_tokens_per_s"], h["output_tokens_per_s"]], color=["C0", "C1"]
+    )
+    ax[0].set_title("output tokens/s")
+    x = range(4)
+    ax[1].bar(
+        [i - 0.2 for i in x],
+        [e["ttft_p50_s"], e["ttft_p99_s"], e["itl_p50_s"], e["itl_p99_s"]],
+        0.4,
+        label="engine",
+    )
+    ax[1].bar(
+        [i + 0.2 for i in x],
+        [h["ttft_p50_s"], h["ttft_p99_s"], h["itl_p50_s"], h["itl_p99_s"]],
+        0.4,
+        label="HF static",
+    )
+    ax[1].set_xticks(list(x), ["TTFT p50", "TTFT p99", "ITL p50", "ITL p99"])
+    ax[1].set_yscale("log")
+    ax[1].set_ylabel("seconds")
+    ax[1].legend()
+    for name, data in (("engine", e), ("HF static", h)):
+        xs = sorted(data["ttft_all_s"])
+        ax[2].plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
+    ax[2].set_xscale("log")
+    ax[2].set_title("TTFT CDF")
+    ax[2].legend()
+    fig.suptitle(result["setup"]["summary"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=100, help="first N requests of the trace")
+    ap.add_argument("--scale", type=float, default=3.0, help="multiply trace arrival times by this")
+    ap.add_argument("--max-prompt", type=int, default=1024)
+    ap.add_argument("--max-output", type=int, default=512)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--out", type=pathlib.Path, default=RESULTS / "llm_engine.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_tiny_llama(
+            pathlib.Path(tmp) / "m", hidden_size=args.hidden, num_layers=args.layers, num_heads=8, num_kv_heads=8,
+            intermediate_size=args.hidden * 11 // 4, pad_vocab_to=32000, max_position_embeddings=2048, seed=0,
+        )  # fmt: skip
+        reqs = load_trace(TRACE, args.requests, args.scale, args.max_prompt, args.max_output, 32000)
+        opts = LLMOptions(
+            block_size=16, kv_cache_bytes=1 << 30, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=2048,
+        )  # fmt: skip
+        engine, kv = run_engine(folder, reqs, opts)
+        hf = run_hf(folder, reqs, args.hf_batch)
+        b1 = batch1_decode(folder, opts)
+    summary = (
+        f"Llama h{args.hidden} L{args.layers} vocab 32000 fp32, CPU {args.threads} thread(s); "
+        f"{len(reqs)} chat-mix requests, time x{args.scale}"
+    )
+    result = {
+        "setup": {
+            "summary": summary,
+            "model": {
+                "hidden": args.hidden,
+                "layers": args.layers,
+                "heads": 8,
+                "kv_heads": 8,
+                "intermediate": args.hidden * 11 // 4,
+                "vocab": 32000,
+                "dtype": "float32",
+            },
+            "requests": len(reqs),
+            "time_scale": args.scale,
+            "prompt_cap": args.max_prompt,
+            "output_cap": args.max_output,
+            "decoding": "greedy, ignore_eos (outputs are exactly max_tokens long)",
+            "torch_threads": args.threads,
+            "hf_static_batch": args.hf_batch,
+            "engine_options": {
+                "block_size": 16,
+                "max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_num_batched_tokens,
+            },
+            "machine": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+        },  # fmt: skip
+        "engine": engine,
+        "transformers_static": hf,
+        "ratios": {
+            "tokens_per_s_engine_over_hf": engine["output_tokens_per_s"] / hf["output_tokens_per_s"],
+            "ttft_p99_engine_over_hf": engine["ttft_p99_s"] / hf["ttft_p99_s"],
+        },
+        "kv_waste": kv,
+        "batch1_decode": b1,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    plot(result, args.out.with_suffix(".png"))
+    brief = {k: v for k, v in result.items() if k not in ("engine", "transformers_static")}
+    for name in ("engine", "transformers_static"):
+        brief[name] = {k: round(v, 4) for k, v in result[name].items() if k != "ttft_all_s"}
+    print(json.dumps(brief, indent=2))  # noqa: T201 - a script's report
+
+
+if __name__ == "__main__":
+    main()
