@@ -164,6 +164,7 @@ class LLMEngine:
             return False
         self.scheduler.finish(seq, "abort")
         m.REQUEST_SUCCESS.labels(self._label, "abort").inc()
+        self._update_gauges()
         return True
 
     def step(self) -> list[RequestOutput]:
@@ -177,6 +178,7 @@ class LLMEngine:
             self.block_manager.cache_full_blocks(seq)
         self._record_step(out.num_batched_tokens, len(out.preempted), out.prefix_queries, out.prefix_hits)
         if not sampled:
+            self._update_gauges()
             return []
         states = [seq.data.sampling for seq in sampled]
         tokens, logprobs = sample(logits, states)
@@ -184,7 +186,14 @@ class LLMEngine:
         results = []
         for i, (seq, token) in enumerate(zip(sampled, tokens, strict=True)):
             results.append(self._append(seq, token, None if logprobs is None else logprobs[i], now))
+        self._update_gauges()
         return results
+
+    def _update_gauges(self) -> None:
+        sched, label = self.scheduler, self._label
+        m.NUM_RUNNING.labels(label).set(len(sched.running))
+        m.NUM_WAITING.labels(label).set(len(sched.waiting))
+        m.KV_USAGE.labels(label).set(self.block_manager.usage)
 
     def _append(self, seq: Sequence, token: int, logprob: float | None, now: float) -> RequestOutput:
         req: _Request = seq.data
@@ -233,9 +242,6 @@ class LLMEngine:
             w.steps += 1
             w.last = 1.0 - used / alloc
         m.ITERATION_TOKENS.labels(label).observe(num_tokens)
-        m.NUM_RUNNING.labels(label).set(len(sched.running))
-        m.NUM_WAITING.labels(label).set(len(sched.waiting))
-        m.KV_USAGE.labels(label).set(self.block_manager.usage)
         m.KV_WASTE.labels(label).set(w.last)
         if num_preempted:
             m.PREEMPTIONS.labels(label).inc(num_preempted)
