@@ -219,6 +219,7 @@ class TFServingBackend:
         self._meta: ModelMetadata | None = None
         self._batcher: DynamicBatcher | None = None
         self._down = False  # the last call found the server unreachable
+        self._connect_task: asyncio.Task[None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -240,7 +241,7 @@ class TFServingBackend:
 
     def metadata(self) -> ModelMetadata:
         if self._meta is None:
-            raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+            raise BackendUnavailable(f"deployment {self.name!r}: TF Serving at {self.target} not reached yet")
         return self._meta
 
     def _model_spec(self, message: Any, *, signature: bool) -> None:
@@ -255,8 +256,11 @@ class TFServingBackend:
     async def load(self) -> None:
         """Open the channels and read the signature from GetModelMetadata.
 
+        A server that cannot be reached yet does not fail the load: the deployment stays not
+        ready (requests get 503, so the router can fall back) while a background task keeps
+        asking for the metadata with backoff.
+
         Raises:
-            BackendUnavailable: the server cannot be reached.
             ModelNotFound: the server has no such model, version or label.
             RuntimeError: the signature is missing or cannot be served.
         """
@@ -267,12 +271,42 @@ class TFServingBackend:
             ("grpc.max_receive_message_length", size),
             # Each channel gets its own connection; with the global pool they would share one.
             ("grpc.use_local_subchannel_pool", 1),
+            # gRPC's default reconnect backoff grows to 120 s; a restarted server should be
+            # noticed within seconds.
+            ("grpc.initial_reconnect_backoff_ms", 500),
+            ("grpc.min_reconnect_backoff_ms", 500),
+            ("grpc.max_reconnect_backoff_ms", 5000),
         ]
         self._channels = [
             apis.grpc.aio.insecure_channel(self.target, options=channel_options)
             for _ in range(self.options.channels)
         ]
         self._stubs = [apis.service.PredictionServiceStub(ch) for ch in self._channels]
+        try:
+            await self._fetch_metadata()
+        except BackendUnavailable as exc:
+            log.warning("tfserving_unreachable_at_load", deployment=self.name, error=exc.message)
+            self._connect_task = asyncio.create_task(
+                self._connect_later(), name=f"tfserving-connect-{self.name}"
+            )
+
+    async def _connect_later(self) -> None:
+        """Retry GetModelMetadata until the server answers (or the deployment closes)."""
+        delay = 0.5
+        while self._meta is None and self._channels:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                await self._fetch_metadata()
+            except BackendUnavailable:
+                continue
+            except Exception as exc:  # noqa: BLE001 - a permanent error: reported, not retried
+                log.error("tfserving_load_failed", deployment=self.name, error=str(exc))
+                return
+
+    async def _fetch_metadata(self) -> None:
+        apis = self._apis
+        assert apis is not None
         request = apis.metadata.GetModelMetadataRequest(metadata_field=["signature_def"])
         self._model_spec(request.model_spec, signature=False)
         response = await self._call("GetModelMetadata", request)
@@ -350,10 +384,15 @@ class TFServingBackend:
 
     async def warmup(self) -> None:
         """One request of zeros: opens the connection and runs the model once."""
+        if self._meta is None:  # not reached yet; the background connect will load the metadata
+            return
         feeds = {s.name: zeros_for(s) for s in self.metadata().inputs}
         await self._run_async(feeds, None)
 
     async def close(self) -> None:
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+            self._connect_task = None
         if self._batcher is not None:
             await self._batcher.close()
             self._batcher = None

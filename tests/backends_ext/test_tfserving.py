@@ -186,17 +186,30 @@ async def test_server_stopped_mid_run_is_503_and_recovers(tfs_server_factory, di
         await backend.close()
 
 
-async def test_unreachable_server_at_load_is_503(tmp_path):
+async def test_server_down_at_load_is_503_until_it_starts(tfs_server_factory, digits):
     import socket
 
-    with socket.socket() as s:  # a port nobody listens on
+    with socket.socket() as s:  # a port nobody listens on yet
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     backend = tfserving.create("x", _spec(f"127.0.0.1:{port}", timeout_s=2.0))
-    with pytest.raises(BackendUnavailable):
-        await backend.load()
-    assert not backend.ready
-    await backend.close()
+    try:
+        await backend.load()  # does not fail: the router falls back while the server is down
+        await backend.warmup()
+        assert not backend.ready
+        with pytest.raises(BackendUnavailable) as info:
+            await backend.infer(_request(digits.x_test[:2]))
+        assert info.value.status == 503
+        tfs_server_factory(port=port)
+        deadline = time.monotonic() + 30
+        while not backend.ready and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert backend.ready
+        assert backend.metadata().versions == ["2"]
+        response = await backend.infer(_request(digits.x_test[:2]))
+        assert response.outputs[0].shape[0] == 2
+    finally:
+        await backend.close()
 
 
 def test_create_validates_fields_and_options():
