@@ -16,6 +16,7 @@ from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway import metrics
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.config import Config, ConfigError
 from gateway.core import GatewayCore
@@ -49,7 +50,13 @@ def health_ready(request: Request) -> Response[dict[str, object]]:
 
 
 @get("/metrics", sync_to_thread=False)
-def metrics_endpoint() -> Response[bytes]:
+def metrics_endpoint(request: Request) -> Response[bytes]:
+    core: GatewayCore | None = getattr(request.app.state, "core", None)
+    if core is not None:
+        # Queue depths are read when scraped rather than updated on every enqueue and dispatch.
+        for name, dep in core.deployments.items():
+            for tenant, stats in dep.queue.stats().tenants.items():
+                metrics.QUEUE_DEPTH.labels(name, tenant).set(stats.depth)
     return Response(content=generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

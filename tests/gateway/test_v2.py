@@ -208,3 +208,52 @@ def test_tritonclient_surfaces_gateway_errors(gateway):
     inp.set_data_from_numpy(np.zeros((1, 3), np.float32))
     with pytest.raises(InferenceServerException, match="shape"):
         client.infer("digits", [inp], headers=gateway.headers())
+
+
+def test_metrics_count_requests_without_secrets(gateway, rows):
+    client = _client(gateway)
+    inp = triton.InferInput("input", list(rows.shape), "FP32")
+    inp.set_data_from_numpy(rows)
+    client.infer("digits", [inp], headers=gateway.headers())
+    text = httpx.get(f"{gateway.url}/metrics").text
+    assert (
+        'fleetgate_requests_total{deployment="digits-ort",model="digits",protocol="v2",status="200",tenant="acme"}'
+        in text
+    )
+    assert "fleetgate_batch_size_rows_bucket" in text
+    assert "fleetgate_queue_depth" in text
+    assert gateway.key not in text and gateway.key.split("-")[2] not in text
+
+
+def test_remote_v2_backend_chains_to_another_fleetgate(gateway, digits, rows, monkeypatch):
+    """A second gateway whose deployment is the first gateway, over the Open Inference Protocol."""
+    from pathlib import Path
+
+    from gateway.app import create_app
+    from gateway.config import parse_config
+    from tests.conftest import create_key
+    from tests.servers import serve_app
+
+    monkeypatch.setenv("CHAIN_UPSTREAM_KEY", gateway.key)
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{edge: {{}}}}
+deployments:
+  upstream: {{backend: remote, url: "{gateway.url}", protocol: kserve_v2, model_name: digits, api_key_env: CHAIN_UPSTREAM_KEY}}
+models:
+  digits-via-edge: {{routes: [{{deployment: upstream}}]}}
+""",
+        base_dir=Path("."),
+    )
+    with serve_app(create_app(config)) as url:
+        key = create_key(url, "edge")
+        client = triton.InferenceServerClient(url.removeprefix("http://"))
+        inp = triton.InferInput("input", list(rows.shape), "FP32")
+        inp.set_data_from_numpy(rows)
+        result = client.infer("digits-via-edge", [inp], headers={"Authorization": f"Bearer {key}"})
+        np.testing.assert_array_equal(result.as_numpy("label"), _direct(digits, rows)[1])
+        bad = triton.InferInput("input", [1, 5], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 5), np.float32))
+        with pytest.raises(InferenceServerException, match="shape"):
+            client.infer("digits-via-edge", [bad], headers={"Authorization": f"Bearer {key}"})
