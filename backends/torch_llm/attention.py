@@ -5,8 +5,9 @@ The cache of one layer is two tensors `[num_blocks * block_size, kv_heads, head_
 tokens (one per sequence) first, then prefill chunks. New keys/values are written to their slots,
 then each query attends to the slots of its sequence's context:
 
-- decodes: the contexts are gathered into one padded `[B, kv_heads, max_ctx, head_dim]` tensor and
-  attended with a single SDPA call (padding masked out);
+- decodes: sorted by context length and cut into groups of similar lengths; each group's contexts
+  are gathered into one padded `[B, kv_heads, max_ctx, head_dim]` tensor and attended with a single
+  SDPA call (padding masked out), so padding stays small;
 - prefill chunks: one SDPA call per sequence, causal within the chunk and over its cached prefix.
 
 `TorchPagedAttention` runs on CPU and CUDA. The CUDA selection currently uses the same gather + SDPA
@@ -32,13 +33,20 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows [start, start + B) with similar context lengths, attended in one padded call."""
+
+    start: int
+    slots: torch.Tensor  # [B, max_ctx] long, padded with slot 0
+    mask: torch.Tensor  # [B, 1, 1, max_ctx] bool, True where a key is real
+
+
+@dataclass
 class AttentionMetadata:
     """Where a step's tokens go in the cache and what each attends to (built by the runner)."""
 
     slot_mapping: torch.Tensor  # [T] long: cache slot of every new token
-    num_decodes: int = 0  # rows [0, num_decodes) are single-token decodes
-    decode_slots: torch.Tensor | None = None  # [B, max_ctx] long, padded with slot 0
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_ctx] bool, True where a key is real
+    decodes: list[DecodeGroup] = field(default_factory=list)  # single-token rows, by context length
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -64,16 +72,16 @@ class TorchPagedAttention:
         v_cache.index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         gqa = self.num_heads != self.num_kv_heads
-        n = meta.num_decodes
-        if n:
-            slots = meta.decode_slots  # [B, C]
-            kk = k_cache[slots].transpose(1, 2)  # [B, KVH, C, D]
-            vv = v_cache[slots].transpose(1, 2)
-            qq = q[:n].unsqueeze(2)  # [B, H, 1, D]
+        for group in meta.decodes:
+            b, c = group.slots.shape
+            flat = group.slots.reshape(-1)
+            kk = k_cache.index_select(0, flat).view(b, c, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            vv = v_cache.index_select(0, flat).view(b, c, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            qq = q[group.start : group.start + b].unsqueeze(2)  # [B, H, 1, D]
             o = F.scaled_dot_product_attention(
-                qq, kk, vv, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=gqa
+                qq, kk, vv, attn_mask=group.mask, scale=self.scale, enable_gqa=gqa
             )
-            out[:n] = o.squeeze(2)
+            out[group.start : group.start + b] = o.squeeze(2)
         for chunk in meta.prefills:
             rows = slice(chunk.start, chunk.start + chunk.num_queries)
             qq = q[rows].transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
@@ -86,8 +94,10 @@ class TorchPagedAttention:
                     qq, kk, vv, is_causal=True, scale=self.scale, enable_gqa=gqa
                 )
             else:
-                kk = k_cache[chunk.context_slots].transpose(0, 1).unsqueeze(0)  # [1, KVH, C, D]
-                vv = v_cache[chunk.context_slots].transpose(0, 1).unsqueeze(0)
+                kk = (
+                    k_cache.index_select(0, chunk.context_slots).transpose(0, 1).unsqueeze(0)
+                )  # [1, KVH, C, D]
+                vv = v_cache.index_select(0, chunk.context_slots).transpose(0, 1).unsqueeze(0)
                 offset = ctx - chunk.num_queries
                 qpos = torch.arange(chunk.num_queries, device=q.device).unsqueeze(1) + offset
                 mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= qpos  # [Q, C]

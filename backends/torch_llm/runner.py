@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.torch_llm.attention import AttentionMetadata, PrefillChunk
+from backends.torch_llm.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from backends.torch_llm.model import LlamaForCausalLM
 from backends.torch_llm.sequence import Sequence
 
@@ -53,7 +53,8 @@ class ModelRunner:
             (logits [N, vocab] float32, the N sequences whose last token was computed, in row order).
         """
         # Decodes (one new token) first, so they form one contiguous batched-attention block.
-        decodes = [(s, n) for s, n in scheduled if n == 1]
+        # Sorted by context length so each padded decode group holds similar lengths.
+        decodes = sorted(((s, n) for s, n in scheduled if n == 1), key=lambda x: x[0].num_computed_tokens)
         prefills = [(s, n) for s, n in scheduled if n != 1]
         ids: list[int] = []
         positions: list[int] = []
@@ -76,11 +77,9 @@ class ModelRunner:
                 sampled.append(seq)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decodes=len(decodes),
+            decodes=self._decode_groups([s for s, _ in decodes]),
             prefills=chunks,
         )
-        if decodes:
-            meta.decode_slots, meta.decode_mask = self._decode_context([s for s, _ in decodes])
         hidden = self.model(
             torch.tensor(ids, dtype=torch.long, device=dev),
             torch.tensor(positions, dtype=torch.long, device=dev),
@@ -91,6 +90,24 @@ class ModelRunner:
             return torch.empty(0, self.model.config.vocab_size), []
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
         return self.model.logits(hidden.index_select(0, rows)), sampled
+
+    def _decode_groups(self, seqs: list[Sequence]) -> list[DecodeGroup]:
+        """Cut length-sorted decodes into groups whose padding is at most ~25% of their real keys."""
+        groups: list[DecodeGroup] = []
+        start = 0
+        while start < len(seqs):
+            end = start + 1
+            total = seqs[start].num_computed_tokens + 1
+            while end < len(seqs):
+                longest = seqs[end].num_computed_tokens + 1
+                if longest * (end - start + 1) > 1.25 * (total + longest) and end - start >= 4:
+                    break
+                total += longest
+                end += 1
+            slots, mask = self._decode_context(seqs[start:end])
+            groups.append(DecodeGroup(start, slots, mask))
+            start = end
+        return groups
 
     def _decode_context(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded slot indices `[B, max_ctx]` and key mask `[B, 1, 1, max_ctx]` of decode contexts."""
