@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
+from backends.base import TensorSpec
 from backends.errors import BackendUnavailable
+from backends.spec import BatchingSpec
 
 log = structlog.get_logger(__name__)
 
@@ -185,3 +187,36 @@ class DynamicBatcher:
             return
         if not pending.future.done():
             pending.future.set_result(result)
+
+
+def batcher_for(
+    deployment: str,
+    batching: BatchingSpec | None,
+    specs: list[TensorSpec],
+    run: RunBatch,
+    observer: Callable[[], BatchObserver | None],
+) -> DynamicBatcher | None:
+    """The dynamic batcher a tensor backend should use, or None.
+
+    None when the config asks for no batching, or when some input or output has a fixed dimension 0
+    (rows cannot be merged along it). `observer` is read at each batch, so the gateway may attach
+    its metrics hook after the backend is built.
+    """
+    if batching is None:
+        return None
+    if not all(s.shape and s.shape[0] == -1 for s in specs):
+        log.warning("batching_disabled_fixed_batch_dim", deployment=deployment)
+        return None
+
+    def observe(requests: int, rows: int) -> None:
+        hook = observer()
+        if hook is not None:
+            hook(requests, rows)
+
+    return DynamicBatcher(
+        run,
+        max_batch_size=batching.max_batch_size,
+        max_delay_ms=batching.max_delay_ms,
+        max_queue=batching.max_queue,
+        observer=observe,
+    )

@@ -25,7 +25,7 @@ from backends.base import (
     TensorResponse,
     TensorSpec,
 )
-from backends.batcher import Arrays, BatchObserver, DynamicBatcher
+from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
 from backends.lazy import require
 from backends.spec import DeploymentSpec, SpecBase
@@ -137,19 +137,9 @@ class OnnxRuntimeBackend:
             device=device,
             extra={"providers": got, "model_file": os.path.basename(self.spec.model or "")},
         )
-        batchable = all(s.shape and s.shape[0] == -1 for s in inputs + outputs)
-        if self.spec.batching is not None:
-            if not batchable:
-                log.warning("batching_disabled_fixed_batch_dim", deployment=self.name)
-            else:
-                b = self.spec.batching
-                self._batcher = DynamicBatcher(
-                    self._run_async,
-                    max_batch_size=b.max_batch_size,
-                    max_delay_ms=b.max_delay_ms,
-                    max_queue=b.max_queue,
-                    observer=lambda n, rows: self.batch_observer and self.batch_observer(n, rows),
-                )
+        self._batcher = batcher_for(
+            self.name, self.spec.batching, inputs + outputs, self._run_async, lambda: self.batch_observer
+        )
 
     async def warmup(self) -> None:
         """Run one request of zeros so the first caller does not pay for lazy initialisation."""

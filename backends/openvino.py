@@ -33,7 +33,7 @@ from backends.base import (
     TensorResponse,
     TensorSpec,
 )
-from backends.batcher import Arrays, BatchObserver, DynamicBatcher
+from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable, InvalidInput
 from backends.lazy import require
 from backends.spec import DeploymentSpec, SpecBase
@@ -224,7 +224,9 @@ class OpenVINOBackend:
         )
         log.info("openvino_loaded", deployment=self.name, **self._meta.extra)
         if self.spec.batching is not None:
-            self._start_batcher(inputs + outputs)
+            self._batcher = batcher_for(
+                self.name, self.spec.batching, inputs + outputs, self._run_async, lambda: self.batch_observer
+            )
 
     def _property(self, key: str, default: Any) -> Any:
         try:
@@ -244,20 +246,6 @@ class OpenVINOBackend:
             "cache_dir": self.options.cache_dir,
             "model_file": os.path.basename(str(self.spec.model)),
         }
-
-    def _start_batcher(self, specs: list[TensorSpec]) -> None:
-        if not all(s.shape and s.shape[0] == -1 for s in specs):
-            log.warning("batching_disabled_fixed_batch_dim", deployment=self.name)
-            return
-        b = self.spec.batching
-        assert b is not None
-        self._batcher = DynamicBatcher(
-            self._run_async,
-            max_batch_size=b.max_batch_size,
-            max_delay_ms=b.max_delay_ms,
-            max_queue=b.max_queue,
-            observer=lambda n, rows: self.batch_observer and self.batch_observer(n, rows),
-        )
 
     async def warmup(self) -> None:
         """Run one request of zeros so the first caller does not pay for lazy initialisation."""

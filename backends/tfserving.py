@@ -30,7 +30,7 @@ from backends.base import (
     TensorResponse,
     TensorSpec,
 )
-from backends.batcher import Arrays, BatchObserver, DynamicBatcher
+from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
 from backends.errors import (
     BackendError,
     BackendInternalError,
@@ -339,21 +339,9 @@ class TFServingBackend:
         )
         log.info("tfserving_loaded", deployment=self.name, **self._meta.extra, version=version)
         if self.spec.batching is not None:
-            self._start_batcher(inputs + outputs)
-
-    def _start_batcher(self, specs: list[TensorSpec]) -> None:
-        if not all(s.shape and s.shape[0] == -1 for s in specs):
-            log.warning("batching_disabled_fixed_batch_dim", deployment=self.name)
-            return
-        b = self.spec.batching
-        assert b is not None
-        self._batcher = DynamicBatcher(
-            self._run_async,
-            max_batch_size=b.max_batch_size,
-            max_delay_ms=b.max_delay_ms,
-            max_queue=b.max_queue,
-            observer=lambda n, rows: self.batch_observer and self.batch_observer(n, rows),
-        )
+            self._batcher = batcher_for(
+                self.name, self.spec.batching, inputs + outputs, self._run_async, lambda: self.batch_observer
+            )
 
     async def _call(self, method: str, request: Any) -> Any:
         """One RPC with the deployment's deadline; failures become gateway errors."""
