@@ -20,7 +20,6 @@ Not thread-safe: call every method from the event loop that runs `acquire`.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import math
 import time
@@ -31,6 +30,7 @@ from contextlib import asynccontextmanager
 import msgspec
 
 from policies.queueing.base import Head, SchedulingPolicy
+from policies.queueing.deadlines import Deadlines
 from policies.queueing.drr import DRRPolicy
 from policies.queueing.errors import QueueDeadlineExceeded, QueueError, QueueFull
 from policies.queueing.fcfs import FCFSPolicy
@@ -52,7 +52,6 @@ __all__ = [
 ]
 
 DEFAULT_WEIGHT = 1.0
-_MIN_TIMER_S = 0.001  # never re-arm the deadline timer tighter than this (no busy loop)
 _MAX_RETRY_AFTER_S = 60.0
 
 
@@ -110,10 +109,7 @@ class FairQueue:
         self._dispatch_seq = itertools.count()
         self._dispatching = False
         self._recent_dispatches: deque[float] = deque(maxlen=64)
-        # Deadlines: heap of (deadline, seq, entry); entries that left the queue are skipped lazily.
-        self._deadlines: list[tuple[float, int, Entry]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
+        self._deadlines = Deadlines(clock, self._dispatch)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- public API ----------------------------------------------------------------------------
@@ -308,10 +304,8 @@ class FairQueue:
         queue.push(entry)
         self._depth += 1
         stats.admitted += 1
-        if entry.deadline is not None:
-            heapq.heappush(self._deadlines, (entry.deadline, entry.seq, entry))
-            if entry.deadline < self._timer_at:
-                self._arm_timer()
+        if entry.deadline is not None and self._loop is not None:
+            self._deadlines.add(entry, self._loop)
 
     def _unqueue(self, entry: Entry, state: EntryState) -> None:
         """Take a waiting entry out of its tenant queue (not via dispatch)."""
@@ -389,15 +383,9 @@ class FairQueue:
             ticket.charged += delta
             self._tenant_stats(ticket.tenant).service += delta
 
-    # --- deadlines -----------------------------------------------------------------------------
-
     def _expire_overdue(self) -> None:
         now = self._clock()
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            entry = heapq.heappop(heap)[2]
-            if entry.state is not EntryState.QUEUED:
-                continue
+        for entry in self._deadlines.pop_overdue(now):
             self._unqueue(entry, EntryState.EXPIRED)
             self._tenant_stats(entry.tenant).expired += 1
             if not entry.future.done():
@@ -405,27 +393,5 @@ class FairQueue:
                 entry.future.set_exception(
                     QueueDeadlineExceeded(f"request deadline passed after {waited:.3f} s in the queue")
                 )
-        if len(heap) > 2 * self._depth + 64:  # drop entries that left the queue long ago
-            self._deadlines = [item for item in heap if item[2].state is EntryState.QUEUED]
-            heapq.heapify(self._deadlines)
-        self._arm_timer()
-
-    def _arm_timer(self) -> None:
-        heap = self._deadlines
-        while heap and heap[0][2].state is not EntryState.QUEUED:
-            heapq.heappop(heap)
-        next_at = heap[0][0] if heap else math.inf
-        if next_at == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = next_at
-        if heap and self._loop is not None:
-            delay = max(_MIN_TIMER_S, next_at - self._clock())
-            self._timer = self._loop.call_later(delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = math.inf
-        self._dispatch()
+        self._deadlines.compact(self._depth)
+        self._deadlines.rearm(self._loop)
