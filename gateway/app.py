@@ -26,6 +26,7 @@ from gateway.protocols import kserve, openai, tfserving
 from policies.admission import Admission
 from policies.keys import KeyService
 from policies.stores import open_store
+from router.health import CircuitBreakers
 from router.planner import Router
 
 log = structlog.get_logger(__name__)
@@ -101,8 +102,11 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.time) -> Lit
         store = await open_store(config.state.url)
         keys = KeyService(store, clock, tenants=list(config.tenants))
         admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
-        router = Router(config.models, is_healthy=lambda name: deployments[name].ready)
-        app.state.core = GatewayCore(config, deployments, router, keys, admission)
+        breakers = CircuitBreakers()
+        router = Router(
+            config.models, is_healthy=lambda name: deployments[name].ready and breakers.allows(name)
+        )
+        app.state.core = GatewayCore(config, deployments, router, keys, admission, breakers)
         app.state.store = store
         await open_deployments(deployments)
         log.info("gateway_started", deployments=len(deployments), models=len(config.models))

@@ -16,7 +16,13 @@ from typing import Any
 import structlog
 
 from backends.base import Capability, GenerateRequest, TensorRequest, TensorResponse, TokenEvent, Usage
-from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput, ModelNotFound
+from backends.errors import (
+    BackendInternalError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidInput,
+    ModelNotFound,
+)
 from gateway import metrics
 from gateway.config import Config
 from gateway.deployments import Deployment
@@ -24,12 +30,15 @@ from policies.admission import Admission, Reservation
 from policies.errors import PolicyError, Unauthenticated
 from policies.keys import KeyService
 from policies.principal import Principal
+from router.health import CircuitBreakers
 from router.planner import Plan, Router
 
 log = structlog.get_logger(__name__)
 
 #: errors after which the next deployment of the plan is tried (nothing was sent to the caller yet)
 RETRYABLE = (BackendUnavailable, BackendTimeout)
+#: errors that count against a deployment's circuit breaker (the caller's own mistakes do not)
+DEPLOYMENT_FAULTS = (BackendUnavailable, BackendTimeout, BackendInternalError)
 
 
 @dataclass
@@ -63,12 +72,14 @@ class GatewayCore:
         router: Router,
         keys: KeyService,
         admission: Admission,
+        breakers: CircuitBreakers | None = None,
     ) -> None:
         self.config = config
         self.deployments = deployments
         self.router = router
         self.keys = keys
         self.admission = admission
+        self.breakers = breakers or CircuitBreakers()
         self._background: set[asyncio.Task[Any]] = set()
 
     # --- identity and visibility -----------------------------------------------------------
@@ -99,8 +110,23 @@ class GatewayCore:
         return all(d.ready for d in self.deployments.values())
 
     def is_healthy(self, deployment: str) -> bool:
+        """Loaded, warmed up, and its circuit breaker lets requests through."""
         dep = self.deployments.get(deployment)
-        return dep is not None and dep.ready
+        return dep is not None and dep.ready and self.breakers.allows(deployment)
+
+    def _record(self, dep: Deployment, error: BaseException | None) -> None:
+        """Feed the circuit breaker with the outcome of one attempt.
+
+        Only the deployment's own faults count; an answer that rejects the caller's input proves
+        the deployment alive, so it counts as a success (and ends a half-open probe).
+        """
+        if not isinstance(error, DEPLOYMENT_FAULTS):
+            self.breakers.on_success(dep.name)
+        elif self.breakers.on_failure(dep.name):
+            metrics.CIRCUIT_OPENED.labels(dep.name).inc()
+            log.warning(
+                "circuit_opened", deployment=dep.name, cooldown_s=self.breakers.cooldown_s, error=str(error)
+            )
 
     def plan(
         self,
@@ -119,10 +145,12 @@ class GatewayCore:
         if not chain:
             kind = "tensors" if capability is Capability.TENSOR else "text generation"
             raise InvalidInput(f"model {plan.model!r} does not serve {kind} on this endpoint")
-        ready = [d for d in chain if d.ready]
-        if not ready:
-            raise BackendUnavailable(f"no healthy deployment for model {plan.model!r}", retry_after_s=5.0)
-        return ready
+        healthy = [d for d in chain if self.is_healthy(d.name)]
+        if not healthy:
+            raise BackendUnavailable(
+                f"no healthy deployment for model {plan.model!r}", retry_after_s=self.breakers.cooldown_s
+            )
+        return healthy
 
     # --- tensors ---------------------------------------------------------------------------
 
@@ -139,9 +167,11 @@ class GatewayCore:
             for index, dep in enumerate(candidates):
                 if index:
                     metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
+                self.breakers.on_attempt(dep.name)
                 try:
                     response = await self._run_queued(principal, dep, cost, dep.backend.infer(request))
                 except RETRYABLE as exc:
+                    self._record(dep, exc)
                     last_error = exc
                     log.warning(
                         "deployment_failed",
@@ -150,6 +180,10 @@ class GatewayCore:
                         next=index + 1 < len(candidates),
                     )
                     continue
+                except BaseException as exc:
+                    self._record(dep, exc)
+                    raise
+                self._record(dep, None)
                 used = cost
                 self._shadow(plan, dep, request)
                 served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
@@ -240,20 +274,24 @@ class GatewayCore:
             except BaseException:
                 await self.admission.reconcile(reservation, 0)
                 raise
+            self.breakers.on_attempt(dep.name)
             stream = dep.backend.generate(request)
             try:
                 first = await anext(stream)
             except StopAsyncIteration:
                 first = TokenEvent(request_id=request.request_id, finish_reason="stop", usage=Usage())
             except RETRYABLE as exc:
+                self._record(dep, exc)
                 dep.queue.release(ticket, 0)
                 last_error = exc
                 log.warning("deployment_failed", deployment=dep.name, error=str(exc))
                 continue
-            except BaseException:
+            except BaseException as exc:
+                self._record(dep, exc)
                 dep.queue.release(ticket, 0)
                 await self.admission.reconcile(reservation, 0)
                 raise
+            self._record(dep, None)
             served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
             return self._finish_stream(
                 principal, plan, dep, request, stream, first, ticket, reservation

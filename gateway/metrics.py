@@ -94,3 +94,8 @@ TOKENS = Counter(
     "Tokens served, by tenant, model and kind (prompt or completion).",
     ["tenant", "model", "kind"],
 )
+CIRCUIT_OPENED = Counter(
+    "fleetgate_circuit_opened_total",
+    "Times a deployment's circuit breaker opened (the router skips it until a probe succeeds).",
+    ["deployment"],
+)

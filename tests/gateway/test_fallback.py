@@ -1,0 +1,61 @@
+"""Fallback and circuit breaking through the gateway: a dead deployment never fails a caller."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backends.errors import BackendUnavailable
+from gateway.app import create_app
+from gateway.config import parse_config
+from tests.conftest import create_key
+from tests.servers import serve_app
+
+
+@pytest.fixture(scope="module")
+def fallback_gateway(digits) -> Iterator[tuple[str, str, object]]:  # type: ignore[no-untyped-def]
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{t: {{}}}}
+deployments:
+  healthy: {{backend: onnxruntime, model: {digits.onnx_path}}}
+  also-healthy: {{backend: onnxruntime, model: {digits.onnx_path}}}
+models:
+  digits:
+    routes: [{{deployment: healthy, weight: 50}}, {{deployment: also-healthy, weight: 50}}]
+    sticky: none
+""",
+        base_dir=Path("."),
+    )
+    app = create_app(config)
+    with serve_app(app) as url:
+        yield url, create_key(url, "t"), app
+
+
+def test_all_requests_succeed_when_one_route_goes_away(fallback_gateway, digits):
+    """One route starts failing under load: every request is still answered, by the other route,
+    and after five consecutive failures its circuit opens so it is no longer tried first."""
+    url, key, app = fallback_gateway
+    core = app.state.core
+    body = {"instances": [[0.0] * 64]}
+    headers = {"Authorization": f"Bearer {key}"}
+    served = set()
+    with httpx.Client(headers=headers) as client:
+        for i in range(40):
+            if i == 10:
+                # failure injection: the runtime behind "healthy" starts answering 503
+                async def unavailable(request):  # type: ignore[no-untyped-def]
+                    raise BackendUnavailable("injected outage")
+
+                core.deployments["healthy"].backend.infer = unavailable
+            r = client.post(f"{url}/v1/models/digits:predict", json=body)
+            assert r.status_code == 200, r.text
+            served.add(r.headers["x-fleetgate-deployment"].split(";")[0])
+    assert served == {"healthy", "also-healthy"}
+    assert core.breakers.state("healthy") == "open"
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'fleetgate_circuit_opened_total{deployment="healthy"} 1.0' in metrics
