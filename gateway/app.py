@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import structlog
 from litestar import Litestar, Request, Response, get
@@ -23,6 +24,8 @@ from gateway.core import GatewayCore
 from gateway.deployments import build_deployments, close_deployments, open_deployments
 from gateway.errors import Protocol, error_response
 from gateway.protocols import kserve, openai, tfserving
+from gateway.reload import ROUTES as RELOAD_ROUTES
+from gateway.reload import install_sighup
 from policies.admission import Admission
 from policies.keys import KeyService
 from policies.stores import open_store
@@ -85,8 +88,10 @@ def _unexpected(request: Request, exc: Exception) -> Response[bytes]:
     )
 
 
-def create_app(config: Config, *, clock: Callable[[], float] = time.time) -> Litestar:
-    """Build the gateway app for `config`.
+def create_app(
+    config: Config, *, clock: Callable[[], float] = time.time, config_path: str | Path | None = None
+) -> Litestar:
+    """Build the gateway app for `config`; `config_path` enables reload (`POST /admin/reload`, SIGHUP).
 
     Raises:
         ConfigError: a deployment's backend refuses its fields or options.
@@ -108,6 +113,8 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.time) -> Lit
         )
         app.state.core = GatewayCore(config, deployments, router, keys, admission, breakers)
         app.state.store = store
+        app.state.config_path = Path(config_path) if config_path is not None else None
+        install_sighup(app)
         await open_deployments(deployments)
         log.info("gateway_started", deployments=len(deployments), models=len(config.models))
         try:
@@ -125,6 +132,7 @@ def create_app(config: Config, *, clock: Callable[[], float] = time.time) -> Lit
             *tfserving.ROUTES,
             *openai.ROUTES,
             *ADMIN_ROUTES,
+            *RELOAD_ROUTES,
         ],
         lifespan=[lifespan],
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},

@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = msgspec.structs.replace(server, port=args.port)
     config = msgspec.structs.replace(config, server=server)
     configure_logging(config.server.log_level)
-    app = create_app(config)
+    app = create_app(config, config_path=args.config)
     uvicorn.run(
         app,
         host=config.server.host,

@@ -1,0 +1,102 @@
+"""Config hot reload: `POST /admin/reload` and SIGHUP.
+
+Routes, weights, versions, labels, shadows, fallbacks, tenants, limits and quotas change in place.
+Requests in flight keep the objects they started with, so none is dropped. A new config that does
+not parse, or that changes the `deployments:` section (which would mean loading or unloading models),
+is refused and the running config stays; deployment changes need a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import msgspec
+import structlog
+from litestar import Litestar, Request, Response, post
+
+from gateway.admin import _check_admin
+from gateway.config import Config, ConfigError, load_config
+from gateway.core import GatewayCore
+from gateway.errors import GatewayError
+from gateway.http import Call, lower_headers
+
+log = structlog.get_logger(__name__)
+_encoder = msgspec.json.Encoder()
+
+
+def _deployment_changes(old: Config, new: Config) -> list[str]:
+    added = sorted(set(new.deployments) - set(old.deployments))
+    removed = sorted(set(old.deployments) - set(new.deployments))
+    changed = sorted(
+        n for n in set(old.deployments) & set(new.deployments) if old.deployments[n] != new.deployments[n]
+    )
+    parts = [
+        f"{what} {names}"
+        for what, names in (("added", added), ("removed", removed), ("changed", changed))
+        if names
+    ]
+    return parts
+
+
+def apply_config(core: GatewayCore, new: Config) -> None:
+    """Swap the live config of a running gateway. Raises ConfigError when it cannot be applied."""
+    changes = _deployment_changes(core.config, new)
+    if changes:
+        raise ConfigError(f"deployment changes need a restart ({'; '.join(changes)}) - at `$.deployments`")
+    if new.server != core.config.server or new.state != core.config.state:
+        raise ConfigError("server and state changes need a restart - at `$.server` / `$.state`")
+    weights = {name: t.weight for name, t in new.tenants.items()}
+    core.keys.update_tenants(list(new.tenants))
+    core.admission.update_tenants(new.tenants)
+    for dep in core.deployments.values():
+        dep.queue.update_weights(weights)
+    core.router.update(new.models)
+    core.config = new
+    log.info("config_reloaded", models=len(new.models), tenants=len(new.tenants))
+
+
+def reload_from_file(app: Litestar) -> Config:
+    path: Path | None = getattr(app.state, "config_path", None)
+    if path is None:
+        raise ConfigError("this gateway was not started from a config file; nothing to reload")
+    new = load_config(path)
+    apply_config(app.state.core, new)
+    return new
+
+
+@post("/admin/reload", status_code=200)
+async def reload_endpoint(request: Request) -> Response[bytes]:
+    call = Call("plain", lower_headers(request))
+    try:
+        _check_admin(request)
+        try:
+            new = reload_from_file(request.app)
+        except ConfigError as exc:
+            raise GatewayError(
+                400, "invalid_config", f"config refused, the running one stays: {exc}"
+            ) from None
+        call.done(200)
+        body = {"reloaded": True, "models": sorted(new.models), "tenants": sorted(new.tenants)}
+        return Response(content=_encoder.encode(body), media_type="application/json")
+    except Exception as exc:  # noqa: BLE001 - answered as {"error": ...}
+        return call.fail(exc)
+
+
+def install_sighup(app: Litestar) -> None:
+    """Reload on SIGHUP where the loop may own signals (the main thread of `fleetgate serve`)."""
+
+    def on_hup() -> None:
+        try:
+            reload_from_file(app)
+        except ConfigError as exc:
+            log.error("config_reload_refused", error=str(exc))
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)
+    except (RuntimeError, ValueError, NotImplementedError):
+        log.debug("sighup_reload_unavailable")  # not the main thread (e.g. an embedded server in tests)
+
+
+ROUTES = [reload_endpoint]
