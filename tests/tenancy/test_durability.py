@@ -1,0 +1,117 @@
+"""Usage on SQLite survives a SIGKILL of the gateway: what was answered 200 is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+
+import httpx
+
+from tests.tenancy.conftest import (
+    ADMIN_HEADERS,
+    ROOT,
+    GatewayProcess,
+    admin_create_key,
+    bearer,
+    deployments_yaml,
+    models_yaml,
+    start_gateway,
+    v2_body,
+    wait_ready,
+    write_config,
+)
+
+log = logging.getLogger(__name__)
+
+WORKERS = 8
+KILL_AFTER_S = 1.5
+
+
+async def _load_then_kill(gw: GatewayProcess, key: str) -> tuple[int, int]:
+    """Keep WORKERS requests in flight, SIGKILL the gateway mid-stream; (answered 200, failed) counts."""
+    answered = failed = 0
+    stop = asyncio.Event()
+    body = v2_body()
+    async with httpx.AsyncClient(timeout=10) as client:
+
+        async def worker() -> None:
+            nonlocal answered, failed
+            while not stop.is_set():
+                try:
+                    r = await client.post(f"{gw.url}/v2/models/digits/infer", json=body, headers=bearer(key))
+                except httpx.TransportError:
+                    failed += 1  # cut by the kill: not answered, need not be recorded
+                    continue
+                assert r.status_code == 200, r.text
+                answered += 1
+
+        tasks = [asyncio.create_task(worker()) for _ in range(WORKERS)]
+        await asyncio.sleep(KILL_AFTER_S)
+        gw.proc.send_signal(signal.SIGKILL)  # while requests are in flight
+        stop.set()
+        await asyncio.gather(*tasks)
+    gw.proc.wait(timeout=10)
+    return answered, failed
+
+
+def _requests(rows: list[dict[str, object]], period_len: int) -> int:
+    return sum(int(r["requests"]) for r in rows if len(str(r["period"])) == period_len)  # type: ignore[call-overload]
+
+
+def test_usage_survives_sigkill(digits, upstream_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    state = tmp_path / "state.db"
+    config = write_config(
+        tmp_path / "fleetgate.yaml",
+        f"""
+state: {{url: "sqlite:///{state}"}}
+tenants:
+  d: {{models: ["digits"], limits: {{requests_per_minute: 1000000}}}}
+{deployments_yaml(digits, upstream_url)}
+{models_yaml(["digits"], [])}
+""",
+    )
+    first = start_gateway(config, tmp_path / "first.log")
+    try:
+        wait_ready(first)
+        key, _ = admin_create_key(first.url, "d")
+        answered, failed = asyncio.run(_load_then_kill(first, key))
+    finally:
+        first.kill()
+    assert first.proc.returncode == -signal.SIGKILL
+    assert answered > 0
+
+    second = start_gateway(config, tmp_path / "second.log")
+    try:
+        wait_ready(second)
+        r = httpx.get(f"{second.url}/admin/usage", params={"tenant": "d"}, headers=ADMIN_HEADERS)
+        assert r.status_code == 200, r.text
+        rows = r.json()["usage"]
+        # The key made before the kill still works after the restart.
+        assert httpx.get(f"{second.url}/v1/models", headers=bearer(key)).status_code == 200
+    finally:
+        second.kill(signal.SIGTERM)
+    day, month = _requests(rows, len("2026-11-21")), _requests(rows, len("2026-11"))
+    cli = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "usage", "--config", str(config), "--tenant", "d"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    lines = [line.split("\t") for line in cli.stdout.splitlines()[1:]]
+    cli_day = sum(int(f[3]) for f in lines if len(f[2]) == len("2026-11-21"))
+    log.warning(
+        "durability: %d answered 200 before SIGKILL (%d cut), usage after restart: day %d, month %d, cli day %d",
+        answered,
+        failed,
+        day,
+        month,
+        cli_day,
+    )
+    assert day >= answered and month >= answered and cli_day == day
+    # Requests in flight at the kill may have been recorded without being answered, no more than that.
+    assert day <= answered + WORKERS
