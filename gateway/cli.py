@@ -1,7 +1,7 @@
 """The `fleetgate` command: serve, check-config, demo-models, keys, usage.
 
-Errors a user can fix (a bad config, an unknown tenant) print one line on stderr and exit 2; they
-never print a traceback.
+Errors a user can fix (a bad config, an unknown tenant) print one line on stderr and exit 2; an
+unreachable state store prints one line and exits 1. None of them prints a traceback.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from typing import Any
 import msgspec
 
 from gateway.config import Config, ConfigError, load_config
+from policies.errors import StoreUnavailable
 
 EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 1
 
 
 def _fail(message: str) -> int:
@@ -102,7 +104,10 @@ def _parse_expiry(value: str | None) -> datetime | None:
         return None
     if value[-1:] in ("d", "h") and value[:-1].isdigit():
         seconds = int(value[:-1]) * (86400 if value.endswith("d") else 3600)
-        return datetime.fromtimestamp(time.time() + seconds, tz=UTC)
+        try:
+            return datetime.fromtimestamp(time.time() + seconds, tz=UTC)
+        except (ValueError, OverflowError, OSError):
+            raise ConfigError(f"--expires {value!r}: too far in the future") from None
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
@@ -112,8 +117,17 @@ def _parse_expiry(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def _check_tenant(config: Config, tenant: str | None) -> None:
+    """A `--tenant` filter naming no configured tenant is a typo, not an empty answer."""
+    if tenant is not None and tenant not in config.tenants:
+        configured = ", ".join(sorted(config.tenants)) or "none"
+        raise ConfigError(f"unknown tenant {tenant!r} (configured: {configured})")
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     config = _load(args.config)
+    if args.action == "list":
+        _check_tenant(config, args.tenant)
 
     async def create(keys: Any, _: Any) -> int:
         try:
@@ -150,6 +164,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def cmd_usage(args: argparse.Namespace) -> int:
     config = _load(args.config)
+    _check_tenant(config, args.tenant)
 
     async def report(_: Any, admission: Any) -> int:
         rows = await admission.usage(args.tenant)
@@ -218,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConfigError as exc:
         return _fail(str(exc))
+    except StoreUnavailable as exc:
+        # Not the user's input: the state store is down or the URL points nowhere. One line, no traceback.
+        print(f"fleetgate: {exc.message}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
 
