@@ -250,3 +250,26 @@ def test_admin_key_works_on_every_admin_endpoint(world: World) -> None:
     assert httpx.get(f"{world.url}/v1/models", headers=bearer(secret)).status_code == 401
     again = httpx.delete(f"{world.url}/admin/keys/nosuchkey000", headers=ADMIN_HEADERS)
     assert again.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"tenant": "nope"}, "unknown tenant 'nope'"),
+        ({"tenant": "a", "expires_at": "not-a-time"}, "expires_at"),
+        ({"tenant": "a", "expires_at": "2020-01-01T00:00:00Z"}, "not in the future"),
+        ({"tenant": "a", "models": [""]}, "model globs"),
+        ({"tenant": "a", "scopes": ["all"]}, "scopes"),
+        ({}, "tenant"),
+    ],
+)
+def test_admin_create_refuses_bad_input(world: World, body: dict[str, object], needle: str) -> None:
+    r = httpx.post(f"{world.url}/admin/keys", json=body, headers=ADMIN_HEADERS)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]
+
+
+def test_admin_api_is_off_without_its_key(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETGATE_ADMIN_KEY")
+    r = httpx.get(f"{world.url}/admin/keys", headers=ADMIN_HEADERS)
+    assert r.status_code == 403 and "FLEETGATE_ADMIN_KEY" in r.json()["error"]
