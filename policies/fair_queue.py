@@ -71,9 +71,9 @@ def _check_weights(weights: Mapping[str, float]) -> dict[str, float]:
     return dict(weights)
 
 
-def _head(queue: TenantQueue) -> Head:
+def _head(queue: TenantQueue, stats: TenantQueueStats) -> Head:
     entry = queue.peek()
-    return Head(entry.cost, entry.seq, queue.oldest_seq)
+    return Head(entry.cost, entry.seq, queue.oldest_seq, stats.in_flight)
 
 
 class FairQueue:
@@ -343,7 +343,7 @@ class FairQueue:
         try:
             self._expire_overdue()
             while self._queues and self._has_capacity():
-                heads = {t: _head(q) for t, q in self._queues.items()}
+                heads = {t: _head(q, self._stats[t]) for t, q in self._queues.items()}
                 queue = self._queues[self._policy.select(heads)]
                 entry = queue.pop()
                 self._after_leave(queue)

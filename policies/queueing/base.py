@@ -25,6 +25,7 @@ class Head(NamedTuple):
     cost: float  # estimated cost of the request that would be dispatched next
     seq: int  # arrival number of that request (global, increasing)
     oldest_seq: int  # arrival number of the tenant's oldest queued request
+    in_flight: int = 0  # the tenant's requests dispatched and not yet released
 
 
 class SchedulingPolicy(Protocol):

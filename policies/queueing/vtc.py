@@ -43,8 +43,10 @@ class VTCPolicy:
         self._last_left = tenant
 
     def select(self, heads: Mapping[str, Head]) -> str:
-        # Ties go to the tenant waiting longest, so equal counters behave like FCFS.
-        return min(heads, key=lambda t: (self.counter(t), heads[t].oldest_seq))
+        # Exact ties happen right after a lift (the newcomer sits at the minimum): they go to the
+        # tenant with fewer requests in service, so a quiet tenant does not wait one more dispatch
+        # behind a flooding one; then to the tenant waiting longest.
+        return min(heads, key=lambda t: (self.counter(t), heads[t].in_flight, heads[t].oldest_seq))
 
     def charge(self, tenant: str, amount: float) -> None:
         self._counter[tenant] = self.counter(tenant) + amount / self._weight_of(tenant)

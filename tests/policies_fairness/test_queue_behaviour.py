@@ -287,3 +287,20 @@ def test_queue_errors_are_policy_errors() -> None:
     assert "acme" in err.message
     late = QueueDeadlineExceeded("late")
     assert isinstance(late, PolicyError) and late.status == 504 and late.retry_after_s is None
+
+
+async def test_vtc_tie_after_lift_goes_to_tenant_with_less_in_service(clock: FakeClock) -> None:
+    gate = True
+    fq = FairQueue(QueueSpec(policy="vtc", max_concurrency=3), weights={}, clock=clock, capacity=lambda: gate)
+    flood = [await fq.acquire("noisy", 2.0) for _ in range(3)]
+    gate = False  # the engine is full: the next requests queue
+    noisy_next = asyncio.ensure_future(fq.acquire("noisy", 2.0))
+    await settle()
+    quiet = asyncio.ensure_future(fq.acquire("quiet", 2.0))  # lifted to noisy's counter: a tie
+    await settle()
+    assert fq.stats().tenants["quiet"].virtual == fq.stats().tenants["noisy"].virtual
+    gate = True
+    fq.release(flood[0])
+    await settle()
+    assert quiet.done() and not noisy_next.done()
+    noisy_next.cancel()
