@@ -2,10 +2,15 @@
 
 Replays `../shared/workloads/tensor-mix.jsonl` open-loop (each request is sent at its time `t`,
 scaled by `--time-scale`, without waiting for earlier answers) through a `FairQueue` in front of a
-real ONNX Runtime session. The model is a small MLP built here with `onnx.helper`, sized by a short
-calibration so that the quiet tenants alone use about 40% of the deployment and the noisy tenant's
-flood saturates it. Inference runs in a thread pool of `max_concurrency` workers (one ORT thread
-each); the cost of a request is its row count.
+real ONNX Runtime session. The model is a small MLP built here with `onnx.helper`; inference runs
+in a thread pool of `max_concurrency` workers (one ORT thread each); the cost of a request is its
+row count. The deployment is sized from the trace so that the quiet tenants alone use 30% of it
+and the noisy tenant's flood (about 5x their demand) saturates it. Two modes:
+
+- `paced` (default): each request runs the real ORT inference, then holds its worker until
+  rows x seconds_per_row have passed, so the deployment has a fixed capacity like an accelerator
+  and runs minutes apart compare even while other processes use the shared CPU cores;
+- `raw`: CPU-bound, capacity is whatever the cores give (sized by a calibration under load).
 
 Runs, in one process and one sitting: the trace without the noisy tenant ("noflood", FCFS), then
 the full trace with FCFS, VTC and DRR. Reports per tenant p50/p99 latency and throughput, the Jain
@@ -15,7 +20,7 @@ and total throughput against FCFS. Writes `bench/results/fairness.json` and `fai
 The "server" is a replaceable function (`Serve`): `local_server` calls FairQueue + ORT in process;
 a gateway mode only needs another `Serve` that sends the request over HTTP.
 
-Usage: .venv/bin/python bench/bench_fairness.py [--time-scale 1.0] [--workers 2]
+Usage: .venv/bin/python bench/bench_fairness.py [--mode paced|raw] [--rounds 3] [--until 30]
 """
 
 from __future__ import annotations
@@ -164,13 +169,40 @@ def calibrate(workdir: Path, target_s: float, tokens: int, workers: int) -> tupl
 # --- server and replay -----------------------------------------------------------------------
 
 
-def local_server(fq: FairQueue, runtime: Runtime, executor: ThreadPoolExecutor) -> Serve:
+class Paced:
+    """Runs the real inference, then holds the worker until `rows x seconds_per_row` have passed.
+
+    This gives the deployment a fixed capacity (workers / seconds_per_row rows/s), like an
+    accelerator with a known throughput, so runs taken minutes apart on a shared CPU compare.
+    The ORT compute is a fraction of the paced time; `overruns` counts requests whose compute
+    alone took longer than their paced time (then the CPU, not the pacing, set the capacity).
+    """
+
+    def __init__(self, runtime: Runtime, seconds_per_row: float) -> None:
+        self.runtime = runtime
+        self.seconds_per_row = seconds_per_row
+        self.overruns: list[int] = []  # list.append is atomic under the GIL
+
+    def __call__(self, rows: int, seed: int) -> None:
+        started = time.perf_counter()
+        self.runtime.infer(rows, seed)
+        left = rows * self.seconds_per_row - (time.perf_counter() - started)
+        if left > 0:
+            time.sleep(left)
+        else:
+            self.overruns.append(rows)
+
+
+Infer = Callable[[int, int], object]
+
+
+def local_server(fq: FairQueue, infer: Infer, executor: ThreadPoolExecutor) -> Serve:
     """FairQueue in front of the ORT session, in this process."""
 
     async def serve(tenant: str, rows: int, seed: int) -> float | None:
         ticket = await fq.acquire(tenant, float(rows))
         try:
-            await asyncio.get_running_loop().run_in_executor(executor, runtime.infer, rows, seed)
+            await asyncio.get_running_loop().run_in_executor(executor, infer, rows, seed)
         finally:
             fq.release(ticket)
         return ticket.dispatched_at
@@ -213,12 +245,12 @@ async def replay(trace: list[TraceRequest], serve: Serve, scale: float) -> list[
 
 
 async def run_policy(
-    policy: str, trace: list[TraceRequest], runtime: Runtime, workers: int, scale: float
+    policy: str, trace: list[TraceRequest], infer: Infer, workers: int, scale: float
 ) -> list[Record]:
     spec = QueueSpec(policy=policy, max_concurrency=workers)  # type: ignore[arg-type]
     fq = FairQueue(spec, weights={})
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ort") as executor:
-        return await replay(trace, local_server(fq, runtime, executor), scale)
+        return await replay(trace, local_server(fq, infer, executor), scale)
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -423,33 +455,67 @@ def load_trace(path: Path) -> list[TraceRequest]:
     return [decoder.decode(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
+def build_runtime(args: argparse.Namespace, quiet_rows_s: float, workdir: Path) -> tuple[Infer, dict]:
+    """The model and the inference callable of the chosen mode, sized from the quiet demand."""
+    if args.mode == "paced":
+        # fixed capacity: quiet tenants use `quiet_utilization` of workers / seconds_per_row
+        per_row_s = args.workers * args.quiet_utilization / quiet_rows_s
+        # the real compute takes about `compute_fraction` of the paced time on one free core
+        probe = workdir / "probe.onnx"
+        build_model(probe, layers=8, tokens=args.tokens)
+        per_layer_row = closed_loop_request_s(Runtime(probe, args.tokens), 1) / 4.5 / 8
+        layers = max(1, round(per_row_s * args.compute_fraction / per_layer_row))
+        path = workdir / "fair_mlp.onnx"
+        build_model(path, layers=layers, tokens=args.tokens)
+        runtime = Runtime(path, args.tokens)
+        compute_row_s = closed_loop_request_s(runtime, 1) / 4.5
+        infer: Infer = Paced(runtime, per_row_s)
+        info = {"seconds_per_row_paced": per_row_s, "compute_seconds_per_row_one_thread": compute_row_s}
+        capacity = args.workers / per_row_s
+    else:
+        # CPU-bound: capacity is whatever the (shared) cores deliver, sized at calibration time
+        target_s = args.workers * args.quiet_utilization / (quiet_rows_s / 4.5)
+        path, layers, request_s = calibrate(workdir, target_s, args.tokens, args.workers)
+        runtime = Runtime(path, args.tokens)
+        infer = runtime.infer
+        info = {"seconds_per_request_per_worker_at_calibration": request_s}
+        capacity = args.workers * 4.5 / request_s  # mean rows per request is 4.5
+    info |= {"mode": args.mode, "layers": layers, "capacity_rows_s": capacity}
+    log.info("model ready", **info)
+    return infer, info
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--time-scale", type=float, default=1.0, help="stretch arrival times by this")
-    parser.add_argument("--workers", type=int, default=2, help="max_concurrency = inference threads")
+    parser.add_argument(
+        "--mode",
+        choices=["paced", "raw"],
+        default="paced",
+        help="paced: fixed capacity (real ORT compute + hold to rows x seconds_per_row); raw: CPU-bound",
+    )
+    parser.add_argument("--workers", type=int, default=None, help="max_concurrency (paced 4, raw 2)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per row (model input)")
     parser.add_argument(
         "--quiet-utilization", type=float, default=0.3, help="share of capacity the quiet tenants use"
     )
+    parser.add_argument("--compute-fraction", type=float, default=0.1, help="paced: compute / paced time")
     parser.add_argument("--policies", default="fcfs,vtc,drr")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of all runs")
-    parser.add_argument("--out", type=Path, default=RESULTS / "fairness")
+    parser.add_argument("--until", type=float, default=None, help="replay only t < UNTIL (smoke runs)")
+    parser.add_argument("--out", type=Path, default=None, help="default bench/results/fairness[_raw]")
     args = parser.parse_args()
+    args.workers = args.workers or (4 if args.mode == "paced" else 2)
+    out: Path = args.out or RESULTS / ("fairness" if args.mode == "paced" else "fairness_raw")
 
-    trace = load_trace(args.trace)
+    trace = [r for r in load_trace(args.trace) if args.until is None or r.t < args.until]
     span = max(r.t for r in trace) * args.time_scale
     quiet_rows_s = sum(r.rows for r in trace if r.tenant in QUIET) / span
-    quiet_req_s = sum(1 for r in trace if r.tenant in QUIET) / span
     flood = [r.t * args.time_scale for r in trace if r.tenant == NOISY]
     flood_window = (min(flood), max(flood))
-    # size the model so that the quiet tenants alone keep `quiet_utilization` of the workers busy
-    target_s = args.workers * args.quiet_utilization / quiet_req_s
     with tempfile.TemporaryDirectory() as tmp:
-        path, layers, request_s = calibrate(Path(tmp), target_s, args.tokens, args.workers)
-        runtime = Runtime(path, args.tokens)
-    capacity_rows_s = args.workers * 4.5 / request_s  # mean rows per request is 4.5
-    log.info("calibrated", layers=layers, seconds_per_request=request_s, capacity_rows_s=capacity_rows_s)
+        infer, model_info = build_runtime(args, quiet_rows_s, Path(tmp))
 
     # The machine is shared: capacity drifts between runs. Interleave the runs in rounds and report
     # each round's in-round ratios plus their median, so one noisy minute cannot decide the result.
@@ -461,15 +527,27 @@ def main() -> None:
         runs: dict[str, dict] = {}
         for name, policy, requests in plan:
             started, cpu_started = time.monotonic(), time.process_time()
-            records[name] = asyncio.run(run_policy(policy, requests, runtime, args.workers, args.time_scale))
+            overruns_before = len(infer.overruns) if isinstance(infer, Paced) else 0
+            records[name] = asyncio.run(run_policy(policy, requests, infer, args.workers, args.time_scale))
             runs[name] = summarize_run(records[name], flood_window, policy)
             # CPU this process got (all threads): on a shared machine it explains throughput swings
             wall, cpu = time.monotonic() - started, time.process_time() - cpu_started
             runs[name]["cpu_cores_used"] = cpu / wall
             runs[name]["rows_per_cpu_s"] = sum(r.rows for r in records[name] if r.status == "ok") / cpu
+            if isinstance(infer, Paced):
+                runs[name]["paced_overruns"] = len(infer.overruns) - overruns_before
             log.info("run done", round=rnd, run=name, seconds=round(time.monotonic() - started, 1))
         rounds.append(runs)
     per_round = [compare(runs, QUIET) for runs in rounds]
+    # A round is clean when in none of its runs the CPU fell so far behind that compute overran the
+    # paced time for more than 1% of requests (paced mode only; raw mode has no such check).
+    clean = [
+        all(
+            run.get("paced_overruns", 0) <= 0.01 * sum(t["ok"] for t in run["tenants"].values())
+            for run in rnd.values()
+        )
+        for rnd in rounds
+    ]
 
     result = {
         "trace": str(args.trace),
@@ -478,21 +556,24 @@ def main() -> None:
             "time_scale": args.time_scale,
             "workers": args.workers,
             "tokens_per_row": args.tokens,
-            "layers": layers,
-            "seconds_per_request_per_worker_at_calibration": request_s,
-            "capacity_rows_s_est": capacity_rows_s,
+            "quiet_utilization": args.quiet_utilization,
             "quiet_demand_rows_s": quiet_rows_s,
             "flood_window_s": flood_window,
             "queue": {"max_queue_per_tenant": 256, "max_queue_total": 4096},
+            "model": model_info,
         },
         "summary_median_of_rounds": median_summary(per_round),
+        "clean_rounds": clean,
+        "summary_median_of_clean_rounds": (
+            median_summary([r for r, ok in zip(per_round, clean, strict=True) if ok]) if any(clean) else None
+        ),
         "summary_per_round": per_round,
         "rounds": rounds,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    plot(records, flood_window, args.out.with_suffix(".png"))
-    log.info("wrote", json=str(args.out.with_suffix(".json")), summary=result["summary_median_of_rounds"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    plot(records, flood_window, out.with_suffix(".png"))
+    log.info("wrote", json=str(out.with_suffix(".json")), summary=result["summary_median_of_rounds"])
 
 
 if __name__ == "__main__":
