@@ -43,11 +43,21 @@ def _split_verb(segment: str) -> tuple[str, str]:
     return name, verb
 
 
-async def _predict(request: Request, model: str, version: str | None, label: str | None) -> Response[bytes]:
+async def _predict(request: Request, model: str, segment: str, slot: str) -> Response[bytes]:
+    """`segment` is the last path segment (`name:predict`); its name fills `slot` (model/version/label)."""
     headers = lower_headers(request)
     call = Call("tfserving", headers)
     call.model = model
+    version: str | None = None
+    label: str | None = None
     try:
+        name, _ = _split_verb(segment)
+        if slot == "model":
+            model = call.model = name
+        elif slot == "version":
+            version = name
+        else:
+            label = name
         core: GatewayCore = request.app.state.core
         principal = await core.authenticate(headers)
         call.tenant = principal.tenant
@@ -69,29 +79,17 @@ async def _predict(request: Request, model: str, version: str | None, label: str
 
 @post("/v1/models/{segment:str}", status_code=200)
 async def predict(request: Request, segment: str) -> Response[bytes]:
-    try:
-        model, _ = _split_verb(segment)
-    except Exception as exc:  # noqa: BLE001
-        return Call("tfserving", lower_headers(request)).fail(exc)
-    return await _predict(request, model, None, None)
+    return await _predict(request, "", segment, "model")
 
 
 @post("/v1/models/{model:str}/versions/{segment:str}", status_code=200)
 async def predict_version(request: Request, model: str, segment: str) -> Response[bytes]:
-    try:
-        version, _ = _split_verb(segment)
-    except Exception as exc:  # noqa: BLE001
-        return Call("tfserving", lower_headers(request)).fail(exc)
-    return await _predict(request, model, version, None)
+    return await _predict(request, model, segment, "version")
 
 
 @post("/v1/models/{model:str}/labels/{segment:str}", status_code=200)
 async def predict_label(request: Request, model: str, segment: str) -> Response[bytes]:
-    try:
-        label, _ = _split_verb(segment)
-    except Exception as exc:  # noqa: BLE001
-        return Call("tfserving", lower_headers(request)).fail(exc)
-    return await _predict(request, model, None, label)
+    return await _predict(request, model, segment, "label")
 
 
 def _version_status(core: GatewayCore, model: str, version: str | None) -> list[dict[str, Any]]:
