@@ -17,6 +17,7 @@ import numpy as np
 import structlog
 
 from backends.base import (
+    V2_TO_NUMPY,
     Capability,
     GenerateRequest,
     ModelMetadata,
@@ -145,12 +146,12 @@ class OnnxRuntimeBackend:
         """Run one request of zeros so the first caller does not pay for lazy initialisation."""
         meta = self.metadata()
         feeds = {}
-        for s in meta.inputs:
-            shape = tuple(1 if d == -1 else d for d in s.shape)
-            dtype = np.dtype(object) if s.datatype == "BYTES" else None
-            feeds[s.name] = (
-                np.full(shape, b"", dtype=object) if dtype is not None else np.zeros(shape, _np_dtype(s))
-            )
+        for spec in meta.inputs:
+            shape = tuple(1 if d == -1 else d for d in spec.shape)
+            if spec.datatype == "BYTES":
+                feeds[spec.name] = np.full(shape, b"", dtype=object)
+            else:
+                feeds[spec.name] = np.zeros(shape, V2_TO_NUMPY[spec.datatype])
         await self._run_async(feeds, None)
         self._warm = True
 
@@ -199,12 +200,6 @@ class OnnxRuntimeBackend:
 
     def generate(self, request: GenerateRequest):  # type: ignore[no-untyped-def]
         raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
-
-
-def _np_dtype(spec: TensorSpec) -> np.dtype:
-    from backends.base import V2_TO_NUMPY
-
-    return V2_TO_NUMPY[spec.datatype]
 
 
 def create(name: str, spec: DeploymentSpec) -> OnnxRuntimeBackend:

@@ -17,11 +17,13 @@ import asyncio
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -102,22 +104,22 @@ def run_direct(model: Path, concurrency: int, seconds: float, d_in: int) -> dict
 # --- (b) through the gateway ---------------------------------------------------------------------
 
 
-def v2_request(model: str, d_in: int, key: str, port: int) -> bytes:
-    x = np.random.default_rng(1).standard_normal((1, d_in), np.float32)
+def v2_request(model: str, row: np.ndarray, key: str, port: int) -> bytes:
+    """One keep-alive POST with `row` as a binary tensor named `input`, every output asked for as binary."""
     header = json.dumps(
         {
             "inputs": [
                 {
                     "name": "input",
-                    "shape": [1, d_in],
+                    "shape": list(row.shape),
                     "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes},
+                    "parameters": {"binary_data_size": row.nbytes},
                 }
             ],
-            "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+            "parameters": {"binary_data_output": True},
         }
     ).encode()
-    body = header + x.tobytes()
+    body = header + row.tobytes()
     head = (
         f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Authorization: Bearer {key}\r\nContent-Type: application/octet-stream\r\n"
@@ -162,7 +164,8 @@ async def _load(
 def run_gateway(
     port: int, model: str, key: str, concurrency: int, seconds: float, d_in: int
 ) -> dict[str, float]:
-    request = v2_request(model, d_in, key, port)
+    row = np.random.default_rng(1).standard_normal((1, d_in), np.float32)
+    request = v2_request(model, row, key, port)
     asyncio.run(_load(port, request, concurrency, 0.5))  # warm-up
     latencies, errors, elapsed = asyncio.run(_load(port, request, concurrency, seconds))
     result = summarize(latencies, elapsed)
@@ -171,11 +174,52 @@ def run_gateway(
 
 
 def start_gateway(
-    workdir: Path, model: Path, port: int, max_batch: int
-) -> tuple[subprocess.Popen[bytes], str]:
-    config = workdir / "bench.yaml"
-    config.write_text(
-        f"""
+    workdir: Path, make_config: Callable[[int], str]
+) -> tuple[subprocess.Popen[bytes], int, str]:
+    """A `fleetgate serve` subprocess on a free port; returns it, the port and a key of tenant `bench`.
+
+    `make_config(port)` returns the YAML to serve; its log goes to a file in `workdir`.
+    """
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = workdir / f"gateway-{port}.yaml"
+    config.write_text(make_config(port))
+    log_path = workdir / f"gateway-{port}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        env={**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY},
+        stdout=subprocess.DEVNULL,
+        stderr=log_path.open("wb"),  # a file, not a pipe nobody drains
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"gateway did not start: {log_path.read_text()[-2000:]}")
+        time.sleep(0.2)
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/admin/keys",
+        json={"tenant": "bench"},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    )
+    r.raise_for_status()
+    return proc, port, r.json()["key"]
+
+
+def mlp_config(model: Path, max_batch: int) -> Callable[[int], str]:
+    """Two deployments of one model, without and with dynamic batching."""
+
+    def make(port: int) -> str:
+        return f"""
 server: {{port: {port}, log_level: warning}}
 state: {{url: "memory://"}}
 tenants: {{bench: {{}}}}
@@ -190,41 +234,15 @@ models:
   plain: {{routes: [{{deployment: plain}}]}}
   batched: {{routes: [{{deployment: batched}}]}}
 """
-    )
-    env = {**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    import httpx
 
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"gateway did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
-        time.sleep(0.2)
-    r = httpx.post(
-        f"http://127.0.0.1:{port}/admin/keys",
-        json={"tenant": "bench"},
-        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-    )
-    r.raise_for_status()
-    return proc, r.json()["key"]
+    return make
 
 
 #: (name, d_in, hidden): "light" is dominated by per-request overhead, "heavy" by weight reads
 PRESETS = [("light", 256, 1024), ("heavy", 512, 4096)]
 
 
-def measure(tmp: Path, name: str, d_in: int, hidden: int, seconds: float, port: int, max_batch: int) -> dict:
+def measure(tmp: Path, name: str, d_in: int, hidden: int, seconds: float, max_batch: int) -> dict:
     model = tmp / f"{name}.onnx"
     build_model(model, d_in, hidden)
     results: dict[str, dict[str, dict[str, float]]] = {
@@ -234,7 +252,7 @@ def measure(tmp: Path, name: str, d_in: int, hidden: int, seconds: float, port: 
     }
     for c in (1, 32):
         results["direct"][f"c{c}"] = run_direct(model, c, seconds, d_in)
-    proc, key = start_gateway(tmp, model, port, max_batch)
+    proc, port, key = start_gateway(tmp, mlp_config(model, max_batch))
     try:
         for c in (1, 32):
             results["gateway_unbatched"][f"c{c}"] = run_gateway(port, "plain", key, c, seconds, d_in)
@@ -258,14 +276,13 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--port", type=int, default=18777)
     args = parser.parse_args()
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     models = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, d_in, hidden in PRESETS:
-            models[name] = measure(Path(tmp), name, d_in, hidden, args.seconds, args.port, args.max_batch)
+            models[name] = measure(Path(tmp), name, d_in, hidden, args.seconds, args.max_batch)
     out = {
         "benchmark": "bench_gateway",
         "seconds_per_point": args.seconds,

@@ -25,8 +25,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,7 +41,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from bench_gateway import ADMIN_KEY, _load, summarize  # noqa: E402
+from bench_gateway import _load, start_gateway, summarize, v2_request  # noqa: E402
 
 from backends.model_exports import write_openvino_ir  # noqa: E402
 from gateway.demo_models import write_digits  # noqa: E402
@@ -222,71 +220,6 @@ def gateway_config(port: int, model: str, onnx_path: Path, xml: Path) -> str:
     lines.append("models:")
     lines += [f"  {n}: {{routes: [{{deployment: {n}}}]}}" for n in names]
     return "\n".join(lines) + "\n"
-
-
-def start_gateway(
-    workdir: Path, make_config: Callable[[int], str]
-) -> tuple[subprocess.Popen[bytes], int, str]:
-    """A `fleetgate serve` subprocess on a free port; returns it, the port and a tenant key."""
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = workdir / f"gateway-{port}.yaml"
-    config.write_text(make_config(port))
-    stderr = (workdir / f"gateway-{port}.log").open("wb")  # a file, not a pipe nobody drains
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
-        cwd=ROOT,
-        env={**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY},
-        stdout=subprocess.DEVNULL,
-        stderr=stderr,
-    )
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(
-                f"gateway did not start: {(workdir / f'gateway-{port}.log').read_text()[-2000:]}"
-            )
-        time.sleep(0.2)
-    r = httpx.post(
-        f"http://127.0.0.1:{port}/admin/keys",
-        json={"tenant": "bench"},
-        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-    )
-    r.raise_for_status()
-    return proc, port, r.json()["key"]
-
-
-def v2_request(model: str, row: np.ndarray, key: str, port: int) -> bytes:
-    """One keep-alive POST with the row as a binary tensor and every output asked for as binary."""
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": list(row.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": row.nbytes},
-                }
-            ],
-            "parameters": {"binary_data_output": True},
-        }
-    ).encode()
-    body = header + row.tobytes()
-    head = (
-        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: Bearer {key}\r\nContent-Type: application/octet-stream\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    return head + body
 
 
 def run_gateway(pid: int, port: int, request: bytes, concurrency: int, seconds: float) -> dict[str, float]:

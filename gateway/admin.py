@@ -30,7 +30,7 @@ class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str | None = None
 
 
-def _check_admin(request: Request) -> GatewayCore:
+def require_admin(request: Request) -> GatewayCore:
     core: GatewayCore = request.app.state.core
     expected = os.environ.get(core.config.admin.key_env, "")
     if not expected:
@@ -51,7 +51,7 @@ def _json(payload: Any, status: int = 200) -> Response[bytes]:
 async def create_key(request: Request) -> Response[bytes]:
     call = Call("plain", lower_headers(request))
     try:
-        core = _check_admin(request)
+        core = require_admin(request)
         raw = await read_body(request, 64 * 1024, allowed_types=("application/json", ""))
         try:
             body = msgspec.json.decode(raw, type=CreateKeyBody)
@@ -72,7 +72,7 @@ async def create_key(request: Request) -> Response[bytes]:
 async def list_keys(request: Request, tenant: str | None = None) -> Response[bytes]:
     call = Call("plain", lower_headers(request))
     try:
-        core = _check_admin(request)
+        core = require_admin(request)
         records = await core.keys.list(tenant)
         call.done(200)
         return _json({"keys": msgspec.to_builtins(records)})
@@ -84,7 +84,7 @@ async def list_keys(request: Request, tenant: str | None = None) -> Response[byt
 async def revoke_key(request: Request, key_id: str) -> Response[bytes]:
     call = Call("plain", lower_headers(request))
     try:
-        core = _check_admin(request)
+        core = require_admin(request)
         if not await core.keys.revoke(key_id):
             raise GatewayError(404, "key_not_found", f"no key {key_id!r}")
         call.done(200)
@@ -97,7 +97,7 @@ async def revoke_key(request: Request, key_id: str) -> Response[bytes]:
 async def usage(request: Request, tenant: str | None = None) -> Response[bytes]:
     call = Call("plain", lower_headers(request))
     try:
-        core = _check_admin(request)
+        core = require_admin(request)
         rows = await core.admission.usage(tenant)
         call.done(200)
         return _json({"usage": msgspec.to_builtins(rows)})

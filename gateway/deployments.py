@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -36,8 +36,6 @@ class Deployment:
     backend: Backend
     queue: FairQueue
     load_error: str | None = None
-    #: consecutive failures, for the health view (the router's circuit breaker builds on it)
-    failures: int = field(default=0)
 
     @property
     def ready(self) -> bool:

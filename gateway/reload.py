@@ -16,7 +16,7 @@ import msgspec
 import structlog
 from litestar import Litestar, Request, Response, post
 
-from gateway.admin import _check_admin
+from gateway.admin import require_admin
 from gateway.config import Config, ConfigError, load_config
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError
@@ -70,7 +70,7 @@ def reload_from_file(app: Litestar) -> Config:
 async def reload_endpoint(request: Request) -> Response[bytes]:
     call = Call("plain", lower_headers(request))
     try:
-        _check_admin(request)
+        require_admin(request)
         try:
             new = reload_from_file(request.app)
         except ConfigError as exc:

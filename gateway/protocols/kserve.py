@@ -45,13 +45,14 @@ def ready(request: Request) -> Response[bytes]:
 
 
 async def _metadata(request: Request, model: str, version: str | None) -> Response[bytes]:
-    call = Call("v2", lower_headers(request))
+    headers = lower_headers(request)
+    call = Call("v2", headers)
     call.model = model
     try:
         core = _core(request)
-        principal = await core.authenticate(lower_headers(request))
+        principal = await core.authenticate(headers)
         call.tenant = principal.tenant
-        plan = core.plan(principal, model, version, None, lower_headers(request))
+        plan = core.plan(principal, model, version, None, headers)
         dep = core.deployments[plan.primary]
         meta = dep.backend.metadata()
         body = {
@@ -81,13 +82,14 @@ async def model_version_metadata(request: Request, model: str, version: str) -> 
 
 
 async def _ready(request: Request, model: str, version: str | None) -> Response[bytes]:
-    call = Call("v2", lower_headers(request))
+    headers = lower_headers(request)
+    call = Call("v2", headers)
     call.model = model
     try:
         core = _core(request)
-        principal = await core.authenticate(lower_headers(request))
+        principal = await core.authenticate(headers)
         call.tenant = principal.tenant
-        plan = core.plan(principal, model, version, None, lower_headers(request))
+        plan = core.plan(principal, model, version, None, headers)
         ok = any(core.is_healthy(d) for d in (plan.primary, *plan.fallbacks))
         call.done(200 if ok else 503)
         return _json({"name": model, "ready": ok}, 200 if ok else 503)

@@ -20,12 +20,17 @@ import numpy as np
 import pytest
 
 from backends.model_exports import write_openvino_ir, write_tf_savedmodel
+from gateway.demo_models import digits_onnx_bytes
 
 HIDDEN = 32
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "tests" / "tfserving_server.py"
+#: the TF Serving test server's subprocess runs TensorFlow on the CPU, quietly
 TF_ENV = {"CUDA_VISIBLE_DEVICES": "-1", "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
-os.environ.update(TF_ENV)  # the TF Serving adapter imports TensorFlow's protos in this process
+# This process only imports TensorFlow's protos (TF Serving adapter): quiet it, but never hide the GPU
+# here, or the torch `gpu` tests of the same session would skip on a machine that has one.
+for _name in ("TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MIN_LOG_LEVEL"):
+    os.environ.setdefault(_name, TF_ENV[_name])
 
 
 @dataclass(frozen=True)
@@ -67,36 +72,9 @@ def weights_npz(digits: Digits, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return path
 
 
-def build_digits_onnx(weights_npz: Path, out_path: Path, *, opset: int = 17) -> Path:
-    """The digits MLP as an ONNX graph (the lead's demo-models builds the same graph)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = np.load(weights_npz)
-    inits = [numpy_helper.from_array(w[k].astype(np.float32), name=k) for k in ("W1", "b1", "W2", "b2")]
-    nodes = [
-        helper.make_node("MatMul", ["input", "W1"], ["h0"]),
-        helper.make_node("Add", ["h0", "b1"], ["h1"]),
-        helper.make_node("Relu", ["h1"], ["h2"]),
-        helper.make_node("MatMul", ["h2", "W2"], ["l0"]),
-        helper.make_node("Add", ["l0", "b2"], ["logits"]),
-        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
-        helper.make_node("ArgMax", ["logits"], ["label"], axis=1, keepdims=0),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "digits",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 64])],
-        [
-            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 10]),
-            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
-        ],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, out_path)
+def build_digits_onnx(weights_npz: Path, out_path: Path) -> Path:
+    """The digits MLP as ONNX, with the same graph `fleetgate demo-models` writes."""
+    out_path.write_bytes(digits_onnx_bytes(dict(np.load(weights_npz))))
     return out_path
 
 
