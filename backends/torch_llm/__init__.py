@@ -8,6 +8,8 @@ Modules, one concept each:
 - `block_manager`: the pool of KV blocks, ref counts, prefix caching, LRU eviction (pure Python).
 - `scheduler`: continuous batching with a token budget, chunked prefill and preemption (pure Python).
 - `model`, `attention`, `loader`: the Llama-family network over a paged KV cache (torch).
+- `attention_select`, `attention_triton`, `triton_decode`: the CUDA fast path (a Triton paged-decode
+  kernel, probed at load, falling back to gather + SDPA).
 - `sampler`, `detokenizer`, `tokenizer`: token choice and text.
 - `runner`, `engine`, `async_engine`: one step of the engine, and the thread that drives it.
 - `backend`: the `Backend` adapter the gateway talks to; `demo`: writes a tiny random-weight Llama.

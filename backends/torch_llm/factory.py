@@ -84,7 +84,9 @@ def build_engine(
     eos = set(cfg.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    runner = ModelRunner(model, num_blocks=blocks, block_size=options.block_size)
+    runner = ModelRunner(
+        model, num_blocks=blocks, block_size=options.block_size, attention=options.attention_backend
+    )
     engine = LLMEngine.create(
         runner,
         tokenizer,

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.torch_llm.attention import AttentionMetadata, make_attention
+from backends.torch_llm.attention import AttentionMetadata, PagedAttention, TorchPagedAttention
 from backends.torch_llm.model_config import ModelConfig
 
 
@@ -70,7 +70,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * hd, cfg.hidden_size, bias=cfg.o_bias)
-        self.attn = make_attention(torch.device("cpu"), self.num_heads, self.num_kv_heads, hd)
+        # Replaced by the runner's implementation for the device (`LlamaForCausalLM.set_attention`).
+        self.attn: PagedAttention = TorchPagedAttention(
+            self.num_heads, self.num_kv_heads, hd, block_size=16, device=torch.device("cpu")
+        )
 
     def forward(
         self,
@@ -131,6 +134,11 @@ class LlamaForCausalLM(nn.Module):
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def set_attention(self, impl: PagedAttention) -> None:
+        """Use `impl` in every layer (it is stateless across layers, so one instance is shared)."""
+        for layer in self.model.layers:
+            layer.self_attn.attn = impl
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

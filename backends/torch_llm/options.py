@@ -25,6 +25,9 @@ class LLMOptions(SpecBase):
         prefix_cache_scope: "tenant" isolates cached prefixes per tenant, "global" shares them.
         num_threads: torch intra-op threads on CPU (None: torch's default).
         seed: seed of the generator used by requests that give no seed.
+        attention_backend: "auto" (Triton paged-decode kernel on CUDA, gather + SDPA on CPU),
+            "torch" (gather + SDPA everywhere) or "triton" (the kernel; on CPU only under
+            TRITON_INTERPRET=1). A kernel that fails to compile or to match falls back to "torch".
     """
 
     block_size: int = 16
@@ -39,6 +42,7 @@ class LLMOptions(SpecBase):
     prefix_cache_scope: Literal["tenant", "global"] = "tenant"
     num_threads: int | None = None
     seed: int = 0
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
 
     def __post_init__(self) -> None:
         checks = [

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from backends.torch_llm.attention import AttentionMetadata, DecodeGroup, PrefillChunk
+from backends.torch_llm.attention import AttentionMetadata, PagedAttention, PrefillChunk
+from backends.torch_llm.attention_select import AttentionBackend, make_attention
 from backends.torch_llm.model import LlamaForCausalLM
 from backends.torch_llm.sequence import Sequence
 
@@ -23,15 +24,29 @@ class ModelRunner:
         model: the loaded model (on `device`).
         num_blocks: blocks in the KV pool.
         block_size: tokens per block.
+        attention: which paged-attention implementation to use ("auto": by device, see
+            `attention_select`); the chosen one is `self.attention`.
     """
 
-    def __init__(self, model: LlamaForCausalLM, *, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        *,
+        num_blocks: int,
+        block_size: int,
+        attention: AttentionBackend = "auto",
+    ) -> None:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         cfg = model.config
+        self.attention: PagedAttention = make_attention(
+            self.device, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            block_size=block_size, dtype=self.dtype, backend=attention,
+        )  # fmt: skip
+        model.set_attention(self.attention)
         shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = [
             (
@@ -53,7 +68,7 @@ class ModelRunner:
             (logits [N, vocab] float32, the N sequences whose last token was computed, in row order).
         """
         # Decodes (one new token) first, so they form one contiguous batched-attention block.
-        # Sorted by context length so each padded decode group holds similar lengths.
+        # Sorted by context length so each padded decode group (gather + SDPA path) holds similar lengths.
         decodes = sorted(((s, n) for s, n in scheduled if n == 1), key=lambda x: x[0].num_computed_tokens)
         prefills = [(s, n) for s, n in scheduled if n != 1]
         ids: list[int] = []
@@ -77,7 +92,12 @@ class ModelRunner:
                 sampled.append(seq)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            decodes=self._decode_groups([s for s, _ in decodes]),
+            num_decodes=len(decodes),
+            decodes=self.attention.prepare_decodes(
+                [s.block_table for s, _ in decodes], [s.num_computed_tokens + 1 for s, _ in decodes]
+            )
+            if decodes
+            else None,
             prefills=chunks,
         )
         hidden = self.model(
@@ -90,35 +110,3 @@ class ModelRunner:
             return torch.empty(0, self.model.config.vocab_size), []
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
         return self.model.logits(hidden.index_select(0, rows)), sampled
-
-    def _decode_groups(self, seqs: list[Sequence]) -> list[DecodeGroup]:
-        """Cut length-sorted decodes into groups whose padding is at most ~25% of their real keys."""
-        groups: list[DecodeGroup] = []
-        start = 0
-        while start < len(seqs):
-            end = start + 1
-            total = seqs[start].num_computed_tokens + 1
-            while end < len(seqs):
-                longest = seqs[end].num_computed_tokens + 1
-                if longest * (end - start + 1) > 1.25 * (total + longest) and end - start >= 4:
-                    break
-                total += longest
-                end += 1
-            slots, mask = self._decode_context(seqs[start:end])
-            groups.append(DecodeGroup(start, slots, mask))
-            start = end
-        return groups
-
-    def _decode_context(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded slot indices `[B, max_ctx]` and key mask `[B, 1, 1, max_ctx]` of decode contexts."""
-        bs, dev = self.block_size, self.device
-        lengths = [s.num_computed_tokens + 1 for s in seqs]
-        max_blocks = max(len(s.block_table) for s in seqs)
-        table = torch.tensor(
-            [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs], dtype=torch.long
-        )
-        slot_grid = (table.unsqueeze(-1) * bs + torch.arange(bs)).view(len(seqs), -1)  # [B, blocks*bs]
-        max_ctx = max(lengths)
-        slot_grid = slot_grid[:, :max_ctx]
-        mask = torch.arange(max_ctx).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)  # [B, C]
-        return slot_grid.to(dev), mask.view(len(seqs), 1, 1, max_ctx).to(dev)

@@ -25,6 +25,27 @@ def test_cuda_greedy_matches_transformers_with_chunking_and_preemption(request, 
     outputs = run_engine(engine, prompts, params, arrival_steps=[2 * i for i in range(32)])
     assert engine.scheduler.num_preemptions > 0
     assert [outputs[i] for i in range(32)] == reference
+    if _has_triton():  # the decodes above went through the Triton kernel, not the fallback
+        assert engine.runner.attention.name == "triton"
+        assert engine.runner.attention.disabled_reason is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_cuda_gather_sdpa_fallback_matches_transformers(request, arch) -> None:
+    folder = request.getfixturevalue(f"{arch}_dir")
+    prompts = make_prompts(8, seed=8)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    engine = engine_for(folder, device="cuda", dtype="float32", attention_backend="torch")
+    outputs = run_engine(engine, prompts, params, arrival_steps=[i for i in range(8)])
+    assert [outputs[i] for i in range(8)] == hf_greedy(folder, prompts, 32)
+
+
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def test_cuda_seeded_sampling_reproducible(llama_dir) -> None:
@@ -36,3 +57,21 @@ def test_cuda_seeded_sampling_reproducible(llama_dir) -> None:
     together = run_engine(engine_for(llama_dir, device="cuda"), prompts, params)
     alone = run_engine(engine_for(llama_dir, device="cuda"), prompts[:1], params)
     assert together[0] == alone[0]
+
+
+def test_cuda_uses_the_triton_decode_kernel(llama_dir) -> None:
+    pytest.importorskip("triton")
+    engine = engine_for(llama_dir, device="cuda")
+    attention = engine.runner.attention
+    assert attention.name == "triton" and attention.disabled_reason is None
+    run_engine(engine, make_prompts(4, seed=5), SamplingParams(max_tokens=8, temperature=0.0))
+    assert attention.disabled_reason is None, "the kernel failed during decoding and fell back"
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 2e-2), ("float16", 5e-3)])
+def test_cuda_kernel_matches_gather_sdpa(dtype, tol) -> None:
+    pytest.importorskip("triton")
+    from tests.torch_llm.paged_kernel_checks import kernel_errors
+
+    errors = kernel_errors("cuda", dtype)
+    assert max(errors) < tol, errors

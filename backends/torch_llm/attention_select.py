@@ -1,0 +1,92 @@
+"""Choose the paged-attention implementation for a device, and check a fast one before trusting it.
+
+`auto`: the Triton decode kernel on CUDA, gather + SDPA on CPU. `triton` asks for the kernel anywhere
+(on CPU it only runs under `TRITON_INTERPRET=1`, which is how tests exercise it); `torch` always uses
+gather + SDPA. Before the Triton implementation is used it is *probed*: the kernel runs once on random
+data with the model's real head layout, block size and dtype, and must agree with gather + SDPA. An
+import error (no triton), a compile or launch error, or a wrong answer logs one warning
+(`llm_attention_fallback`) and the engine uses gather + SDPA instead; it never fails to load for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import structlog
+import torch
+
+from backends.torch_llm.attention import AttentionMetadata, PagedAttention, TorchPagedAttention
+
+if TYPE_CHECKING:
+    from backends.torch_llm.attention_triton import TritonPagedAttention
+
+log = structlog.get_logger(__name__)
+
+AttentionBackend = Literal["auto", "torch", "triton"]
+
+
+def make_attention(
+    device: torch.device,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    block_size: int,
+    dtype: torch.dtype,
+    backend: AttentionBackend = "auto",
+) -> PagedAttention:
+    """The attention implementation for `device` (see the module docstring for the rules)."""
+    shape = (num_heads, num_kv_heads, head_dim)
+    fallback = TorchPagedAttention(*shape, block_size=block_size, device=device)
+    want_triton = backend == "triton" or (backend == "auto" and device.type == "cuda")
+    if not want_triton:
+        return fallback
+    try:
+        from backends.torch_llm.attention_triton import TritonPagedAttention
+
+        fast = TritonPagedAttention(*shape, block_size=block_size, device=device)
+        error = probe(fast, fallback, dtype)
+    except Exception as exc:  # noqa: BLE001 - no triton, no driver, a compile error: all fall back
+        error = f"{type(exc).__name__}: {exc}"
+    if error is not None:
+        log.warning("llm_attention_fallback", backend="torch", reason=error[:500], device=str(device))
+        return fallback
+    fast.strict = False  # from now on a failing launch falls back instead of failing the step
+    return fast
+
+
+def probe(fast: TritonPagedAttention, reference: TorchPagedAttention, dtype: torch.dtype) -> str | None:
+    """Run both implementations' decode path on the same random paged data; None when they agree.
+
+    Three sequences (1 key, one block plus one, three blocks minus one) in a shuffled pool, so the
+    block-table indirection, partial last blocks and the single-key case are all exercised.
+    """
+    bs, dev = reference.block_size, reference.device
+    h, kvh, d = reference.num_heads, reference.num_kv_heads, reference.head_dim
+    lengths = [1, bs + 1, 3 * bs - 1]
+    num_blocks = sum(-(-n // bs) for n in lengths) + 2
+    gen = torch.Generator().manual_seed(0)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for n in lengths:
+        tables.append(order[used : used + -(-n // bs)])
+        used += len(tables[-1])
+    caches = [torch.randn(num_blocks * bs, kvh, d, generator=gen).to(dev, dtype) for _ in range(4)]
+    q = torch.randn(len(lengths), h, d, generator=gen).to(dev, dtype)
+    new_kv = torch.randn(len(lengths), kvh, d, generator=gen).to(dev, dtype)
+    slots = torch.tensor([t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lengths, strict=True)])
+    outs = []
+    for impl, (kc, vc) in ((fast, caches[:2]), (reference, caches[2:])):
+        kc.copy_(caches[0])
+        vc.copy_(caches[1])
+        meta = AttentionMetadata(
+            slot_mapping=slots.to(dev),
+            num_decodes=len(lengths),
+            decodes=impl.prepare_decodes(tables, lengths),
+        )
+        outs.append(impl(q, new_kv, new_kv, kc, vc, meta).float())
+    err = (outs[0] - outs[1]).abs().max().item()
+    tol = 1e-3 if dtype == torch.float32 else 3e-2
+    if not err <= tol:
+        return f"paged decode kernel disagrees with gather + SDPA: max abs error {err:.3g} > {tol}"
+    return None
