@@ -1,4 +1,4 @@
-"""Admin API under /admin/: keys and usage, guarded by the admin key, never by a tenant key.
+"""Admin API under /admin/: keys, usage and canaries, guarded by the admin key, never a tenant key.
 
 The admin key is read from the environment variable named by `admin.key_env` when the app starts
 a request (so rotating it needs no restart) and compared in constant time. With the variable unset
@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+import structlog
 from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
@@ -21,6 +22,7 @@ from gateway.errors import GatewayError
 from gateway.http import Call, lower_headers, read_body
 
 _encoder = msgspec.json.Encoder()
+log = structlog.get_logger(__name__)
 
 
 class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -105,4 +107,38 @@ async def usage(request: Request, tenant: str | None = None) -> Response[bytes]:
         return call.fail(exc)
 
 
-ROUTES = [create_key, list_keys, revoke_key, usage]
+@get("/admin/canary")
+async def canary_status(request: Request) -> Response[bytes]:
+    """Every canary route: rolled back or not, its window, and why it was rolled back."""
+    call = Call("plain", lower_headers(request))
+    try:
+        core = require_admin(request)
+        call.done(200)
+        return _json({"canaries": msgspec.to_builtins(core.router.canaries.status())})
+    except Exception as exc:  # noqa: BLE001
+        return call.fail(exc)
+
+
+@post("/admin/canary/{model:str}/{deployment:str}/restore", status_code=200)
+async def canary_restore(request: Request, model: str, deployment: str) -> Response[bytes]:
+    """Give a rolled-back canary its configured weight back (its window starts afresh)."""
+    call = Call("plain", lower_headers(request))
+    try:
+        core = require_admin(request)
+        try:
+            was_rolled_back = core.router.canaries.restore(model, deployment)
+        except KeyError:
+            raise GatewayError(
+                404, "canary_not_found", f"model {model!r} has no canary route {deployment!r}"
+            ) from None
+        weight = core.router.effective_weights(model)[deployment]
+        log.info("canary_restored", model=model, deployment=deployment, was_rolled_back=was_rolled_back)
+        call.done(200)
+        return _json(
+            {"model": model, "deployment": deployment, "restored": was_rolled_back, "weight": weight}
+        )
+    except Exception as exc:  # noqa: BLE001
+        return call.fail(exc)
+
+
+ROUTES = [create_key, list_keys, revoke_key, usage, canary_status, canary_restore]

@@ -30,6 +30,7 @@ from policies.admission import Admission
 from policies.keys import KeyService
 from policies.stores import open_store
 from router.health import CircuitBreakers
+from router.load import ServiceTimes
 from router.planner import Router
 
 log = structlog.get_logger(__name__)
@@ -57,10 +58,19 @@ def health_ready(request: Request) -> Response[dict[str, object]]:
 def metrics_endpoint(request: Request) -> Response[bytes]:
     core: GatewayCore | None = getattr(request.app.state, "core", None)
     if core is not None:
-        # Queue depths are read when scraped rather than updated on every enqueue and dispatch.
+        # Queue depths, load estimates and route weights are read when scraped rather than updated
+        # on every enqueue, dispatch and rollback.
         for name, dep in core.deployments.items():
             for tenant, stats in dep.queue.stats().tenants.items():
                 metrics.QUEUE_DEPTH.labels(name, tenant).set(stats.depth)
+            service_s = core.service_times.get(name)
+            if service_s is not None:
+                metrics.SERVICE_TIME.labels(name, dep.device, dep.hardware).set(service_s)
+            metrics.EXPECTED_WAIT.labels(name, dep.device, dep.hardware).set(core.expected_wait(name))
+        metrics.ROUTE_WEIGHT.clear()  # models and routes come and go with reloads
+        for model in core.router.names():
+            for deployment, weight in core.router.effective_weights(model).items():
+                metrics.ROUTE_WEIGHT.labels(model, deployment).set(weight)
     return Response(content=generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -107,11 +117,15 @@ def create_app(
         store = await open_store(config.state.url)
         keys = KeyService(store, clock, tenants=list(config.tenants))
         admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
-        breakers = CircuitBreakers()
+        breakers = CircuitBreakers(config.breakers.failure_threshold, config.breakers.cooldown_s)
         router = Router(
-            config.models, is_healthy=lambda name: deployments[name].ready and breakers.allows(name)
+            config.models,
+            is_healthy=lambda name: deployments[name].ready and breakers.allows(name),
+            expected_wait=lambda name: app.state.core.expected_wait(name),
         )
-        app.state.core = GatewayCore(config, deployments, router, keys, admission, breakers)
+        app.state.core = GatewayCore(
+            config, deployments, router, keys, admission, breakers, service_times=ServiceTimes()
+        )
         app.state.store = store
         app.state.config_path = Path(config_path) if config_path is not None else None
         install_sighup(app)
@@ -120,6 +134,7 @@ def create_app(
         try:
             yield
         finally:
+            await app.state.core.shadows.close()
             await close_deployments(deployments)
             await store.close()
 

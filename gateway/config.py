@@ -20,7 +20,7 @@ import yaml
 from backends.spec import DeploymentSpec, SpecBase
 from policies.fair_queue import QueueSpec
 from policies.types import TenantSpec
-from router.spec import ModelConfig
+from router.spec import BreakerConfig, ModelConfig
 
 
 class ConfigError(ValueError):
@@ -72,6 +72,8 @@ class Config(SpecBase):
     tenants: dict[str, TenantSpec] = msgspec.field(default_factory=dict)
     deployments: dict[str, DeploymentConfig] = msgspec.field(default_factory=dict)
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
+    #: circuit breakers of every deployment (changeable by reload)
+    breakers: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
 
 
 # --- loading -----------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ in this one place, so the three wire protocols cannot drift apart in what they e
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -16,29 +15,25 @@ from typing import Any
 import structlog
 
 from backends.base import Capability, GenerateRequest, TensorRequest, TensorResponse, TokenEvent, Usage
-from backends.errors import (
-    BackendInternalError,
-    BackendTimeout,
-    BackendUnavailable,
-    InvalidInput,
-    ModelNotFound,
-)
+from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput, ModelNotFound
 from gateway import metrics
 from gateway.config import Config
 from gateway.deployments import Deployment
+from gateway.outcomes import DEPLOYMENT_FAULTS, Outcomes
+from gateway.shadowing import Shadows
 from policies.admission import Admission, Reservation
 from policies.errors import PolicyError, Unauthenticated
 from policies.keys import KeyService
 from policies.principal import Principal
 from router.health import CircuitBreakers
+from router.load import ServiceTimes, expected_wait
 from router.planner import Plan, Router
 
 log = structlog.get_logger(__name__)
 
 #: errors after which the next deployment of the plan is tried (nothing was sent to the caller yet)
 RETRYABLE = (BackendUnavailable, BackendTimeout)
-#: errors that count against a deployment's circuit breaker (the caller's own mistakes do not)
-DEPLOYMENT_FAULTS = (BackendUnavailable, BackendTimeout, BackendInternalError)
+__all__ = ["DEPLOYMENT_FAULTS", "RETRYABLE", "GatewayCore", "Served", "extract_key"]
 
 
 @dataclass
@@ -73,6 +68,7 @@ class GatewayCore:
         keys: KeyService,
         admission: Admission,
         breakers: CircuitBreakers | None = None,
+        service_times: ServiceTimes | None = None,
     ) -> None:
         self.config = config
         self.deployments = deployments
@@ -80,7 +76,9 @@ class GatewayCore:
         self.keys = keys
         self.admission = admission
         self.breakers = breakers or CircuitBreakers()
-        self._background: set[asyncio.Task[Any]] = set()
+        self.service_times = service_times or ServiceTimes()
+        self.outcomes = Outcomes(self.breakers, router, self.service_times)
+        self.shadows = Shadows(deployments)
 
     # --- identity and visibility -----------------------------------------------------------
 
@@ -114,19 +112,15 @@ class GatewayCore:
         dep = self.deployments.get(deployment)
         return dep is not None and dep.ready and self.breakers.allows(deployment)
 
-    def _record(self, dep: Deployment, error: BaseException | None) -> None:
-        """Feed the circuit breaker with the outcome of one attempt.
-
-        Only the deployment's own faults count; an answer that rejects the caller's input proves
-        the deployment alive, so it counts as a success (and ends a half-open probe).
-        """
-        if not isinstance(error, DEPLOYMENT_FAULTS):
-            self.breakers.on_success(dep.name)
-        elif self.breakers.on_failure(dep.name):
-            metrics.CIRCUIT_OPENED.labels(dep.name).inc()
-            log.warning(
-                "circuit_opened", deployment=dep.name, cooldown_s=self.breakers.cooldown_s, error=str(error)
-            )
+    def expected_wait(self, deployment: str) -> float:
+        """Seconds until a new request would be done on `deployment` (see router.load)."""
+        dep = self.deployments.get(deployment)
+        if dep is None:
+            return float("inf")
+        queue = dep.queue
+        return expected_wait(
+            queue.depth(), queue.in_flight, queue.spec.max_concurrency, self.service_times.get(deployment)
+        )
 
     def plan(
         self,
@@ -168,10 +162,13 @@ class GatewayCore:
                 if index:
                     metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
                 self.breakers.on_attempt(dep.name)
+                started = time.perf_counter()
                 try:
-                    response = await self._run_queued(principal, dep, cost, dep.backend.infer(request))
+                    response, service_s = await self._run_queued(
+                        principal, dep, cost, dep.backend.infer(request)
+                    )
                 except RETRYABLE as exc:
-                    self._record(dep, exc)
+                    self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
                     last_error = exc
                     log.warning(
                         "deployment_failed",
@@ -181,11 +178,11 @@ class GatewayCore:
                     )
                     continue
                 except BaseException as exc:
-                    self._record(dep, exc)
+                    self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
                     raise
-                self._record(dep, None)
+                self.outcomes.record(plan.model, dep, None, time.perf_counter() - started, service_s)
                 used = cost
-                self._shadow(plan, dep, request)
+                self.shadows.mirror_tensor(plan, dep, request, response)
                 served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
                 return response, served
             assert last_error is not None
@@ -193,40 +190,25 @@ class GatewayCore:
         finally:
             await self.admission.reconcile(reservation, used)
 
-    async def _run_queued(self, principal: Principal, dep: Deployment, cost: float, work: Any) -> Any:
-        """Wait for a turn in the deployment's fair queue, then await `work` (a coroutine)."""
+    async def _run_queued(
+        self, principal: Principal, dep: Deployment, cost: float, work: Any
+    ) -> tuple[Any, float]:
+        """Wait for a turn in the deployment's fair queue, then await `work` (a coroutine).
+
+        Returns its result and the seconds it took once it had its turn (the service time).
+        """
         queued_at = time.perf_counter()
         try:
             ticket = await dep.queue.acquire(principal.tenant, cost)
         except BaseException:
             work.close()  # never awaited: close it so Python does not warn
             raise
-        metrics.QUEUE_TIME.labels(dep.name, principal.tenant).observe(time.perf_counter() - queued_at)
+        granted = time.perf_counter()
+        metrics.QUEUE_TIME.labels(dep.name, principal.tenant).observe(granted - queued_at)
         try:
-            return await work
+            return await work, time.perf_counter() - granted
         finally:
             dep.queue.release(ticket, cost)
-
-    def _shadow(self, plan: Plan, served: Deployment, request: TensorRequest) -> None:
-        """Mirror to shadows after the answer; never charged to the caller, never awaited by it."""
-        for name in plan.shadows:
-            dep = self.deployments.get(name)
-            if (
-                dep is None
-                or dep is served
-                or not dep.ready
-                or Capability.TENSOR not in dep.backend.capabilities
-            ):
-                continue
-            task = asyncio.get_running_loop().create_task(self._run_shadow(dep, request))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _run_shadow(self, dep: Deployment, request: TensorRequest) -> None:
-        try:
-            await dep.backend.infer(request)
-        except Exception as exc:  # noqa: BLE001 - a shadow never affects anyone
-            log.info("shadow_failed", deployment=dep.name, error=str(exc))
 
     async def _admit(self, principal: Principal, model: str, cost: int) -> Reservation:
         try:
@@ -275,26 +257,28 @@ class GatewayCore:
                 await self.admission.reconcile(reservation, 0)
                 raise
             self.breakers.on_attempt(dep.name)
+            started = time.perf_counter()
             stream = dep.backend.generate(request)
             try:
                 first = await anext(stream)
             except StopAsyncIteration:
                 first = TokenEvent(request_id=request.request_id, finish_reason="stop", usage=Usage())
             except RETRYABLE as exc:
-                self._record(dep, exc)
+                self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
                 dep.queue.release(ticket, 0)
                 last_error = exc
                 log.warning("deployment_failed", deployment=dep.name, error=str(exc))
                 continue
             except BaseException as exc:
-                self._record(dep, exc)
+                self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
                 dep.queue.release(ticket, 0)
                 await self.admission.reconcile(reservation, 0)
                 raise
-            self._record(dep, None)
+            # for a stream, the canary's latency is the time to its first event
+            self.outcomes.record(plan.model, dep, None, time.perf_counter() - started)
             served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
             return self._finish_stream(
-                principal, plan, dep, request, stream, first, ticket, reservation
+                principal, plan, dep, request, stream, first, ticket, reservation, started
             ), served
         await self.admission.reconcile(reservation, 0)
         assert last_error is not None
@@ -310,24 +294,39 @@ class GatewayCore:
         first: TokenEvent,
         ticket: Any,
         reservation: Reservation,
+        started: float,
     ) -> AsyncIterator[TokenEvent]:
-        """Yield the stream; always release the queue slot and reconcile the tokens really used."""
+        """Yield the stream; always release the queue slot and reconcile the tokens really used.
+
+        A stream that finishes normally feeds the load estimate with its duration and, when the
+        plan has shadows, hands its text to them for comparison.
+        """
         usage = Usage()
         completed = False
+        # the completion, kept only when a shadow will compare it
+        texts: list[str] | None = [] if plan.shadows else None
+        token_ids: list[int] = []
         try:
             event: TokenEvent | None = first
             while event is not None:
                 if event.usage is not None:
                     usage = event.usage
+                if texts is not None:
+                    texts.append(event.text)
+                    token_ids.extend(event.token_ids)
                 yield event
                 if event.finish_reason is not None:
-                    completed = True
+                    completed = event.finish_reason in ("stop", "length")
                     break
                 event = await anext(stream, None)
         finally:
-            if not completed:
+            if event is None or event.finish_reason is None:
                 await dep.backend.abort(request.request_id)
                 await _aclose(stream)
+            if completed:
+                self.service_times.observe(dep.name, time.perf_counter() - started)
+                if texts is not None:
+                    self.shadows.mirror_text(plan, dep, request, "".join(texts), token_ids)
             total = usage.prompt_tokens + 2 * usage.completion_tokens
             dep.queue.release(ticket, float(total))
             await self.admission.reconcile(reservation, usage.total_tokens)

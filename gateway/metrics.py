@@ -99,3 +99,69 @@ CIRCUIT_OPENED = Counter(
     "Times a deployment's circuit breaker opened (the router skips it until a probe succeeds).",
     ["deployment"],
 )
+
+# --- routing: canaries, least-wait pools ----------------------------------------------------------
+
+CANARY_ROLLBACKS = Counter(
+    "fleetgate_canary_rollbacks_total",
+    "Canary routes rolled back automatically (weight set to 0), by reason (error_rate or latency).",
+    ["model", "deployment", "reason"],
+)
+ROUTE_WEIGHT = Gauge(
+    "fleetgate_route_effective_weight",
+    "Weight the router applies to a route now (0 while its canary is rolled back).",
+    ["model", "deployment"],
+)
+SERVICE_TIME = Gauge(
+    "fleetgate_service_time_seconds",
+    "Recent service time of a deployment (EWMA of backend time per request, queue wait excluded).",
+    ["deployment", "device", "hardware"],
+)
+EXPECTED_WAIT = Gauge(
+    "fleetgate_expected_wait_seconds",
+    "Expected time until a new request would be done: (queued + in flight + 1) x service time / slots.",
+    ["deployment", "device", "hardware"],
+)
+
+# --- shadows ------------------------------------------------------------------------------------
+
+_DIFF_BUCKETS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 10, 100)
+
+SHADOW_REQUESTS = Counter(
+    "fleetgate_shadow_requests_total",
+    "Requests mirrored to a shadow, by outcome (ok, error, dropped: too many shadows in flight).",
+    ["model", "primary", "shadow", "outcome"],
+)
+SHADOW_COMPARED = Counter(
+    "fleetgate_shadow_compared_total",
+    "Shadow answers compared with the primary's (tensor pairs with matching shapes, or text pairs).",
+    ["model", "primary", "shadow"],
+)
+SHADOW_SHAPE_MISMATCH = Counter(
+    "fleetgate_shadow_shape_mismatch_total",
+    "Shadow tensor answers whose output names or shapes differ from the primary's (not in the diffs).",
+    ["model", "primary", "shadow"],
+)
+SHADOW_MAX_ABS_DIFF = Histogram(
+    "fleetgate_shadow_max_abs_diff",
+    "Per compared request: max |shadow - primary| over every numeric output element.",
+    ["model", "primary", "shadow"],
+    buckets=_DIFF_BUCKETS,
+)
+SHADOW_MAX_REL_DIFF = Histogram(
+    "fleetgate_shadow_max_rel_diff",
+    "Per compared request: max |shadow - primary| / max(|primary|, 1e-6) over numeric outputs.",
+    ["model", "primary", "shadow"],
+    buckets=_DIFF_BUCKETS,
+)
+SHADOW_EXACT_MATCH = Counter(
+    "fleetgate_shadow_exact_match_total",
+    "Text shadow answers identical to the primary's (exact-match rate = this / compared).",
+    ["model", "primary", "shadow"],
+)
+SHADOW_TOKEN_AGREEMENT = Histogram(
+    "fleetgate_shadow_token_agreement",
+    "Per compared text pair: fraction of positions equal (token ids when both sides have them, else words).",
+    ["model", "primary", "shadow", "unit"],
+    buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
+)

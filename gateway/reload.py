@@ -1,6 +1,10 @@
 """Config hot reload: `POST /admin/reload` and SIGHUP.
 
-Routes, weights, versions, labels, shadows, fallbacks, tenants, limits and quotas change in place.
+Routes, weights, versions, labels, shadows, fallbacks, canary bounds, balance, breaker settings,
+tenants, limits and quotas change in place. A canary that was rolled back stays rolled back if it is
+still a canary route of the same model after the reload (an unrelated edit must not quietly send
+traffic back to a canary that misbehaved; `POST /admin/canary/{model}/{deployment}/restore` does);
+a route that stops being a canary loses that state (see router.canary).
 Requests in flight keep the objects they started with, so none is dropped. A new config that does
 not parse, or that changes the `deployments:` section (which would mean loading or unloading models),
 is refused and the running config stays; deployment changes need a restart.
@@ -53,6 +57,8 @@ def apply_config(core: GatewayCore, new: Config) -> None:
     for dep in core.deployments.values():
         dep.queue.update_weights(weights)
     core.router.update(new.models)
+    core.breakers.failure_threshold = new.breakers.failure_threshold
+    core.breakers.cooldown_s = new.breakers.cooldown_s
     core.config = new
     log.info("config_reloaded", models=len(new.models), tenants=len(new.tenants))
 

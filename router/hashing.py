@@ -33,3 +33,13 @@ def pick_weighted(weights: list[float], bucket: int) -> int:
         if point < edge:
             return index
     return max(i for i, w in enumerate(weights) if w > 0)
+
+
+def rebucket(bucket: int) -> int:
+    """A second, independent bucket derived from `bucket`.
+
+    Used when a caller's own slice cannot serve (rolled-back canary, open circuit): the caller is
+    spread over the remaining routes by this bucket, so the callers of every other slice stay put.
+    """
+    digest = hashlib.blake2b(bucket.to_bytes(4, "big"), digest_size=8, person=b"rebucket").digest()
+    return int.from_bytes(digest, "big") % BUCKETS

@@ -1,4 +1,15 @@
-"""Per request: which deployment serves, which are fallbacks, which only watch (shadows)."""
+"""Per request: which deployment serves, which are fallbacks, which only watch (shadows).
+
+Choosing the primary of a request without an explicit version:
+
+1. The routes of positive weight are cut into slices (`router.hashing`): one slice per route, or,
+   with `balance: least_wait`, one slice per group of equally weighted non-canary routes (a pool).
+2. The caller's sticky bucket picks a slice over the configured weights.
+3. If that slice cannot serve (its canary was rolled back, or none of its deployments is healthy),
+   the caller is re-bucketed over the slices that can. Callers of every other slice never move,
+   so a canary rollback or an outage reshuffles only the callers it has to.
+4. In a pool, the member with the least expected wait (`router.load`) serves; ties go by bucket.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +20,8 @@ import msgspec
 
 from backends.errors import ModelNotFound
 from policies.principal import Principal
-from router.hashing import bucket_of, pick_weighted
+from router.canary import CanaryMonitor
+from router.hashing import bucket_of, pick_weighted, rebucket
 from router.spec import ModelConfig
 
 
@@ -23,6 +35,11 @@ class Plan(msgspec.Struct, frozen=True):
     shadows: tuple[str, ...]
     #: the explicit version asked for (or resolved from a label), else None
     version: str | None = None
+
+
+class _Slice(msgspec.Struct):
+    weight: float
+    members: list[str]
 
 
 def split_model_name(name: str) -> tuple[str, str | None, str | None]:
@@ -43,6 +60,9 @@ class Router:
         models: the `models:` section.
         is_healthy: whether a deployment can take a request now (ready, circuit closed).
         rng: source of randomness for shadow sampling (injected in tests).
+        canaries: the canary watch (one with the real clock is made when omitted).
+        expected_wait: seconds a new request would wait on a deployment (for `least_wait` pools);
+            without it every pool member looks idle and ties go by bucket.
     """
 
     def __init__(
@@ -50,13 +70,20 @@ class Router:
         models: Mapping[str, ModelConfig],
         is_healthy: Callable[[str], bool],
         rng: random.Random | None = None,
+        canaries: CanaryMonitor | None = None,
+        expected_wait: Callable[[str], float] | None = None,
     ) -> None:
-        self._models = dict(models)
         self._is_healthy = is_healthy
         self._rng = rng or random.Random()
+        self.canaries = canaries or CanaryMonitor()
+        self._expected_wait = expected_wait or (lambda name: 0.0)
+        self._models: dict[str, ModelConfig] = {}
+        self.update(models)
 
     def update(self, models: Mapping[str, ModelConfig]) -> None:
+        """Swap the models (reload). Canary rollbacks of routes that stay canaries are kept."""
         self._models = dict(models)
+        self.canaries.configure(self._models)
 
     def names(self) -> list[str]:
         return sorted(self._models)
@@ -69,6 +96,13 @@ class Router:
 
     def versions(self, model: str) -> list[str]:
         return sorted(self.get(model).versions)
+
+    def effective_weights(self, model: str) -> dict[str, float]:
+        """Route weights as the router applies them now: a rolled-back canary weighs 0."""
+        return {
+            r.deployment: 0.0 if self.canaries.rolled_back(model, r.deployment) else r.weight
+            for r in self.get(model).routes
+        }
 
     def resolve_version(self, model: str, version: str | None, label: str | None) -> str | None:
         spec = self.get(model)
@@ -91,6 +125,49 @@ class Router:
             return headers.get(spec.sticky.removeprefix("header:").lower())
         return None
 
+    def _slices(self, model: str, spec: ModelConfig) -> list[_Slice]:
+        routes = [r for r in spec.routes if r.weight > 0]
+        if spec.balance == "weighted":
+            return [_Slice(r.weight, [r.deployment]) for r in routes]
+        slices: list[_Slice] = []
+        pools: dict[float, _Slice] = {}
+        for r in routes:
+            if r.canary_policy is not None:  # a canary is judged alone, never pooled
+                slices.append(_Slice(r.weight, [r.deployment]))
+            elif r.weight in pools:
+                pools[r.weight].weight += r.weight
+                pools[r.weight].members.append(r.deployment)
+            else:
+                pools[r.weight] = _Slice(r.weight, [r.deployment])
+                slices.append(pools[r.weight])
+        return slices
+
+    def _choose(self, model: str, spec: ModelConfig, bucket: int) -> tuple[str, list[str]]:
+        """The primary and the other live routes (see the module docstring)."""
+        slices = self._slices(model, spec)
+        live = [
+            _Slice(s.weight, [d for d in s.members if not self.canaries.rolled_back(model, d)])
+            for s in slices
+        ]
+        live = [s for s in live if s.members] or slices  # only canaries, all rolled back: serve anyway
+        others = [d for s in live for d in s.members]
+        chosen = slices[pick_weighted([s.weight for s in slices], bucket)]
+        members = [d for d in chosen.members if d in others and self._is_healthy(d)]
+        if not members:
+            usable = [
+                _Slice(s.weight, healthy)
+                for s in live
+                if (healthy := [d for d in s.members if self._is_healthy(d)])
+            ] or live  # nothing healthy: let the gateway report it
+            bucket = rebucket(bucket)
+            members = usable[pick_weighted([s.weight for s in usable], bucket)].members
+        if len(members) == 1:
+            return members[0], others
+        waits = [(self._expected_wait(d), d) for d in members]
+        least = min(w for w, _ in waits)
+        ties = [d for w, d in waits if w == least]
+        return ties[bucket % len(ties)], others
+
     def plan(
         self,
         model: str,
@@ -108,14 +185,10 @@ class Router:
             # An explicit version is a contract: fall back only to what the config lists.
             fallbacks = tuple(d for d in spec.fallback if d != primary)
         else:
-            routes = [r for r in spec.routes if r.weight > 0]
-            healthy = [r for r in routes if self._is_healthy(r.deployment)] or routes
             bucket = bucket_of(model, self._sticky_key(spec, principal, headers or {}))
-            chosen = healthy[pick_weighted([r.weight for r in healthy], bucket)].deployment
-            others = [r.deployment for r in routes if r.deployment != chosen]
-            # configured fallbacks first, then the model's other routes, each once
-            fallbacks = tuple(d for d in dict.fromkeys([*spec.fallback, *others]) if d != chosen)
-            primary = chosen
+            primary, others = self._choose(model, spec, bucket)
+            # configured fallbacks first, then the model's other live routes, each once
+            fallbacks = tuple(d for d in dict.fromkeys([*spec.fallback, *others]) if d != primary)
         shadows: tuple[str, ...] = ()
         if spec.shadow is not None and self._rng.random() < spec.shadow.fraction:
             shadows = (spec.shadow.deployment,)

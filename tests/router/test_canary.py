@@ -1,0 +1,136 @@
+"""Canary watch with an injected clock: error and latency bounds, window, minimum sample, restore."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.principal import Principal
+from router.canary import CanaryMonitor
+from router.planner import Router
+from router.spec import CanaryConfig, ModelConfig, RouteConfig
+
+POLICY = CanaryConfig(max_error_rate=0.1, max_latency_ratio=2.0, window_s=30, min_requests=20)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _models(policy: CanaryConfig | bool = POLICY, canary: str = "c") -> dict[str, ModelConfig]:
+    return {
+        "m": ModelConfig(
+            routes=[
+                RouteConfig(deployment="a", weight=90),
+                RouteConfig(deployment=canary, weight=10, canary=policy),
+            ]
+        )
+    }
+
+
+def _monitor() -> tuple[CanaryMonitor, Clock]:
+    clock = Clock()
+    monitor = CanaryMonitor(clock)
+    monitor.configure(_models())
+    return monitor, clock
+
+
+def _feed(monitor: CanaryMonitor, deployment: str, n: int, fail_every: int = 0, latency: float = 0.01):
+    """n outcomes; every `fail_every`-th fails. Returns the index of the outcome that rolled back."""
+    for i in range(n):
+        ok = not (fail_every and i % fail_every == fail_every - 1)
+        if monitor.record("m", deployment, ok, latency) is not None:
+            return i
+    return None
+
+
+def test_error_rate_breach_after_the_minimum_sample():
+    monitor, _ = _monitor()
+    _feed(monitor, "a", 100)
+    # 1 in 3 fails (33%): judged only from the 20th outcome on, and breached right there
+    assert _feed(monitor, "c", 100, fail_every=3) == 19
+    assert monitor.rolled_back("m", "c")
+    (status,) = monitor.status()
+    assert status.rollback is not None and status.rollback.reason == "error_rate"
+    assert status.rollback.canary_requests == 20
+
+
+def test_error_rate_is_judged_against_the_baseline():
+    monitor, _ = _monitor()
+    _feed(monitor, "a", 100, fail_every=4)  # the baseline fails 25% too: the canary is no worse
+    assert _feed(monitor, "c", 100, fail_every=3) is None
+    assert not monitor.rolled_back("m", "c")
+
+
+def test_latency_breach_uses_medians():
+    monitor, _ = _monitor()
+    _feed(monitor, "a", 50, latency=0.010)
+    assert _feed(monitor, "c", 19, latency=0.025) is None
+    assert monitor.record("m", "c", True, 0.025) is not None
+    assert monitor.status()[0].rollback.reason == "latency"  # type: ignore[union-attr]
+
+    monitor, _ = _monitor()
+    _feed(monitor, "a", 50, latency=0.010)
+    assert _feed(monitor, "c", 100, latency=0.019) is None, "1.9x is within a 2.0 ratio"
+
+
+def test_old_outcomes_leave_the_window():
+    monitor, clock = _monitor()
+    _feed(monitor, "c", 15, fail_every=2)  # 7 failures, not judged yet (15 < 20)
+    clock.now += 31  # all of them fall out of the 30 s window
+    assert _feed(monitor, "c", 19) is None
+    assert monitor.status()[0].window_requests == 19
+    assert _feed(monitor, "c", 1) is None, "20 clean outcomes in the window: no breach"
+
+
+def test_restore_and_a_fresh_window():
+    monitor, _ = _monitor()
+    _feed(monitor, "c", 30, fail_every=2)
+    assert monitor.rolled_back("m", "c")
+    assert monitor.record("m", "c", False, 0.01) is None, "a rolled-back canary is not re-judged"
+    assert monitor.restore("m", "c") is True
+    assert not monitor.rolled_back("m", "c")
+    assert monitor.status()[0].window_requests == 0
+    assert monitor.restore("m", "c") is False
+    with pytest.raises(KeyError):
+        monitor.restore("m", "a")
+
+
+def test_reload_keeps_rollbacks_of_routes_that_stay_canaries():
+    monitor, _ = _monitor()
+    _feed(monitor, "c", 30, fail_every=2)
+    monitor.configure(_models(CanaryConfig(max_error_rate=0.2)))  # new bounds, still a canary
+    assert monitor.rolled_back("m", "c")
+    monitor.configure(_models(policy=False))  # no longer a canary: state dropped
+    assert not monitor.rolled_back("m", "c") and monitor.status() == []
+    monitor.configure(_models())
+    assert not monitor.rolled_back("m", "c"), "a canary again, fresh"
+
+
+def test_rollback_moves_only_the_canarys_users():
+    monitor, _ = _monitor()
+    spec = ModelConfig(
+        routes=[
+            RouteConfig(deployment="a", weight=45),
+            RouteConfig(deployment="b", weight=45),
+            RouteConfig(deployment="c", weight=10, canary=POLICY),
+        ],
+        sticky="key",
+    )
+    router = Router({"m": spec}, is_healthy=lambda name: True, canaries=monitor)
+    users = [Principal(tenant="t", key_id=f"k{i}") for i in range(5000)]
+    before = [router.plan("m", principal=u).primary for u in users]
+    assert router.plan("m", principal=users[0]).fallbacks  # the canary is a route like the others
+    _feed(monitor, "c", 30, fail_every=2)
+    assert router.effective_weights("m") == {"a": 45, "b": 45, "c": 0.0}
+    after = [router.plan("m", principal=u).primary for u in users]
+    assert "c" not in after
+    assert all(x == y for x, y in zip(before, after, strict=True) if x != "c")
+    moved = [y for x, y in zip(before, after, strict=True) if x == "c"]
+    assert 0.4 < moved.count("a") / len(moved) < 0.6, "the canary's users spread over the baseline"
+    assert all("c" not in router.plan("m", principal=u).fallbacks for u in users[:50])
+    monitor.restore("m", "c")
+    assert [router.plan("m", principal=u).primary for u in users] == before
