@@ -6,6 +6,8 @@ garbage); the caller deserves a 400 that names the input and says what was expec
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from backends.base import ModelMetadata, TensorRequest, TensorSpec
@@ -34,7 +36,7 @@ def check_tensor(spec: TensorSpec, datatype: str, shape: tuple[int, ...], data: 
         raise InvalidInput(
             f"input {spec.name!r}: shape {list(shape)} does not match the model's {_fmt_shape(spec.shape)}"
         )
-    expected = int(np.prod(shape, dtype=np.int64))
+    expected = math.prod(shape)
     if data.size != expected:
         raise InvalidInput(
             f"input {spec.name!r}: {data.size} elements given, shape {list(shape)} needs {expected}"

@@ -1,10 +1,16 @@
-"""HTTP plumbing shared by the protocol adapters: bounded body reads, request ids, access log."""
+"""HTTP plumbing shared by the protocol adapters: bounded body reads, request ids, access log.
+
+This code runs on every request, on the event loop's one thread, so it avoids the framework's
+conveniences where they cost more than the work: headers are read from the ASGI scope, the body
+from the ASGI receive channel, and the hot inference routes answer with `RawResponse`.
+"""
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Mapping
+from typing import Any
 
 import structlog
 from litestar import Request, Response
@@ -17,18 +23,32 @@ log = structlog.get_logger("fleetgate.access")
 JSON_TYPES = ("application/json", "application/octet-stream", "")
 
 
-async def read_body(request: Request, limit: int, *, allowed_types: tuple[str, ...] = JSON_TYPES) -> bytes:
+async def read_body(
+    request: Request,
+    limit: int,
+    *,
+    allowed_types: tuple[str, ...] = JSON_TYPES,
+    headers: Mapping[str, str] | None = None,
+) -> bytes:
     """Read the body, refusing with 413 before reading more than `limit` bytes.
 
     A declared Content-Length over the limit is refused without reading anything; a chunked body
     is counted as it arrives and refused as soon as it passes the limit.
+
+    Args:
+        request: the request whose body is read (once: the ASGI channel is consumed).
+        limit: the most bytes accepted.
+        allowed_types: accepted content types (without parameters).
+        headers: the request's headers from `lower_headers`, when the caller has them already.
     """
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if headers is None:
+        headers = lower_headers(request)
+    ctype = headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in allowed_types:
         raise GatewayError(
             415, "unsupported_media_type", f"content type {ctype!r} is not supported; send application/json"
         )
-    declared = request.headers.get("content-length")
+    declared = headers.get("content-length")
     if declared is not None:
         try:
             if int(declared) > limit:
@@ -37,18 +57,75 @@ async def read_body(request: Request, limit: int, *, allowed_types: tuple[str, .
                 )
         except ValueError:
             raise GatewayError(400, "bad_content_length", "Content-Length is not a number") from None
+    # Straight from the ASGI channel: Litestar's stream() adds an async generator per request.
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(413, "body_too_large", f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":  # http.disconnect: the client went away
+            raise GatewayError(400, "client_disconnected", "the client closed the connection mid-body")
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise GatewayError(413, "body_too_large", f"request body exceeds {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def lower_headers(request: Request) -> dict[str, str]:
-    return {k.lower(): v for k, v in request.headers.items()}
+    """The request's headers, names lower-cased (a repeated header keeps its last value).
+
+    Read from the ASGI scope, whose names the server already lower-cases, rather than through
+    Litestar's Headers object (built anew on each access).
+    """
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.scope["headers"]}
+
+
+class RawResponse:
+    """A complete response as a bare ASGI app, for the hot inference routes.
+
+    Litestar turns a returned `Response` into an ASGI response on every call (header containers,
+    media-type and cookie handling); this sends the two ASGI messages directly. Handlers return it
+    under a `-> ASGIApp` annotation; error paths may still return a Litestar `Response`.
+    """
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, body: bytes, status: int, media_type: str, headers: Mapping[str, str]) -> None:
+        self.body = body
+        self.status = status
+        self.headers = [
+            (b"content-type", media_type.encode("latin-1")),
+            (b"content-length", str(len(body)).encode("latin-1")),
+            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        body = b"" if scope.get("method") == "HEAD" else self.body
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+#: metric children by label values: `labels()` validates and locks on every call
+_request_counters: dict[tuple[str, ...], Any] = {}
+_latency_histograms: dict[tuple[str, ...], Any] = {}
+
+
+def _count(labels: tuple[str, str, str, str, str]) -> Any:
+    child = _request_counters.get(labels)
+    if child is None:
+        child = _request_counters[labels] = metrics.REQUESTS.labels(*labels)
+    return child
+
+
+def _latency(labels: tuple[str, str, str]) -> Any:
+    child = _latency_histograms.get(labels)
+    if child is None:
+        child = _latency_histograms[labels] = metrics.REQUEST_LATENCY.labels(*labels)
+    return child
 
 
 class Call:
@@ -58,7 +135,8 @@ class Call:
 
     def __init__(self, protocol: Protocol, headers: Mapping[str, str]) -> None:
         self.protocol = protocol
-        self.request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        # 128 random bits as 32 hex digits, like uuid4().hex without building a UUID object
+        self.request_id = headers.get("x-request-id") or os.urandom(16).hex()
         self.started = time.perf_counter()
         self.model = ""
         self.deployment = ""
@@ -71,9 +149,9 @@ class Call:
 
     def done(self, status: int, error: str | None = None) -> None:
         elapsed = time.perf_counter() - self.started
-        metrics.REQUESTS.labels(self.protocol, self.model, self.deployment, self.tenant, str(status)).inc()
+        _count((self.protocol, self.model, self.deployment, self.tenant, str(status))).inc()
         if self.model:
-            metrics.REQUEST_LATENCY.labels(self.protocol, self.model, self.deployment).observe(elapsed)
+            _latency((self.protocol, self.model, self.deployment)).observe(elapsed)
         log.info(
             "request",
             request_id=self.request_id,

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
+import msgspec
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+#: values msgspec cannot encode natively (paths, exceptions, enums of other types) become strings
+_encoder = msgspec.json.Encoder(enc_hook=str)
+
+
+def _encode_json(event: dict[str, Any], **_: Any) -> bytes:
+    return _encoder.encode(event)
 
 
 def configure_logging(level: str = "info", *, json: bool = True, stream: TextIO | None = None) -> None:
@@ -18,7 +27,19 @@ def configure_logging(level: str = "info", *, json: bool = True, stream: TextIO 
     result (a new key's secret, a usage table).
     """
     numeric = _LEVELS.get(level, logging.INFO)
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    target = stream or sys.stdout
+    binary = getattr(target, "buffer", None)
+    renderer: Any
+    if json and binary is not None:
+        # The access line is written once per request: msgspec renders it to bytes about twice as
+        # fast as json.dumps, and bytes go to the stream's buffer without another encode.
+        renderer = structlog.processors.JSONRenderer(serializer=_encode_json)
+        factory: Any = structlog.BytesLoggerFactory(file=binary)
+    else:
+        renderer = (
+            structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+        )
+        factory = structlog.PrintLoggerFactory(file=target)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -28,7 +49,7 @@ def configure_logging(level: str = "info", *, json: bool = True, stream: TextIO 
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
+        logger_factory=factory,
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(

@@ -6,10 +6,11 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
+from litestar.types import ASGIApp
 
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError
-from gateway.http import Call, lower_headers, read_body
+from gateway.http import Call, RawResponse, lower_headers, read_body
 from gateway.protocols.v2_codec import decode_infer, encode_infer
 
 _encoder = msgspec.json.Encoder()
@@ -107,7 +108,7 @@ async def model_version_ready(request: Request, model: str, version: str) -> Res
     return await _ready(request, model, version)
 
 
-async def _infer(request: Request, model: str, version: str | None) -> Response[bytes]:
+async def _infer(request: Request, model: str, version: str | None) -> ASGIApp:
     headers = lower_headers(request)
     call = Call("v2", headers)
     call.model = model
@@ -116,7 +117,7 @@ async def _infer(request: Request, model: str, version: str | None) -> Response[
         principal = await core.authenticate(headers)
         call.tenant = principal.tenant
         plan = core.plan(principal, model, version, None, headers)
-        body = await read_body(request, core.config.server.max_body_bytes)
+        body = await read_body(request, core.config.server.max_body_bytes, headers=headers)
         header_len = headers.get("inference-header-content-length")
         decoded = decode_infer(body, _parse_header_length(header_len), call.request_id)
         response, served = await core.infer(principal, plan, decoded.request)
@@ -134,7 +135,7 @@ async def _infer(request: Request, model: str, version: str | None) -> Response[
         else:
             media = "application/json"
         call.done(200)
-        return Response(content=payload, status_code=200, media_type=media, headers=out_headers)
+        return RawResponse(payload, 200, media, out_headers)
     except Exception as exc:  # noqa: BLE001
         return call.fail(exc)
 
@@ -149,12 +150,12 @@ def _parse_header_length(value: str | None) -> int | None:
 
 
 @post("/v2/models/{model:str}/infer", status_code=200)
-async def infer(request: Request, model: str) -> Response[bytes]:
+async def infer(request: Request, model: str) -> ASGIApp:
     return await _infer(request, model, None)
 
 
 @post("/v2/models/{model:str}/versions/{version:str}/infer", status_code=200)
-async def infer_version(request: Request, model: str, version: str) -> Response[bytes]:
+async def infer_version(request: Request, model: str, version: str) -> ASGIApp:
     return await _infer(request, model, version)
 
 
