@@ -8,8 +8,9 @@ where the service time is an exponentially weighted moving average (EWMA) of the
 took per request (queue wait excluded) and the slots are the deployment's fair-queue concurrency.
 The `+ 1` counts the new request itself, so among idle deployments the faster one wins; dividing by
 the slots lets a wide GPU replica with a few requests in flight still beat a narrow idle CPU one
-when it really is sooner. A deployment that has served nothing yet has no estimate and is tried
-first (its expected wait is 0), which is how a fresh replica gets its first samples.
+when it really is sooner. A deployment that has served nothing yet is assumed fast (a 1 ms
+prior): it is tried early, which is how a fresh replica gets its first samples, and its queue still
+counts, so a burst at start-up spreads instead of piling onto one replica.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ class ServiceTimes:
         return self._ewma.get(deployment)
 
 
+#: service time assumed for a deployment without samples yet
+PRIOR_SERVICE_S = 0.001
+
+
 def expected_wait(queued: int, in_flight: int, slots: int, service_s: float | None) -> float:
-    """Seconds until a new request would be done (see the module docstring); 0 without an estimate."""
+    """Seconds until a new request would be done (see the module docstring)."""
     if service_s is None:
-        return 0.0
+        service_s = PRIOR_SERVICE_S
     return (queued + in_flight + 1) * service_s / max(1, slots)
