@@ -6,6 +6,10 @@ dominated by per-call overhead, so one call on 32 rows costs little more than on
 Only requests that can be concatenated go into one batch: same input names, dtypes and trailing
 dimensions, and the same requested outputs. A batch that fails is retried one request at a time so
 that a request the runtime rejects does not fail its batch-mates.
+
+Several batches may run at once, up to `max_in_flight`: a runtime with parallel slots (OpenVINO's
+THROUGHPUT streams, ONNX Runtime sessions called from several threads) would otherwise idle all
+but one of them while the batcher waits for the running batch.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class DynamicBatcher:
         max_delay_ms: how long the first request of a batch waits for company.
         max_queue: requests waiting beyond this are refused with BackendUnavailable.
         observer: optional callback for metrics.
+        max_in_flight: batches that may run at the same time (the runtime's parallel slots).
     """
 
     def __init__(
@@ -67,21 +72,32 @@ class DynamicBatcher:
         max_delay_ms: float,
         max_queue: int,
         observer: BatchObserver | None = None,
+        max_in_flight: int = 1,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
         self._run = run
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_ms / 1000.0
         self.max_queue = max_queue
+        self.max_in_flight = max_in_flight
         self._observer = observer
         self._queue: list[_Pending] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        #: requests in the last batch run; 1 means callers are not overlapping right now
+        #: batches running now (each holds one of the runtime's parallel slots)
+        self._running: set[asyncio.Task[None]] = set()
+        #: requests in the last batch started; 1 means callers are not overlapping right now
         self._last_batch_requests = 1
 
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Batches running now."""
+        return len(self._running)
 
     def start(self) -> None:
         if self._task is None:
@@ -95,6 +111,10 @@ class DynamicBatcher:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         for pending in self._queue:
             if not pending.future.done():
                 pending.future.set_exception(BackendUnavailable("the deployment is shutting down"))
@@ -132,11 +152,22 @@ class DynamicBatcher:
     def _queued_rows(self, key: tuple) -> int:
         return sum(p.rows for p in self._queue if p.key == key)
 
+    async def _wait_for_slot(self) -> None:
+        """Until fewer than `max_in_flight` batches run (a finishing batch sets the wakeup)."""
+        while len(self._running) >= self.max_in_flight:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
     async def _loop(self) -> None:
         while True:
             if not self._queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                continue
+            # Requests that arrive while every slot is busy gather in the queue meanwhile.
+            await self._wait_for_slot()
+            if not self._queue:
+                continue
             first = self._queue[0]
             # Wait for company only when callers have been overlapping (the last batch merged
             # several requests): a lone caller would otherwise pay max_delay_ms on every request.
@@ -153,12 +184,36 @@ class DynamicBatcher:
                     break
             batch = self._take_batch()
             if batch:
-                await self._execute(batch)
+                self._start(batch)
 
-    async def _execute(self, batch: list[_Pending]) -> None:
+    def _start(self, batch: list[_Pending]) -> None:
+        """Run one batch as its own task, holding a slot until it finishes."""
         self._last_batch_requests = len(batch)
         if self._observer is not None:
             self._observer(len(batch), sum(p.rows for p in batch))
+        task = asyncio.get_running_loop().create_task(self._execute(batch), name="dynamic-batch")
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._wakeup.set()  # a slot is free
+        if task.cancelled():  # close(): nobody will answer these callers otherwise
+            return
+        exc = task.exception()
+        if exc is not None:  # _execute hands every error to its callers; this is a bug guard
+            log.error("batch_task_failed", error=repr(exc))
+
+    async def _execute(self, batch: list[_Pending]) -> None:
+        try:
+            await self._execute_batch(batch)
+        except asyncio.CancelledError:
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(BackendUnavailable("the deployment is shutting down"))
+            raise
+
+    async def _execute_batch(self, batch: list[_Pending]) -> None:
         if len(batch) == 1:
             await self._run_single(batch[0])
             return
@@ -195,12 +250,14 @@ def batcher_for(
     specs: list[TensorSpec],
     run: RunBatch,
     observer: Callable[[], BatchObserver | None],
+    max_in_flight: int = 1,
 ) -> DynamicBatcher | None:
     """The dynamic batcher a tensor backend should use, or None.
 
     None when the config asks for no batching, or when some input or output has a fixed dimension 0
     (rows cannot be merged along it). `observer` is read at each batch, so the gateway may attach
-    its metrics hook after the backend is built.
+    its metrics hook after the backend is built. `max_in_flight` is the runtime's number of
+    parallel slots: that many batches may run at once.
     """
     if batching is None:
         return None
@@ -219,4 +276,5 @@ def batcher_for(
         max_delay_ms=batching.max_delay_ms,
         max_queue=batching.max_queue,
         observer=observe,
+        max_in_flight=max_in_flight,
     )

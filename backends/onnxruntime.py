@@ -55,7 +55,8 @@ ONNX_TO_V2 = {
 class OnnxOptions(SpecBase):
     #: threads inside one run (0 = ONNX Runtime's default)
     intra_op_threads: int = 0
-    #: runs that may execute at the same time (ONNX Runtime sessions are thread-safe)
+    #: runs that may execute at the same time (ONNX Runtime sessions are thread-safe); with
+    #: batching, also the number of batches in flight
     max_parallel_runs: int = 2
     #: ORT_ENABLE_ALL unless disabled
     graph_optimization: bool = True
@@ -139,7 +140,12 @@ class OnnxRuntimeBackend:
             extra={"providers": got, "model_file": os.path.basename(self.spec.model or "")},
         )
         self._batcher = batcher_for(
-            self.name, self.spec.batching, inputs + outputs, self._run_async, lambda: self.batch_observer
+            self.name,
+            self.spec.batching,
+            inputs + outputs,
+            self._run_async,
+            lambda: self.batch_observer,
+            max_in_flight=self.options.max_parallel_runs,
         )
 
     async def warmup(self) -> None:

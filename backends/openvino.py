@@ -224,8 +224,14 @@ class OpenVINOBackend:
         )
         log.info("openvino_loaded", deployment=self.name, **self._meta.extra)
         if self.spec.batching is not None:
+            # One batch per infer request: THROUGHPUT's streams run batches side by side.
             self._batcher = batcher_for(
-                self.name, self.spec.batching, inputs + outputs, self._run_async, lambda: self.batch_observer
+                self.name,
+                self.spec.batching,
+                inputs + outputs,
+                self._run_async,
+                lambda: self.batch_observer,
+                max_in_flight=len(queue),
             )
 
     def _property(self, key: str, default: Any) -> Any:

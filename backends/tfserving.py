@@ -144,6 +144,8 @@ class TFServingOptions(SpecBase):
     max_message_bytes: int = 64 * 1024 * 1024
     #: gRPC channels (one TCP connection each) requests are spread over
     channels: int = 1
+    #: with batching: merged batches sent at the same time (the server runs Predicts in parallel)
+    parallel_batches: int = 2
 
     def __post_init__(self) -> None:
         if self.version is not None and self.version_label is not None:
@@ -152,6 +154,8 @@ class TFServingOptions(SpecBase):
             raise ValueError("version must be >= 1")
         if self.channels < 1:
             raise ValueError("channels must be >= 1")
+        if self.parallel_batches < 1:
+            raise ValueError("parallel_batches must be >= 1")
         if self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be >= 4096")
 
@@ -340,7 +344,12 @@ class TFServingBackend:
         log.info("tfserving_loaded", deployment=self.name, **self._meta.extra, version=version)
         if self.spec.batching is not None:
             self._batcher = batcher_for(
-                self.name, self.spec.batching, inputs + outputs, self._run_async, lambda: self.batch_observer
+                self.name,
+                self.spec.batching,
+                inputs + outputs,
+                self._run_async,
+                lambda: self.batch_observer,
+                max_in_flight=self.options.parallel_batches,
             )
 
     async def _call(self, method: str, request: Any) -> Any:

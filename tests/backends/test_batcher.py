@@ -91,3 +91,78 @@ async def test_cancelled_request_is_dropped():
     np.testing.assert_array_equal(result["y"], np.full((1, 1), 2.0))
     assert run.batches == [1]
     await batcher.close()
+
+
+class Overlap:
+    """A slow real computation that records how many runs overlapped at most."""
+
+    def __init__(self, delay_s: float = 0.02, poison: float | None = None) -> None:
+        self.delay_s = delay_s
+        self.poison = poison
+        self.running = 0
+        self.most = 0
+        self.batches: list[int] = []
+
+    async def __call__(self, inputs, outputs):  # type: ignore[no-untyped-def]
+        x = inputs["x"]
+        self.batches.append(x.shape[0])
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(self.delay_s)
+            if self.poison is not None and (x == self.poison).any():
+                raise ValueError("poisoned row")
+            return {"y": x + 1}
+        finally:
+            self.running -= 1
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+async def test_batches_in_flight_never_exceed_the_slots(slots: int) -> None:
+    run = Overlap()
+    batcher = DynamicBatcher(run, max_batch_size=1, max_delay_ms=0, max_queue=100, max_in_flight=slots)
+    xs = [np.full((1, 2), i, np.float32) for i in range(9)]
+    results = await asyncio.gather(*(batcher.submit({"x": x}, None) for x in xs))
+    for x, r in zip(xs, results, strict=True):
+        np.testing.assert_array_equal(r["y"], x + 1)
+    assert run.most == slots
+    assert batcher.in_flight == 0
+    await batcher.close()
+
+
+async def test_requests_arriving_while_every_slot_is_busy_merge_into_the_next_batch() -> None:
+    run = Overlap(delay_s=0.03)
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=0, max_queue=100, max_in_flight=2)
+    first = [asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 2), np.float32)}, None))]
+    await asyncio.sleep(0.005)
+    first.append(asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 5), np.float32)}, None)))
+    await asyncio.sleep(0.005)  # both slots busy now
+    later = [batcher.submit({"x": np.full((1, 2), i, np.float32)}, None) for i in range(6)]
+    await asyncio.gather(*first, *later)
+    assert run.batches == [1, 1, 6]
+    await batcher.close()
+
+
+async def test_a_failing_batch_does_not_fail_its_mates_or_the_other_slots() -> None:
+    run = Overlap(delay_s=0.01, poison=-1.0)
+    batcher = DynamicBatcher(run, max_batch_size=4, max_delay_ms=5, max_queue=100, max_in_flight=2)
+    xs = [np.full((1, 2), float(i), np.float32) for i in range(11)] + [np.full((1, 2), -1.0, np.float32)]
+    results = await asyncio.gather(*(batcher.submit({"x": x}, None) for x in xs), return_exceptions=True)
+    for x, r in zip(xs[:-1], results[:-1], strict=True):
+        np.testing.assert_array_equal(r["y"], x + 1)
+    assert isinstance(results[-1], ValueError)
+    assert run.most == 2
+    await batcher.close()
+
+
+async def test_close_answers_callers_of_running_batches() -> None:
+    run = Overlap(delay_s=5.0)
+    batcher = DynamicBatcher(run, max_batch_size=1, max_delay_ms=0, max_queue=100, max_in_flight=2)
+    calls = [
+        asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}, None)) for _ in range(3)
+    ]
+    await asyncio.sleep(0.01)
+    assert batcher.in_flight == 2 and batcher.depth == 1
+    await batcher.close()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, BackendUnavailable) for r in results)
