@@ -13,6 +13,7 @@ import httpx
 
 from gateway.app import create_app
 from gateway.config import load_config
+from router.hashing import bucket_of, pick_weighted
 from tests.conftest import ADMIN_KEY, create_key
 from tests.servers import free_port, serve_app
 
@@ -104,3 +105,58 @@ def test_sighup_reloads_a_running_server(tmp_path, digits):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _split_config(model: Path, weight_a: int) -> str:
+    return f"""
+state: {{url: "memory://"}}
+tenants: {{t: {{limits: {{requests_per_minute: 100000}}}}}}
+deployments:
+  a: {{backend: onnxruntime, model: {model}}}
+  b: {{backend: onnxruntime, model: {model}}}
+models:
+  digits:
+    routes: [{{deployment: a, weight: {weight_a}}}, {{deployment: b, weight: {100 - weight_a}}}]
+    sticky: header:x-user
+"""
+
+
+def test_reload_that_changes_weights_keeps_every_user_whose_bucket_did_not_move(tmp_path, digits):
+    """90/10 -> 80/20 through POST /admin/reload: users keep their deployment unless their bucket
+    lies in the slice that changed hands (then they move a -> b, never the other way)."""
+    path = tmp_path / "gw.yaml"
+    path.write_text(_split_config(digits.onnx_path, 90))
+    users = [f"user-{i}" for i in range(400)]
+    with serve_app(create_app(load_config(path), config_path=path)) as url:
+        key = create_key(url, "t")
+
+        def served() -> dict[str, str]:
+            out = {}
+            with httpx.Client(headers={"Authorization": f"Bearer {key}"}) as client:
+                for user in users:
+                    r = client.post(
+                        f"{url}/v1/models/digits:predict",
+                        json={"instances": [[0.0] * 64]},
+                        headers={"x-user": user},
+                    )
+                    assert r.status_code == 200, r.text
+                    out[user] = r.headers["x-fleetgate-deployment"].split(";")[0]
+            return out
+
+        before = served()
+        path.write_text(_split_config(digits.onnx_path, 80))
+        assert httpx.post(f"{url}/admin/reload", headers=ADMIN).status_code == 200
+        after = served()
+    for user in users:
+        bucket = bucket_of("digits", user)
+        assert before[user] == "ab"[pick_weighted([90, 10], bucket)]
+        assert after[user] == "ab"[pick_weighted([80, 20], bucket)]
+    moved = [u for u in users if before[u] != after[u]]
+    assert all(before[u] == "a" and after[u] == "b" for u in moved)
+    assert 0.04 < len(moved) / len(users) < 0.16
+    kept = [
+        u
+        for u in users
+        if pick_weighted([90, 10], bucket_of("digits", u)) == pick_weighted([80, 20], bucket_of("digits", u))
+    ]
+    assert all(before[u] == after[u] for u in kept) and len(kept) + len(moved) == len(users)
