@@ -132,6 +132,9 @@ def _check_model(model: str, spec: ModelConfig, names: Mapping[str, object]) -> 
     total = sum(r.weight for r in spec.routes)
     if len(spec.routes) > 1 and abs(total - WEIGHT_TOTAL) > 1e-6:
         raise ConfigError(f"route weights add up to {total:g}, not {WEIGHT_TOTAL:g} - at `{base}.routes`")
+    canaries = spec.canaries()
+    if canaries and all(r.deployment in canaries for r in spec.routes if r.weight > 0):
+        raise ConfigError(f"a canary needs a baseline route (one that is not a canary) - at `{base}.routes`")
     for label, version in spec.labels.items():
         if version not in spec.versions:
             raise ConfigError(f"label points to unknown version {version!r} - at `{base}.labels.{label}`")

@@ -134,3 +134,33 @@ def test_rollback_moves_only_the_canarys_users():
     assert all("c" not in router.plan("m", principal=u).fallbacks for u in users[:50])
     monitor.restore("m", "c")
     assert [router.plan("m", principal=u).primary for u in users] == before
+
+
+def test_config_shapes(tmp_path):
+    from gateway.config import ConfigError, parse_config
+
+    def config(routes: str) -> str:
+        return f"""
+state: {{url: "memory://"}}
+deployments:
+  a: {{backend: remote, url: "http://x", protocol: kserve_v2}}
+  c: {{backend: remote, url: "http://y", protocol: kserve_v2}}
+models:
+  m: {{routes: {routes}}}
+breakers: {{failure_threshold: 2, cooldown_s: 0.5}}
+"""
+
+    parsed = parse_config(
+        config("[{deployment: a, weight: 90}, {deployment: c, weight: 10, canary: {window_s: 5}}]"),
+        base_dir=tmp_path,
+    )
+    assert parsed.models["m"].canaries()["c"].window_s == 5 and parsed.breakers.cooldown_s == 0.5
+    with pytest.raises(ConfigError, match=r"a canary needs a baseline route .* - at `\$.models.m.routes`"):
+        parse_config(config("[{deployment: c, canary: true}]"), base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="max_latency_ratio must be > 1"):
+        parse_config(
+            config(
+                "[{deployment: a, weight: 90}, {deployment: c, weight: 10, canary: {max_latency_ratio: 1}}]"
+            ),
+            base_dir=tmp_path,
+        )
