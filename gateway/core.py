@@ -19,7 +19,7 @@ from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput, Mo
 from gateway import metrics
 from gateway.config import Config
 from gateway.deployments import Deployment
-from gateway.outcomes import DEPLOYMENT_FAULTS, Outcomes
+from gateway.outcomes import Outcomes
 from gateway.shadowing import Shadows
 from policies.admission import Admission, Reservation
 from policies.errors import PolicyError, Unauthenticated
@@ -33,7 +33,6 @@ log = structlog.get_logger(__name__)
 
 #: errors after which the next deployment of the plan is tried (nothing was sent to the caller yet)
 RETRYABLE = (BackendUnavailable, BackendTimeout)
-__all__ = ["DEPLOYMENT_FAULTS", "RETRYABLE", "GatewayCore", "Served", "extract_key"]
 
 
 @dataclass
