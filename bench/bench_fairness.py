@@ -13,7 +13,7 @@ and the noisy tenant's flood (about 5x their demand) saturates it. Two modes:
 - `raw`: CPU-bound, capacity is whatever the cores give (sized by a calibration under load).
 
 Runs, in one process and one sitting: the trace without the noisy tenant ("noflood", FCFS), then
-the full trace with FCFS, VTC and DRR. Reports per tenant p50/p99 latency and throughput, the Jain
+the full trace with FCFS, VTC, VTC with a burst credit (`vtc_burst`) and DRR. Reports per tenant p50/p99 latency and throughput, the Jain
 fairness index per 1 s window, the quiet tenants' p99 during the flood against the no-flood run,
 and total throughput against FCFS. Writes `bench/results/fairness.json` and `fairness.png`.
 
@@ -68,14 +68,27 @@ Serve = Callable[[str, int, int], Awaitable[float | None]]
 # --- the model -------------------------------------------------------------------------------
 
 
-def build_model(path: Path, layers: int, tokens: int, seed: int = 0) -> None:
+def build_model(path: Path, layers: int, tokens: int, seed: int = 0, *, expand: bool = False) -> None:
     """An MLP applied to every token of every row: X[N, T, D] -> layers x (MatMul, Add, Relu) ->
-    mean over T -> MatMul -> Y[N, 10]. Weights are small (cache-resident), so time grows with rows."""
+    mean over T -> MatMul -> Y[N, 10]. Weights are small (cache-resident), so time grows with rows.
+
+    With `expand`, the input is `input[N, D]` and the model makes the T tokens itself (row plus a
+    per-token constant), so a request over HTTP carries D floats per row instead of T x D."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     inits, nodes, prev = [], [], "X"
+    if expand:
+        positions = rng.standard_normal((tokens, DIM)).astype(np.float32)
+        inits += [
+            numpy_helper.from_array(positions, "Pos"),
+            numpy_helper.from_array(np.array([1], np.int64), "Axis1"),
+        ]
+        nodes += [
+            helper.make_node("Unsqueeze", ["input", "Axis1"], ["U"]),  # [N, 1, D]
+            helper.make_node("Add", ["U", "Pos"], ["X"]),  # [N, T, D]
+        ]
     for i in range(layers):
         w = (rng.standard_normal((DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
         b = np.zeros(DIM, np.float32)
@@ -95,7 +108,11 @@ def build_model(path: Path, layers: int, tokens: int, seed: int = 0) -> None:
     graph = helper.make_graph(
         nodes,
         "fair_mlp",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", tokens, DIM])],
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", DIM])
+            if expand
+            else helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", tokens, DIM])
+        ],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", OUT_DIM])],
         inits,
     )
@@ -244,10 +261,16 @@ async def replay(trace: list[TraceRequest], serve: Serve, scale: float) -> list[
     return records
 
 
+def queue_spec(name: str, workers: int, vtc_burst: float) -> QueueSpec:
+    """The queue of a run: a policy name, or `vtc_burst` (VTC with a bounded burst credit)."""
+    if name == "vtc_burst":
+        return QueueSpec(policy="vtc", max_concurrency=workers, vtc_burst=vtc_burst)
+    return QueueSpec(policy=name, max_concurrency=workers)  # type: ignore[arg-type]
+
+
 async def run_policy(
-    policy: str, trace: list[TraceRequest], infer: Infer, workers: int, scale: float
+    spec: QueueSpec, trace: list[TraceRequest], infer: Infer, workers: int, scale: float
 ) -> list[Record]:
-    spec = QueueSpec(policy=policy, max_concurrency=workers)  # type: ignore[arg-type]
     fq = FairQueue(spec, weights={})
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ort") as executor:
         return await replay(trace, local_server(fq, infer, executor), scale)
@@ -275,31 +298,38 @@ def pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def max_min_fair(demand: dict[str, float], capacity: float) -> dict[str, float]:
-    """Water-filling: each tenant gets min(demand, level), the level chosen to use `capacity`."""
-    fair, left, todo = {}, capacity, sorted(demand, key=demand.get)
+def max_min_fair(
+    demand: dict[str, float], capacity: float, weights: dict[str, float] | None = None
+) -> dict[str, float]:
+    """Weighted water-filling: each tenant gets min(demand, level x weight), the level chosen to
+    use `capacity` (tenants not in `weights` weigh 1)."""
+    w = {t: (weights or {}).get(t, 1.0) for t in demand}
+    fair, left, todo = {}, capacity, sorted(demand, key=lambda t: demand[t] / w[t])
     while todo:
-        level = left / len(todo)
+        level = left / sum(w[t] for t in todo)
         tenant = todo[0]
-        if demand[tenant] <= level:
+        if demand[tenant] <= level * w[tenant]:
             fair[tenant] = demand[tenant]
             left -= demand[tenant]
             todo.pop(0)
         else:
             for t in todo:
-                fair[t] = level
+                fair[t] = level * w[t]
             break
     return fair
 
 
-def jain_windows(records: list[Record], window_s: float = 1.0) -> list[dict]:
+def jain_windows(
+    records: list[Record], window_s: float = 1.0, weights: dict[str, float] | None = None
+) -> list[dict]:
     """Jain's index per window over x_i = service_i / maxmin_fair_i (Jain 1984, normalized form).
 
     Service is the rows a tenant had answered in the window. Its demand is the rows of its requests
     outstanding at some moment of the window (arrived before the window ends, not answered or
     refused before it starts); the fair share splits the service the deployment delivered in the
-    window max-min over those demands. A tenant that asks for less than an equal split is owed
-    only what it asks, so x_i = 1 for everyone is perfectly fair, whether or not it is backlogged.
+    window max-min (weighted by `weights`) over those demands. A tenant that asks for less than its
+    split is owed only what it asks, so x_i = 1 for everyone is perfectly fair, whether or not it
+    is backlogged.
     """
     end = max(r.done for r in records)
     out = []
@@ -315,7 +345,7 @@ def jain_windows(records: list[Record], window_s: float = 1.0) -> list[dict]:
         capacity = sum(served.values())
         if capacity <= 0:
             continue
-        fair = max_min_fair(demand, capacity)
+        fair = max_min_fair(demand, capacity, weights)
         x = [served.get(t, 0.0) / fair[t] for t in demand if fair[t] > 0]
         jain = sum(x) ** 2 / (len(x) * sum(v * v for v in x)) if any(x) else 0.0
         contended = sum(demand.values()) > 1.5 * capacity  # a queue, not just in-flight work
@@ -323,7 +353,9 @@ def jain_windows(records: list[Record], window_s: float = 1.0) -> list[dict]:
     return out
 
 
-def summarize_run(records: list[Record], flood: tuple[float, float], policy: str) -> dict:
+def summarize_run(
+    records: list[Record], flood: tuple[float, float], policy: str, weights: dict[str, float] | None = None
+) -> dict:
     """Per-tenant latency and throughput, Jain per window, totals over the flood window."""
     duration = max(r.done for r in records)
     tenants = {}
@@ -343,7 +375,7 @@ def summarize_run(records: list[Record], flood: tuple[float, float], policy: str
             "flood_throughput_rows_s": sum(r.rows for r in ok if flood[0] <= r.done < flood[1])
             / (flood[1] - flood[0]),
         }
-    windows = jain_windows(records)
+    windows = jain_windows(records, weights=weights)
     in_flood = [w["jain"] for w in windows if flood[0] <= w["t"] and w["t"] + 1 <= flood[1]]
     return {
         "policy": policy,
@@ -420,7 +452,7 @@ def plot(records: dict[str, list[Record]], flood: tuple[float, float], path: Pat
 
     names = list(records)
     fig, axes = plt.subplots(2, len(names), figsize=(4.2 * len(names), 6.5), sharex=True, squeeze=False)
-    colors = {"alpha": "tab:blue", "beta": "tab:green", "noisy": "tab:red"}
+    colors = {"alpha": "tab:blue", "beta": "tab:green", "noisy": "tab:red", "heavy": "tab:purple"}
     bin_s = 0.5
     for col, name in enumerate(names):
         recs = records[name]
@@ -501,7 +533,10 @@ def main() -> None:
         "--quiet-utilization", type=float, default=0.3, help="share of capacity the quiet tenants use"
     )
     parser.add_argument("--compute-fraction", type=float, default=0.1, help="paced: compute / paced time")
-    parser.add_argument("--policies", default="fcfs,vtc,drr")
+    parser.add_argument("--policies", default="fcfs,vtc,vtc_burst,drr", help="vtc_burst: VTC + burst credit")
+    parser.add_argument(
+        "--vtc-burst", type=float, default=32.0, help="burst credit in rows (default workers x 8 rows)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of all runs")
     parser.add_argument("--until", type=float, default=None, help="replay only t < UNTIL (smoke runs)")
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/fairness[_raw]")
@@ -528,7 +563,8 @@ def main() -> None:
         for name, policy, requests in plan:
             started, cpu_started = time.monotonic(), time.process_time()
             overruns_before = len(infer.overruns) if isinstance(infer, Paced) else 0
-            records[name] = asyncio.run(run_policy(policy, requests, infer, args.workers, args.time_scale))
+            spec = queue_spec(policy, args.workers, args.vtc_burst)
+            records[name] = asyncio.run(run_policy(spec, requests, infer, args.workers, args.time_scale))
             runs[name] = summarize_run(records[name], flood_window, policy)
             # CPU this process got (all threads): on a shared machine it explains throughput swings
             wall, cpu = time.monotonic() - started, time.process_time() - cpu_started
@@ -559,7 +595,7 @@ def main() -> None:
             "quiet_utilization": args.quiet_utilization,
             "quiet_demand_rows_s": quiet_rows_s,
             "flood_window_s": flood_window,
-            "queue": {"max_queue_per_tenant": 256, "max_queue_total": 4096},
+            "queue": {"max_queue_per_tenant": 256, "max_queue_total": 4096, "vtc_burst": args.vtc_burst},
             "model": model_info,
         },
         "summary_median_of_rounds": median_summary(per_round),

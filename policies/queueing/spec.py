@@ -25,6 +25,10 @@ class QueueSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
             deadline; None waits forever.
         drr_quantum: cost units a tenant's deficit grows by per round (times its weight) under
             `drr`; set it near the cost of a typical request.
+        vtc_burst: under `vtc`, cost units of unused share a tenant that returns from idle may
+            keep (a token bucket refilled at its fair share); 0 is the paper's lift to the
+            minimum. About `max_concurrency` x a typical request's cost lets a quiet tenant's
+            short burst through ahead of a flood; a newcomer's lead grows by at most this much.
     """
 
     policy: PolicyName = "vtc"
@@ -33,6 +37,7 @@ class QueueSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     max_queue_total: int = 4096
     default_deadline_s: float | None = None
     drr_quantum: float = 16.0
+    vtc_burst: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -49,3 +54,5 @@ class QueueSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
             raise ValueError("default_deadline_s must be a finite number > 0 (or null)")
         if not (math.isfinite(self.drr_quantum) and self.drr_quantum > 0):
             raise ValueError("drr_quantum must be a finite number > 0")
+        if not (math.isfinite(self.vtc_burst) and self.vtc_burst >= 0):
+            raise ValueError("vtc_burst must be a finite number >= 0")

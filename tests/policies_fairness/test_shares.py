@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
+import msgspec
 import pytest
 
 from policies.fair_queue import FairQueue, QueueSpec, Ticket
@@ -121,3 +122,48 @@ async def test_lift_applies_when_queue_was_empty(clock: FakeClock) -> None:
     served = await sim.run(arrivals)
     since = min(t.dispatch_seq for t in served if t.tenant == "c")
     assert max_lead(served, "c", since, rivals=("a",)) <= 2 * MAX_COST
+
+
+async def credit_run(clock: FakeClock, burst: float, idle_s: float) -> tuple[list[Ticket], int]:
+    """a and b flood; c sends a little early, goes idle for `idle_s`, then floods too."""
+    spec = msgspec.structs.replace(big_spec("vtc", concurrency=2), vtc_burst=burst)
+    fq = FairQueue(spec, weights={}, clock=clock)
+    arrivals = backlog({"a": 1200, "b": 1200}, seed=2) + backlog({"c": 5}, seed=3)
+    arrivals += backlog({"c": 600}, seed=4, at=idle_s)
+    start = clock.now
+    served = await Sim(fq, clock).run(arrivals)
+    first_new = min(t.dispatch_seq for t in served if t.tenant == "c" and t.enqueued_at >= start + idle_s)
+    return served, first_new
+
+
+@pytest.mark.parametrize("burst", [24.0, 64.0])
+async def test_vtc_burst_credit_is_used_and_bounded(clock: FakeClock, burst: float) -> None:
+    served, since = await credit_run(clock, burst, idle_s=30.0)
+    lead = max_lead(served, "c", since)
+    # the credit is really spent (beyond what plain VTC allows) and never more than granted
+    assert 2 * MAX_COST < lead <= burst + 2 * MAX_COST
+    # after the credit is spent, c gets its plain third again
+    tail = [t for t in served if since + 100 <= t.dispatch_seq < since + 700]
+    share_c = sum(t.cost for t in tail if t.tenant == "c") / sum(t.cost for t in tail)
+    assert share_c == pytest.approx(1 / 3, abs=0.05)
+
+
+async def test_vtc_burst_credit_refills_only_while_idle(clock: FakeClock) -> None:
+    """Idle for about one request's worth of time, c has almost no credit to spend."""
+    served, since = await credit_run(clock, burst=64.0, idle_s=0.3)
+    assert max_lead(served, "c", since) <= 2 * MAX_COST + 8.0
+
+
+@pytest.mark.parametrize(("burst", "quiet_in_a_row"), [(0.0, 1), (12.0, 3)])
+async def test_vtc_burst_lets_a_quiet_burst_through_ahead_of_a_flood(
+    clock: FakeClock, burst: float, quiet_in_a_row: int
+) -> None:
+    spec = msgspec.structs.replace(big_spec("vtc", concurrency=1), vtc_burst=burst)
+    fq = FairQueue(spec, weights={}, clock=clock)
+    # noisy floods alone for 2 s, then quiet sends 3 requests at once
+    arrivals = [(0.0, "noisy", 4.0)] * 200 + [(2.0, "quiet", 4.0)] * 3
+    served = await Sim(fq, clock).run(arrivals)
+    order = "".join("q" if t.tenant == "quiet" else "n" for t in served)
+    first = order.index("q")
+    assert order[first : first + quiet_in_a_row] == "q" * quiet_in_a_row
+    assert order[first + quiet_in_a_row] == "n"

@@ -16,7 +16,7 @@ def test_defaults() -> None:
         256,
         4096,
     )
-    assert spec.default_deadline_s is None and spec.drr_quantum > 0
+    assert spec.default_deadline_s is None and spec.drr_quantum > 0 and spec.vtc_burst == 0.0
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,8 @@ def test_defaults() -> None:
         ({"default_deadline_s": 0.0}, "default_deadline_s"),
         ({"drr_quantum": -1.0}, "drr_quantum"),
         ({"drr_quantum": float("nan")}, "drr_quantum"),
+        ({"vtc_burst": -1.0}, "vtc_burst"),
+        ({"vtc_burst": float("inf")}, "vtc_burst"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs: dict, field: str) -> None:
