@@ -1,14 +1,4 @@
-"""TensorFlow Serving adapter: the PredictionService gRPC API (`Predict`, `GetModelMetadata`).
-
-The model's `signature_def` becomes v2 metadata (the signature's input and output keys are the
-tensor names callers use), so requests are validated here before they travel. Tensors cross the
-wire as TensorProtos built by hand from numpy (`tensor_content` for numbers, `string_val` for
-BYTES): TensorFlow itself is never called in the gateway, only its generated protobuf modules.
-
-gRPC status codes map to gateway errors: NOT_FOUND -> ModelNotFound (404), INVALID_ARGUMENT ->
-InvalidInput (400), UNAVAILABLE -> BackendUnavailable (503, the router may fall back),
-DEADLINE_EXCEEDED -> BackendTimeout (504), anything else -> BackendInternalError (500).
-"""
+"""The TF Serving backend: pooled gRPC channels, metadata from the signature, Predict with deadlines."""
 
 from __future__ import annotations
 
@@ -16,192 +6,25 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-import msgspec
-import numpy as np
 import structlog
 
 from backends.base import (
-    V2_TO_NUMPY,
     Capability,
     GenerateRequest,
     ModelMetadata,
     Tensor,
     TensorRequest,
     TensorResponse,
-    TensorSpec,
 )
 from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
-from backends.errors import (
-    BackendError,
-    BackendInternalError,
-    BackendTimeout,
-    BackendUnavailable,
-    InvalidInput,
-    ModelNotFound,
-)
-from backends.lazy import require
-from backends.spec import DeploymentSpec, SpecBase
+from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
+from backends.spec import DeploymentSpec
+from backends.tfserving.options import TFServingOptions
+from backends.tfserving.rpc import load_apis, map_rpc_error
+from backends.tfserving.tensors import from_tensor_proto, signature_spec, to_tensor_proto, zeros_for
 from backends.validation import validate_request
 
 log = structlog.get_logger(__name__)
-
-# --- TensorProto <-> numpy -------------------------------------------------------------------------
-
-#: TensorFlow DataType enum value (tensorflow/core/framework/types.proto, wire-stable) -> v2 datatype
-DT_TO_V2: dict[int, str] = {
-    1: "FP32",  # DT_FLOAT
-    2: "FP64",  # DT_DOUBLE
-    3: "INT32",  # DT_INT32
-    4: "UINT8",  # DT_UINT8
-    5: "INT16",  # DT_INT16
-    6: "INT8",  # DT_INT8
-    7: "BYTES",  # DT_STRING
-    9: "INT64",  # DT_INT64
-    10: "BOOL",  # DT_BOOL
-    17: "UINT16",  # DT_UINT16
-    19: "FP16",  # DT_HALF
-    22: "UINT32",  # DT_UINT32
-    23: "UINT64",  # DT_UINT64
-}
-V2_TO_DT: dict[str, int] = {v: k for k, v in DT_TO_V2.items()}
-
-#: the repeated field a TensorProto uses when it carries values without `tensor_content`
-_VALUE_FIELD = {
-    "FP32": "float_val",
-    "FP64": "double_val",
-    "INT32": "int_val",
-    "INT16": "int_val",
-    "INT8": "int_val",
-    "UINT8": "int_val",
-    "UINT16": "int_val",
-    "INT64": "int64_val",
-    "BOOL": "bool_val",
-    "FP16": "half_val",  # the float16 bit patterns as ints
-    "UINT32": "uint32_val",
-    "UINT64": "uint64_val",
-}
-
-
-def to_tensor_proto(tensor_pb2: Any, array: np.ndarray, datatype: str) -> Any:
-    """A numpy array as a TensorProto: raw little-endian bytes, or `string_val` for BYTES."""
-    proto = tensor_pb2.TensorProto(dtype=V2_TO_DT[datatype])
-    for size in array.shape:
-        proto.tensor_shape.dim.add(size=int(size))
-    if datatype == "BYTES":
-        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.ravel())
-    else:
-        little = V2_TO_NUMPY[datatype].newbyteorder("<")
-        proto.tensor_content = np.ascontiguousarray(array, dtype=little).tobytes()
-    return proto
-
-
-def from_tensor_proto(proto: Any) -> np.ndarray:
-    """A TensorProto as a numpy array, whichever of its encodings the server chose.
-
-    Raises:
-        ValueError: an unsupported dtype or a value count that does not fit the shape.
-    """
-    datatype = DT_TO_V2.get(proto.dtype)
-    if datatype is None:
-        raise ValueError(f"unsupported TensorFlow dtype {proto.dtype}")
-    shape = tuple(int(d.size) for d in proto.tensor_shape.dim)
-    count = int(np.prod(shape, dtype=np.int64))
-    dtype = V2_TO_NUMPY[datatype]
-    if datatype != "BYTES" and proto.tensor_content:
-        flat = np.frombuffer(proto.tensor_content, dtype=dtype.newbyteorder("<")).astype(dtype)
-    elif datatype == "BYTES":
-        flat = np.empty(len(proto.string_val), dtype=object)
-        flat[:] = list(proto.string_val)
-    elif datatype == "FP16":
-        flat = np.asarray(proto.half_val, dtype=np.uint16).view(np.float16)
-    else:
-        flat = np.asarray(getattr(proto, _VALUE_FIELD[datatype]), dtype=dtype)
-    if flat.size != count:
-        # TensorFlow's own encoding may shorten a tensor whose trailing values repeat the last one.
-        if flat.size == 0 or flat.size > count or datatype != "BYTES" and proto.tensor_content:
-            raise ValueError(f"tensor holds {flat.size} values, shape {list(shape)} needs {count}")
-        flat = np.concatenate([flat, np.repeat(flat[-1:], count - flat.size)])
-    return flat.reshape(shape)
-
-
-def zeros_for(spec: TensorSpec) -> np.ndarray:
-    """A zero tensor matching a spec, with dynamic dimensions set to 1 (for warm-up)."""
-    shape = tuple(1 if d == -1 else d for d in spec.shape)
-    if spec.datatype == "BYTES":
-        return np.full(shape, b"", dtype=object)
-    return np.zeros(shape, V2_TO_NUMPY[spec.datatype])
-
-
-class TFServingOptions(SpecBase):
-    """`options:` of a tfserving deployment."""
-
-    #: pin a model version (default: the server's latest); exclusive with `version_label`
-    version: int | None = None
-    #: a version label such as "stable" or "canary"
-    version_label: str | None = None
-    signature_name: str = "serving_default"
-    #: largest gRPC message sent or received
-    max_message_bytes: int = 64 * 1024 * 1024
-    #: gRPC channels (one TCP connection each) requests are spread over
-    channels: int = 1
-    #: with batching: merged batches sent at the same time (the server runs Predicts in parallel)
-    parallel_batches: int = 2
-
-    def __post_init__(self) -> None:
-        if self.version is not None and self.version_label is not None:
-            raise ValueError("set either version or version_label, not both")
-        if self.version is not None and self.version < 1:
-            raise ValueError("version must be >= 1")
-        if self.channels < 1:
-            raise ValueError("channels must be >= 1")
-        if self.parallel_batches < 1:
-            raise ValueError("parallel_batches must be >= 1")
-        if self.max_message_bytes < 4096:
-            raise ValueError("max_message_bytes must be >= 4096")
-
-
-def _load_apis() -> SimpleNamespace:
-    """Import gRPC and the TF Serving protos (seconds: they import TensorFlow's python package)."""
-    grpc = require("grpc", extra="tfserving")
-    require("grpc.aio", extra="tfserving")
-    apis = "tensorflow_serving.apis."
-    return SimpleNamespace(
-        grpc=grpc,
-        predict=require(apis + "predict_pb2", extra="tfserving"),
-        metadata=require(apis + "get_model_metadata_pb2", extra="tfserving"),
-        service=require(apis + "prediction_service_pb2_grpc", extra="tfserving"),
-        tensor=require("tensorflow.core.framework.tensor_pb2", extra="tfserving"),
-    )
-
-
-def map_rpc_error(exc: Any, what: str) -> BackendError:
-    """Translate a grpc.aio.AioRpcError into the gateway error for its status code."""
-    code = exc.code()
-    name = getattr(code, "name", str(code))
-    details = (exc.details() or "").strip().splitlines()
-    text = f"{what}: {name}: {details[0][:300] if details else 'no details'}"
-    if name == "NOT_FOUND":
-        return ModelNotFound(text)
-    if name == "INVALID_ARGUMENT":
-        return InvalidInput(text)
-    if name == "UNAVAILABLE":
-        return BackendUnavailable(text)
-    if name == "DEADLINE_EXCEEDED":
-        return BackendTimeout(text)
-    return BackendInternalError(text)
-
-
-def _spec_of(key: str, info: Any) -> TensorSpec:
-    datatype = DT_TO_V2.get(info.dtype)
-    if datatype is None:
-        raise RuntimeError(
-            f"signature tensor {key!r} has TensorFlow dtype {info.dtype}, which the gateway cannot serve"
-        )
-    if info.tensor_shape.unknown_rank:
-        raise RuntimeError(
-            f"signature tensor {key!r} has an unknown rank; export the model with a fixed rank"
-        )
-    return TensorSpec(name=key, datatype=datatype, shape=tuple(int(d.size) for d in info.tensor_shape.dim))
 
 
 class TFServingBackend:
@@ -268,7 +91,7 @@ class TFServingBackend:
             ModelNotFound: the server has no such model, version or label.
             RuntimeError: the signature is missing or cannot be served.
         """
-        apis = self._apis = await asyncio.to_thread(_load_apis)
+        apis = self._apis = await asyncio.to_thread(load_apis)
         size = self.options.max_message_bytes
         channel_options = [
             ("grpc.max_send_message_length", size),
@@ -323,8 +146,8 @@ class TFServingBackend:
                 f"TF Serving model {self.model_name!r} has no signature {signature!r} (it has {known})"
             )
         sig = sig_map.signature_def[signature]
-        inputs = [_spec_of(k, sig.inputs[k]) for k in sorted(sig.inputs)]
-        outputs = [_spec_of(k, sig.outputs[k]) for k in sorted(sig.outputs)]
+        inputs = [signature_spec(k, sig.inputs[k]) for k in sorted(sig.inputs)]
+        outputs = [signature_spec(k, sig.outputs[k]) for k in sorted(sig.outputs)]
         version = str(response.model_spec.version.value) if response.model_spec.HasField("version") else ""
         self._meta = ModelMetadata(
             name=self.name,
@@ -434,25 +257,3 @@ class TFServingBackend:
 
     def generate(self, request: GenerateRequest):  # type: ignore[no-untyped-def]
         raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
-
-
-def create(name: str, spec: DeploymentSpec) -> TFServingBackend:
-    """Validate a deployment for TF Serving; no connection is made until `load()`.
-
-    Raises:
-        ValueError: `target` is not host:port, or an option is invalid.
-    """
-    if not spec.target:
-        raise ValueError(
-            "target: host:port of the TF Serving gRPC endpoint is required for backend tfserving"
-        )
-    host, sep, port = spec.target.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"target: {spec.target!r} is not host:port")
-    if spec.timeout_s <= 0:
-        raise ValueError("timeout_s must be > 0")
-    try:
-        options = msgspec.convert(spec.options, TFServingOptions)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"options: {str(exc).replace('`$', '`options')}") from None
-    return TFServingBackend(name, spec, options)

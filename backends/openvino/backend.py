@@ -1,29 +1,15 @@
-"""OpenVINO adapter: IR (`.xml` + `.bin`) or ONNX files on CPU, GPU, AUTO or HETERO devices.
-
-Inference runs on OpenVINO's own threads through an `AsyncInferQueue` sized from the compiled
-model's OPTIMAL_NUMBER_OF_INFER_REQUESTS. The event loop never blocks: a request is started only
-when the queue has an idle infer request (`start_async` would block otherwise), and OpenVINO's
-completion callback hands the outputs back with `loop.call_soon_threadsafe`.
-
-Precision is f32 unless the config asks for less: on CPUs with bf16 OpenVINO would otherwise
-compute in bf16, which moves probabilities by up to 0.1.
-"""
+"""The OpenVINO backend: compile, then infer through the async infer-request queue from the event loop."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import os
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import msgspec
 import numpy as np
 import structlog
 
 from backends.base import (
-    NUMPY_TO_V2,
     V2_TO_NUMPY,
     Capability,
     GenerateRequest,
@@ -31,120 +17,17 @@ from backends.base import (
     Tensor,
     TensorRequest,
     TensorResponse,
-    TensorSpec,
 )
 from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable, InvalidInput
 from backends.lazy import require
-from backends.spec import DeploymentSpec, SpecBase
+from backends.openvino.options import OpenVINOOptions
+from backends.openvino.ports import one_line, port_spec, read_tensor
+from backends.openvino.slots import Slots
+from backends.spec import DeploymentSpec
 from backends.validation import validate_request
 
 log = structlog.get_logger(__name__)
-
-#: how often a request waiting for an idle infer request re-checks the queue anyway, in case a
-#: completion was missed (OpenVINO does not call the callback of a request that failed)
-_IDLE_POLL_S = 0.05
-
-
-class OpenVINOOptions(SpecBase):
-    """`options:` of an openvino deployment."""
-
-    #: LATENCY (one request at a time, all cores) or THROUGHPUT (several streams in parallel)
-    performance_hint: Literal["LATENCY", "THROUGHPUT"] = "LATENCY"
-    #: compiled-model cache folder: a restart imports the compiled blob instead of compiling
-    cache_dir: str | None = None
-    #: inference precision; lower than f32 is an explicit choice (results change)
-    precision: Literal["f32", "bf16", "f16"] = "f32"
-    #: infer requests in the queue; None = the compiled model's optimal number
-    num_requests: int | None = None
-    #: threads OpenVINO may use (INFERENCE_NUM_THREADS); None = its default. OpenVINO's threads
-    #: busy-wait after each inference, which on a small model costs more CPU than the model itself
-    #: (digits: ~0.15 ms per request): 1 trades that spin for less parallelism inside one request.
-    num_threads: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError("num_requests must be >= 1")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError("num_threads must be >= 1")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    if not text:
-        return type(exc).__name__
-    # OpenVINO messages start with a source path and `Check '...' failed`; the last line says why.
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:300] if len(lines) > 1 else lines[0][:300]
-
-
-def _port_spec(port: Any) -> TensorSpec:
-    """An OpenVINO input/output port as a v2 TensorSpec (-1 for dynamic dimensions)."""
-    name = port.get_any_name()
-    element = port.get_element_type()
-    if element.get_type_name() == "string":
-        datatype = "BYTES"
-    else:
-        datatype = NUMPY_TO_V2.get(np.dtype(element.to_dtype()), "")
-    if not datatype:
-        raise ValueError(
-            f"tensor {name!r} has element type {element.get_type_name()}, which the gateway cannot serve"
-        )
-    shape = port.get_partial_shape()
-    if shape.rank.is_dynamic:
-        raise ValueError(f"tensor {name!r} has a dynamic rank; give the model a fixed rank")
-    dims = tuple(d.get_length() if d.is_static else -1 for d in shape)
-    return TensorSpec(name=name, datatype=datatype, shape=dims)
-
-
-class _Slots:
-    """FIFO-fair count of free infer requests, owned by the event loop.
-
-    A slot is taken before `start_async` and given back when the request's result reaches the
-    loop; a freed slot goes straight to the longest waiter, so no newcomer overtakes it (which
-    would starve waiters and stretch p99).
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.free = size
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    async def acquire(self, idle_in_pool: Callable[[], bool]) -> None:
-        """Take a slot; `idle_in_pool` lets a waiter recover a slot whose completion was lost."""
-        if self.free > 0 and not self._waiters:
-            self.free -= 1
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            while not waiter.done():
-                try:
-                    await asyncio.wait_for(asyncio.shield(waiter), _IDLE_POLL_S)
-                except TimeoutError:
-                    # OpenVINO does not call back for a request that failed inside the runtime:
-                    # if its pool has an idle request nobody holds a slot for, take that one.
-                    if self._waiters[0] is waiter and idle_in_pool():
-                        log.warning("openvino_slot_recovered")
-                        self._waiters.popleft()
-                        return
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # the slot was handed over just as the caller gave up
-            else:
-                waiter.cancel()
-            raise
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-
-    def release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the slot passes directly to the longest waiter
-                return
-        self.free = min(self.size, self.free + 1)
 
 
 class OpenVINOBackend:
@@ -162,7 +45,7 @@ class OpenVINOBackend:
         self._queue: Any = None
         self._meta: ModelMetadata | None = None
         self._batcher: DynamicBatcher | None = None
-        self._slots: _Slots | None = None
+        self._slots: Slots | None = None
         self._warm = False
         #: output name -> port index (reading a tensor by index skips a name lookup)
         self._output_index: dict[str, int] = {}
@@ -206,12 +89,12 @@ class OpenVINOBackend:
         try:
             model = core.read_model(path)
         except Exception as exc:
-            raise RuntimeError(f"cannot read OpenVINO model {path}: {_one_line(exc)}") from None
+            raise RuntimeError(f"cannot read OpenVINO model {path}: {one_line(exc)}") from None
         try:
             compiled = core.compile_model(model, self.device, self._compile_config())
         except Exception as exc:
             raise RuntimeError(
-                f"cannot compile {path} for OpenVINO device {self.device}: {_one_line(exc)}"
+                f"cannot compile {path} for OpenVINO device {self.device}: {one_line(exc)}"
             ) from None
         jobs = self.options.num_requests or 0  # 0 = OPTIMAL_NUMBER_OF_INFER_REQUESTS
         queue = ov.AsyncInferQueue(compiled, jobs)
@@ -220,13 +103,13 @@ class OpenVINOBackend:
     async def load(self) -> None:
         """Read and compile the model off the event loop (compilation takes seconds on big models)."""
         compiled, queue = await asyncio.to_thread(self._compile)
-        inputs = [_port_spec(p) for p in compiled.inputs]
-        outputs = [_port_spec(p) for p in compiled.outputs]
+        inputs = [port_spec(p) for p in compiled.inputs]
+        outputs = [port_spec(p) for p in compiled.outputs]
         queue.set_callback(self._on_done)
         self._compiled, self._queue = compiled, queue
         self._output_index = {s.name: i for i, s in enumerate(outputs)}
         self._all_outputs = tuple(s.name for s in outputs)
-        self._slots = _Slots(len(queue))
+        self._slots = Slots(len(queue))
         self._meta = ModelMetadata(
             name=self.name,
             platform="openvino_onnx" if str(self.spec.model).endswith(".onnx") else "openvino_ir",
@@ -332,7 +215,7 @@ class OpenVINOBackend:
                     self._queue.start_async(feeds, (loop, future, names, indices, feeds), share_inputs=True)
                 except Exception as exc:
                     self._slots.release()  # type: ignore[union-attr]
-                    raise BackendInternalError(f"OpenVINO failed: {_one_line(exc)}") from None
+                    raise BackendInternalError(f"OpenVINO failed: {one_line(exc)}") from None
                 # Not shielded: a caller that gives up cancels the future, and _resolve, which
                 # still frees the slot, skips a future that is already done.
                 return await future
@@ -348,11 +231,11 @@ class OpenVINOBackend:
         try:
             # Copy: the request's output buffers are reused by the next inference.
             result = {
-                name: _read_tensor(request.get_output_tensor(i))
+                name: read_tensor(request.get_output_tensor(i))
                 for name, i in zip(names, indices, strict=True)
             }
         except Exception as exc:
-            result = BackendInternalError(f"OpenVINO failed reading outputs: {_one_line(exc)}")
+            result = BackendInternalError(f"OpenVINO failed reading outputs: {one_line(exc)}")
         loop.call_soon_threadsafe(self._resolve, future, result)
 
     def _resolve(self, future: asyncio.Future, result: Arrays | BaseException) -> None:
@@ -369,31 +252,3 @@ class OpenVINOBackend:
 
     def generate(self, request: GenerateRequest):  # type: ignore[no-untyped-def]
         raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
-
-
-def _read_tensor(tensor: Any) -> np.ndarray:
-    if tensor.get_element_type().get_type_name() == "string":
-        return np.asarray(tensor.bytes_data, dtype=object).reshape(tuple(tensor.get_shape()))
-    return np.array(tensor.data, copy=True)
-
-
-def create(name: str, spec: DeploymentSpec) -> OpenVINOBackend:
-    """Validate a deployment for OpenVINO; nothing heavy happens until `load()`.
-
-    Raises:
-        ValueError: the model file is missing or of an unknown kind, or an option is invalid.
-    """
-    if not spec.model:
-        raise ValueError("model: an OpenVINO IR (.xml) or ONNX (.onnx) file is required for backend openvino")
-    path = Path(spec.model)
-    if path.suffix not in (".xml", ".onnx"):
-        raise ValueError(f"model: {spec.model} must be an OpenVINO IR .xml or an .onnx file")
-    if not path.is_file():
-        raise ValueError(f"model: {spec.model} is not a file")
-    if path.suffix == ".xml" and not path.with_suffix(".bin").is_file():
-        raise ValueError(f"model: {path.with_suffix('.bin')} (the weights of {path.name}) is not a file")
-    try:
-        options = msgspec.convert(spec.options, OpenVINOOptions)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"options: {str(exc).replace('`$', '`options')}") from None
-    return OpenVINOBackend(name, spec, options)

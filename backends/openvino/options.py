@@ -1,0 +1,30 @@
+"""`options:` of an openvino deployment."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from backends.spec import SpecBase
+
+
+class OpenVINOOptions(SpecBase):
+    """`options:` of an openvino deployment."""
+
+    #: LATENCY (one request at a time, all cores) or THROUGHPUT (several streams in parallel)
+    performance_hint: Literal["LATENCY", "THROUGHPUT"] = "LATENCY"
+    #: compiled-model cache folder: a restart imports the compiled blob instead of compiling
+    cache_dir: str | None = None
+    #: inference precision; lower than f32 is an explicit choice (results change)
+    precision: Literal["f32", "bf16", "f16"] = "f32"
+    #: infer requests in the queue; None = the compiled model's optimal number
+    num_requests: int | None = None
+    #: threads OpenVINO may use (INFERENCE_NUM_THREADS); None = its default. OpenVINO's threads
+    #: busy-wait after each inference, which on a small model costs more CPU than the model itself
+    #: (digits: ~0.15 ms per request): 1 trades that spin for less parallelism inside one request.
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError("num_requests must be >= 1")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be >= 1")
