@@ -60,6 +60,10 @@ class OnnxOptions(SpecBase):
     max_parallel_runs: int = 2
     #: ORT_ENABLE_ALL unless disabled
     graph_optimization: bool = True
+    #: let ONNX Runtime's intra-op threads busy-wait for the next parallel section. Off by default:
+    #: between a gateway's requests they would spin on cores the event loop needs (digits, 64 rows
+    #: per request: 1.63 -> 0.81 ms of server CPU per request with spinning off, +40% requests/s)
+    allow_spinning: bool = False
 
 
 def _spec_of(node: Any) -> TensorSpec:
@@ -104,6 +108,9 @@ class OnnxRuntimeBackend:
         wanted = list(self.spec.providers or ["CPUExecutionProvider"])
         opts = ort.SessionOptions()
         opts.log_severity_level = 3  # the provider fallback is reported by us, once, as a log line
+        opts.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if self.options.allow_spinning else "0"
+        )
         if self.options.intra_op_threads:
             opts.intra_op_num_threads = self.options.intra_op_threads
         if not self.options.graph_optimization:
