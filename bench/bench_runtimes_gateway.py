@@ -1,21 +1,25 @@
 """ONNX Runtime and OpenVINO, direct and through the gateway, batched and unbatched, in one run.
 
 Two models, each as ONNX and as OpenVINO IR (f32):
-  - digits: the demo MLP 64-32-10 (`gateway.demo_models.write_digits`), one row per request;
+  - digits: the demo MLP 64-32-10 (`gateway.demo_models.write_digits`): ~5 us per call in ONNX Runtime;
   - cnn: a ResNet-like CNN on 3x64x64 inputs with random weights (~0.85 GFLOP per row), built here.
 Three runtimes per model: onnxruntime (CPU provider), openvino with the LATENCY hint, openvino with the
-THROUGHPUT hint. Three ways to call each, at concurrency 1 and 16, every request one row:
-  - direct: the runtime's own Python API in `c` threads (`session.run`; one infer request per thread
-    on a model compiled with the adapter's hint and f32 precision);
+THROUGHPUT hint. For each batch size B (rows per request: 1, 8, 64) and concurrency c (1, 16):
+  - direct: the runtime's own Python API from c threads, each call on B rows (`session.run`; one
+    infer request per thread on a model compiled with the adapter's hint and f32 precision);
   - gateway unbatched / batched: the v2 `/infer` endpoint of a `fleetgate serve` subprocess, one
-    deployment per runtime/hint, with and without `batching: {max_batch_size: 32, max_delay_ms: 2}`,
-    driven by bench_gateway's keep-alive client with the binary tensor extension.
-For each (model, runtime, concurrency) the three points run back to back, so the ratios gateway/direct
-(target >= 0.9 at the same batch size, one row per request) and batched/unbatched compare like with like
-on a machine whose load changes. The load generator shares the CPU with the server and the runtime.
+    deployment per runtime/hint, with and without `batching: {max_batch_size: 256, max_delay_ms: 2}`,
+    driven by bench_gateway's keep-alive client with the binary tensor extension, B rows per request;
+  - direct at the effective batch size: the batched deployment merges requests, so it is also compared
+    with the runtime called directly on batches of the mean merged size (read from the gateway's
+    `fleetgate_batch_size_rows` metric), from as many threads as the deployment runs batches at once.
+"At the same batch size" thus means rows per runtime call, and throughput is compared in rows/s.
+Each round runs every point once, the four ways back to back; ratios are taken within a round and the
+report gives their median over rounds, so a change in the machine's background load hits both sides.
+CPU per request is split: the gateway process (all its threads) and this load generator.
 
-Writes bench/results/runtimes_gateway.json (+ .png).
-Run: `.venv/bin/python bench/bench_runtimes_gateway.py [--seconds 3]`.
+Writes bench/results/runtimes_gateway.json (+ .png); `--model` runs one model and keeps the other's
+results in the file. Run: `.venv/bin/python bench/bench_runtimes_gateway.py [--model digits] [--rounds 3]`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import threading
@@ -48,7 +53,12 @@ from gateway.demo_models import write_digits  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)
+BATCH_SIZES = (1, 8, 64)
 RUNTIMES = ("onnxruntime", "openvino_latency", "openvino_throughput")
+MODES = ("direct", "gateway_unbatched", "gateway_batched", "direct_at_effective_batch")
+#: ORT runs (and batches) in flight in the gateway: OnnxOptions.max_parallel_runs' default
+ORT_PARALLEL_RUNS = 2
+MAX_BATCH_ROWS = 256
 #: channels of the CNN's three stages: ~0.85 GFLOP per 3x64x64 row, so that compute, not per-request
 #: overhead, dominates (the digits MLP is the other extreme: microseconds per row)
 CNN_WIDTHS = (96, 192, 384)
@@ -114,14 +124,14 @@ def build_cnn(path: Path) -> None:
 
 
 def write_models(tmp: Path) -> dict[str, tuple[Path, Path, np.ndarray]]:
-    """name -> (onnx path, IR xml path, one input row of shape [1, ...])."""
+    """name -> (onnx path, IR xml path, a pool of input rows to slice batches from)."""
     rng = np.random.default_rng(1)
     digits = write_digits(tmp)
     cnn = tmp / "cnn.onnx"
     build_cnn(cnn)
     rows = {
-        "digits": rng.integers(0, 17, (1, 64)).astype(np.float32),
-        "cnn": rng.standard_normal((1, 3, 64, 64), np.float32),
+        "digits": rng.integers(0, 17, (max(BATCH_SIZES) * 4, 64)).astype(np.float32),
+        "cnn": rng.standard_normal((max(BATCH_SIZES) * 4, 3, 64, 64), np.float32),
     }
     onnx_paths = {"digits": digits.onnx_path, "cnn": cnn}
     return {n: (p, write_openvino_ir(p, tmp / f"{n}.xml"), rows[n]) for n, p in onnx_paths.items()}
@@ -130,32 +140,32 @@ def write_models(tmp: Path) -> dict[str, tuple[Path, Path, np.ndarray]]:
 # --- direct --------------------------------------------------------------------------------------
 
 
-def direct_callers(
-    runtime: str, onnx_path: Path, xml: Path, row: np.ndarray
-) -> Callable[[], Callable[[], object]]:
-    """A factory of per-thread callables, each running one inference on `row` with the runtime's own API."""
-    if runtime == "onnxruntime":
-        opts = ort.SessionOptions()
-        session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
-        return lambda: lambda: session.run(None, {"input": row})
-    hint = "LATENCY" if runtime == "openvino_latency" else "THROUGHPUT"
-    # the same compile config as backends/openvino.py with `performance_hint: <hint>` and default precision
-    compiled = ov.Core().compile_model(
-        str(xml), "CPU", {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": "f32"}
-    )
+class Direct:
+    """One runtime called through its own Python API; `caller(batch)` makes a per-thread callable."""
 
-    def per_thread() -> Callable[[], object]:
-        request = compiled.create_infer_request()  # infer requests are not thread-safe: one per thread
-        return lambda: request.infer({0: row})
+    def __init__(self, runtime: str, onnx_path: Path, xml: Path) -> None:
+        self.runtime = runtime
+        if runtime == "onnxruntime":
+            self.session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+            self.slots = ORT_PARALLEL_RUNS
+            return
+        hint = "LATENCY" if runtime == "openvino_latency" else "THROUGHPUT"
+        # the same compile config as backends/openvino.py with `performance_hint: <hint>`
+        self.compiled = ov.Core().compile_model(
+            str(xml), "CPU", {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": "f32"}
+        )
+        self.slots = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
 
-    return per_thread
+    def caller(self, batch: np.ndarray) -> Callable[[], object]:
+        if self.runtime == "onnxruntime":
+            return lambda: self.session.run(None, {"input": batch})
+        request = self.compiled.create_infer_request()  # not thread-safe: one per thread
+        return lambda: request.infer({0: batch}, share_inputs=True)
 
 
-def _threads(
-    factory: Callable[[], Callable[[], object]], concurrency: int, seconds: float
-) -> tuple[list[float], float]:
-    calls = [factory() for _ in range(concurrency)]
-    per_thread: list[list[float]] = [[] for _ in range(concurrency)]
+def _threads(calls: list[Callable[[], object]], seconds: float) -> tuple[list[float], float]:
+    """Closed loop: each thread calls until the deadline; elapsed runs until the last call returns."""
+    per_thread: list[list[float]] = [[] for _ in calls]
     stop = time.perf_counter() + seconds
 
     def worker(call: Callable[[], object], out: list[float]) -> None:
@@ -181,14 +191,17 @@ def process_cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def run_direct(
-    factory: Callable[[], Callable[[], object]], concurrency: int, seconds: float
-) -> dict[str, float]:
-    _threads(factory, concurrency, 0.5)  # warm-up
+def run_direct(direct: Direct, batch: np.ndarray, threads: int, seconds: float) -> dict[str, float]:
+    calls = [direct.caller(batch) for _ in range(threads)]
+    _threads(calls, min(0.3, seconds))  # warm-up
     cpu0 = process_cpu_s()
-    latencies, elapsed = _threads(factory, concurrency, seconds)
-    cpu = process_cpu_s() - cpu0
-    return {**summarize(latencies, elapsed), "cpu_ms_per_request": 1000 * cpu / max(1, len(latencies))}
+    latencies, elapsed = _threads(calls, seconds)
+    n = max(1, len(latencies))
+    return {
+        **summarize(latencies, elapsed),
+        "rows_per_s": len(latencies) * batch.shape[0] / elapsed,
+        "cpu_ms_per_request": 1000 * (process_cpu_s() - cpu0) / n,
+    }
 
 
 # --- through the gateway -------------------------------------------------------------------------
@@ -215,21 +228,38 @@ def gateway_config(port: int, model: str, onnx_path: Path, xml: Path) -> str:
         for batched in (False, True):
             name = deployment_name(model, runtime, batched)
             names.append(name)
-            batching = ", batching: {max_batch_size: 32, max_delay_ms: 2}" if batched else ""
+            batching = f", batching: {{max_batch_size: {MAX_BATCH_ROWS}, max_delay_ms: 2}}" if batched else ""
             lines.append(f"  {name}: {{{body}{batching}, queue: {{max_concurrency: 64}}}}")
     lines.append("models:")
     lines += [f"  {n}: {{routes: [{{deployment: {n}}}]}}" for n in names]
     return "\n".join(lines) + "\n"
 
 
-def run_gateway(pid: int, port: int, request: bytes, concurrency: int, seconds: float) -> dict[str, float]:
+def batch_rows_metric(port: int, deployment: str) -> tuple[float, float]:
+    """(sum, count) of the gateway's `fleetgate_batch_size_rows` histogram for one deployment."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    values = {"sum": 0.0, "count": 0.0}
+    for kind in values:
+        prefix = f'fleetgate_batch_size_rows_{kind}{{deployment="{deployment}"}} '
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                values[kind] = float(line[len(prefix) :])
+    return values["sum"], values["count"]
+
+
+def run_gateway(
+    pid: int, port: int, request: bytes, rows: int, concurrency: int, seconds: float
+) -> dict[str, float]:
     """Closed-loop load on the gateway; also the CPU the server and this load generator spent per request."""
-    asyncio.run(_load(port, request, concurrency, 0.5))  # warm-up (and batcher/threads spun up)
+    asyncio.run(_load(port, request, concurrency, min(0.3, seconds)))  # warm-up
     client0, server0 = process_cpu_s(), process_cpu_s(pid)
     latencies, errors, elapsed = asyncio.run(_load(port, request, concurrency, seconds))
     n = max(1, len(latencies))
     return {
         **summarize(latencies, elapsed),
+        "rows_per_s": len(latencies) * rows / elapsed,
         "errors": len(errors),
         "server_cpu_ms_per_request": 1000 * (process_cpu_s(pid) - server0) / n,
         "client_cpu_ms_per_request": 1000 * (process_cpu_s() - client0) / n,
@@ -239,51 +269,108 @@ def run_gateway(pid: int, port: int, request: bytes, concurrency: int, seconds: 
 # --- one run -------------------------------------------------------------------------------------
 
 
-def measure_model(
-    tmp: Path, model: str, onnx_path: Path, xml: Path, row: np.ndarray, seconds: float
-) -> tuple[list[dict], list[dict]]:
-    proc, port, key = start_gateway(tmp, lambda port: gateway_config(port, model, onnx_path, xml))
-    points: list[dict] = []
-    ratios: list[dict] = []
-    try:
-        for runtime in RUNTIMES:
-            factory = direct_callers(runtime, onnx_path, xml, row)
+def one_round(
+    model: str, directs: dict[str, Direct], pool: np.ndarray, gw: tuple[int, int, str], seconds: float
+) -> list[dict]:
+    """Every (runtime, batch size, concurrency) point once, its four ways back to back."""
+    pid, port, key = gw
+    out: list[dict] = []
+    for runtime in RUNTIMES:
+        direct = directs[runtime]
+        for rows in BATCH_SIZES:
+            batch = np.ascontiguousarray(pool[:rows])
             for c in CONCURRENCY:
-                # the three ways back to back, so their ratios see the same background load
-                by_mode = {"direct": run_direct(factory, c, seconds)}
+                point = {"model": model, "runtime": runtime, "rows_per_request": rows, "concurrency": c}
+                by_mode = {"direct": run_direct(direct, batch, c, seconds)}
                 for batched in (False, True):
-                    request = v2_request(deployment_name(model, runtime, batched), row, key, port)
-                    mode = "gateway_batched" if batched else "gateway_unbatched"
-                    by_mode[mode] = run_gateway(proc.pid, port, request, c, seconds)
-                for mode, r in by_mode.items():
-                    points.append({"model": model, "runtime": runtime, "mode": mode, "concurrency": c, **r})
-                    log_point(points[-1])
-                d, u, b = (by_mode[m]["rps"] for m in ("direct", "gateway_unbatched", "gateway_batched"))
-                ratios.append(
-                    {
-                        "model": model,
-                        "runtime": runtime,
-                        "concurrency": c,
-                        "gateway_unbatched_over_direct": round(u / d, 3),
-                        "gateway_batched_over_direct": round(b / d, 3),
-                        "batched_over_unbatched": round(b / u, 3),
-                    }
-                )
-                sys.stderr.write(json.dumps(ratios[-1]) + "\n")
-            del factory
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    return points, ratios
+                    name = deployment_name(model, runtime, batched)
+                    before = batch_rows_metric(port, name) if batched else (0.0, 0.0)
+                    request = v2_request(name, batch, key, port)
+                    result = run_gateway(pid, port, request, rows, c, seconds)
+                    if batched:
+                        after = batch_rows_metric(port, name)
+                        runs = max(1.0, after[1] - before[1])
+                        result["effective_rows_per_batch"] = (after[0] - before[0]) / runs
+                    by_mode["gateway_batched" if batched else "gateway_unbatched"] = result
+                effective = max(1, round(by_mode["gateway_batched"]["effective_rows_per_batch"]))
+                threads = min(c, direct.slots)
+                if (effective, threads) == (rows, c):
+                    by_mode["direct_at_effective_batch"] = by_mode["direct"]
+                else:
+                    big = np.ascontiguousarray(pool[:effective])
+                    by_mode["direct_at_effective_batch"] = run_direct(direct, big, threads, seconds)
+                by_mode["direct_at_effective_batch"] = {
+                    **by_mode["direct_at_effective_batch"],
+                    "rows_per_call": effective,
+                    "threads": threads,
+                }
+                point["modes"] = by_mode
+                log_point(point)
+                out.append(point)
+    return out
 
 
 def log_point(p: dict) -> None:
+    m = p["modes"]
+    d = m["direct"]["rows_per_s"]
     sys.stderr.write(
-        f"{p['model']:6s} {p['runtime']:19s} {p['mode']:17s} c={p['concurrency']:<2d} "
-        f"rps={p['rps']:8.1f} p50={p['p50_ms']:7.3f}ms p99={p['p99_ms']:8.3f}ms errors={p.get('errors', 0)} "
-        f"cpu_ms/req={p.get('cpu_ms_per_request', p.get('server_cpu_ms_per_request', 0)):.3f}"
-        f"+{p.get('client_cpu_ms_per_request', 0):.3f}\n"
+        f"{p['model']:6s} {p['runtime']:19s} B={p['rows_per_request']:<2d} c={p['concurrency']:<2d} rows/s "
+        f"direct={d:9.0f} unbatched={m['gateway_unbatched']['rows_per_s'] / d:5.3f} "
+        f"batched={m['gateway_batched']['rows_per_s'] / d:5.3f} "
+        f"batched/direct@{m['direct_at_effective_batch']['rows_per_call']}="
+        f"{m['gateway_batched']['rows_per_s'] / m['direct_at_effective_batch']['rows_per_s']:5.3f} "
+        f"server_cpu_ms/req={m['gateway_unbatched']['server_cpu_ms_per_request']:.3f} "
+        f"client={m['gateway_unbatched']['client_cpu_ms_per_request']:.3f}\n"
     )
+
+
+def summarize_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """Per point: median over rounds of each ratio and of each mode's figures."""
+    table = []
+    for i, first in enumerate(rounds[0]):
+        same = [r[i] for r in rounds]
+
+        def med(f: Callable[[dict], float], same: list[dict] = same) -> float:
+            return round(statistics.median(f(p["modes"]) for p in same), 3)
+
+        modes = {}
+        for mode in MODES:
+            keys = [k for k, v in first["modes"][mode].items() if isinstance(v, int | float)]
+            modes[mode] = {k: med(lambda m, k=k, mode=mode: m[mode][k]) for k in keys}
+        table.append(
+            {
+                **{k: first[k] for k in ("model", "runtime", "rows_per_request", "concurrency")},
+                "gateway_unbatched_over_direct": med(
+                    lambda m: m["gateway_unbatched"]["rows_per_s"] / m["direct"]["rows_per_s"]
+                ),
+                "gateway_batched_over_direct": med(
+                    lambda m: m["gateway_batched"]["rows_per_s"] / m["direct"]["rows_per_s"]
+                ),
+                "gateway_batched_over_direct_at_effective_batch": med(
+                    lambda m: (
+                        m["gateway_batched"]["rows_per_s"] / m["direct_at_effective_batch"]["rows_per_s"]
+                    )
+                ),
+                "modes": modes,
+            }
+        )
+    return table
+
+
+def measure_model(
+    tmp: Path, model: str, onnx_path: Path, xml: Path, pool: np.ndarray, seconds: float, rounds: int
+) -> list[dict]:
+    proc, port, key = start_gateway(tmp, lambda port: gateway_config(port, model, onnx_path, xml))
+    try:
+        directs = {runtime: Direct(runtime, onnx_path, xml) for runtime in RUNTIMES}
+        results = []
+        for r in range(rounds):
+            sys.stderr.write(f"--- {model}: round {r + 1}/{rounds}\n")
+            results.append(one_round(model, directs, pool, (proc.pid, port, key), seconds))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return summarize_rounds(results)
 
 
 def plot(report: dict, path: Path) -> None:
@@ -292,60 +379,72 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = ("direct", "gateway_unbatched", "gateway_batched")
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    for ax, model in zip(axes, ("digits", "cnn"), strict=True):
-        groups = [(r, c) for r in RUNTIMES for c in CONCURRENCY]
-        xs = np.arange(len(groups))
-        for i, mode in enumerate(modes):
-            rps = [
-                next(
-                    p["rps"]
-                    for p in report["points"]
-                    if (p["model"], p["runtime"], p["concurrency"], p["mode"]) == (model, r, c, mode)
-                )
-                for r, c in groups
-            ]
-            ax.bar(xs + (i - 1) * 0.27, rps, 0.27, label=mode)
-        ax.set_xticks(xs, [f"{r.replace('openvino_', 'ov ')}\nc={c}" for r, c in groups], fontsize=8)
-        ax.set_title(f"{model}: requests/s, one row per request")
-        ax.set_yscale("log")
-        ax.legend(fontsize=8)
+    models = [m for m in ("digits", "cnn") if any(p["model"] == m for p in report["table"])]
+    fig, axes = plt.subplots(len(models), 1, figsize=(15, 4.2 * len(models)), squeeze=False)
+    bars = (
+        ("gateway_unbatched_over_direct", "gateway unbatched / direct (same B)"),
+        ("gateway_batched_over_direct", "gateway batched / direct (same B)"),
+        ("gateway_batched_over_direct_at_effective_batch", "gateway batched / direct (effective B)"),
+    )
+    for ax, model in zip(axes[:, 0], models, strict=True):
+        points = [p for p in report["table"] if p["model"] == model]
+        xs = np.arange(len(points))
+        for i, (key, label) in enumerate(bars):
+            ax.bar(xs + (i - 1) * 0.27, [p[key] for p in points], 0.27, label=label)
+        ax.axhline(0.9, color="black", linestyle="--", linewidth=0.8, label="target 0.9")
+        ax.set_xticks(
+            xs,
+            [
+                f"{p['runtime'].replace('openvino_', 'ov ').replace('onnxruntime', 'ort')}\n"
+                f"B={p['rows_per_request']} c={p['concurrency']}"
+                for p in points
+            ],
+            fontsize=7,
+        )
+        ax.set_ylim(0, 1.3)
+        ax.set_title(f"{model}: gateway rows/s over direct rows/s (median of {report['rounds']} rounds)")
+        ax.legend(fontsize=7, ncol=4, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per point")
+    parser.add_argument("--seconds", type=float, default=1.0, help="measured seconds per point")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
+    parser.add_argument("--model", choices=("digits", "cnn", "all"), default="all")
     parser.add_argument("--out", type=Path, default=RESULTS / "runtimes_gateway.json")
     args = parser.parse_args()
     started = time.perf_counter()
     load_before = os.getloadavg()
-    points: list[dict] = []
-    ratios: list[dict] = []
+    table: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-rt-gw-") as tmp:
-        for model, (onnx_path, xml, row) in write_models(Path(tmp)).items():
-            p, r = measure_model(Path(tmp), model, onnx_path, xml, row, args.seconds)
-            points += p
-            ratios += r
-    for p in points:
-        for k, v in p.items():
-            if isinstance(v, float):
-                p[k] = round(v, 1 if k == "rps" else 3)
+        for model, (onnx_path, xml, pool) in write_models(Path(tmp)).items():
+            if args.model in (model, "all"):
+                table += measure_model(Path(tmp), model, onnx_path, xml, pool, args.seconds, args.rounds)
+    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    kept = [p for p in previous.get("table", []) if p["model"] not in {q["model"] for q in table}]
+    runs = {k: v for k, v in previous.get("runs", {}).items() if args.model != "all"}
+    runs[args.model] = {
+        "wall_s": round(time.perf_counter() - started, 1),
+        "rounds": args.rounds,
+        "seconds_per_point": args.seconds,
+        "loadavg_before": [round(v, 2) for v in load_before],
+        "loadavg_after": [round(v, 2) for v in os.getloadavg()],
+    }
     report = {
         "benchmark": "bench_runtimes_gateway",
         "models": {
-            "digits": "demo digits MLP 64-32-10, input [1, 64]",
+            "digits": "demo digits MLP 64-32-10, input [B, 64]",
             "cnn": f"ResNet-like CNN 3x64x64, widths {CNN_WIDTHS} (stem s2, 2 residual blocks, 2 maxpools, GAP, fc10), random weights",
         },
-        "request": "one row per request everywhere; gateway batching merges rows server-side (max 32, 2 ms)",
-        "seconds_per_point": args.seconds,
-        "wall_s": round(time.perf_counter() - started, 1),
+        "definition": "rows/s through the gateway over rows/s of the runtime called directly with the same rows per "
+        "call and the same concurrency; the batched deployment is also compared with direct calls of its "
+        "effective (mean merged) batch size from as many threads as it runs batches at once",
+        "batching": {"max_batch_size": MAX_BATCH_ROWS, "max_delay_ms": 2},
+        "rounds": args.rounds,
         "machine": {
             "cpu_count": os.cpu_count(),
-            "loadavg_before": [round(v, 2) for v in load_before],
-            "loadavg_after": [round(v, 2) for v in os.getloadavg()],
             "note": "load generator, gateway and runtime share these cores with other work",
         },
         "versions": {
@@ -353,13 +452,13 @@ def main() -> None:
             "openvino": ov.__version__,
             "python": platform.python_version(),
         },
-        "points": points,
-        "ratios": ratios,
+        "runs": runs,
+        "table": kept + table,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, args.out.with_suffix(".png"))
-    sys.stderr.write(f"wrote {args.out} in {report['wall_s']} s\n")
+    sys.stderr.write(f"wrote {args.out} in {runs[args.model]['wall_s']} s\n")
 
 
 if __name__ == "__main__":
