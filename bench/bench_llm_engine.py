@@ -9,11 +9,17 @@ count. Greedy decoding with ignore_eos, so every request produces exactly its `m
     a batch runs until its longest request is done, new arrivals wait for the next batch. Token times
     are taken from a logits processor that runs once per generation step.
 
-Also: KV waste of the engine vs reserving max length per sequence, and batch-1 decode tokens/s as a
-fraction of the memory-bandwidth bound (bytes of weights + KV read per step / measured memcpy
-bandwidth). Writes bench/results/llm_engine.json and llm_engine.png.
+Also: KV waste of the engine vs reserving max length per sequence (at block size 16 and, in a second
+engine run, 8), and batch-1 decode tokens/s as a fraction of the memory-bandwidth bound (bytes of
+weights + KV read per step / measured memcpy bandwidth). Writes bench/results/llm_engine.json and .png.
 
-    .venv/bin/python bench/bench_llm_engine.py --requests 100 --scale 3
+Clock (`--clock`): `wall` measures real time. `cpu` measures this thread's CPU time instead (torch
+runs on this thread with --threads 1): idle waits for the next arrival advance the clock instead of
+sleeping, and time the shared machine's other processes take from this one does not count, so the
+figures are those of a dedicated core (memory-bandwidth contention still shows). Both systems always
+use the same clock.
+
+    .venv/bin/python bench/bench_llm_engine.py --requests 80 --scale 1 --clock cpu
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ import random
 import tempfile
 import time
 
+import msgspec
 import torch
 
 from backends.base import SamplingParams
+from backends.torch_llm.costs import kv_bytes_per_token, weight_bytes_per_step
 from backends.torch_llm.demo import write_tiny_llama
 from backends.torch_llm.factory import build_engine
 from backends.torch_llm.options import LLMOptions
@@ -36,6 +44,33 @@ from backends.torch_llm.options import LLMOptions
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "workloads" / "chat-mix.jsonl"
 RESULTS = ROOT / "bench" / "results"
+
+
+class ReplayClock:
+    """Seconds since `start()`: wall time, or this thread's CPU time plus skipped idle waits."""
+
+    def __init__(self, kind: str) -> None:
+        if kind not in ("wall", "cpu"):
+            raise ValueError(f"unknown clock {kind!r}")
+        self.kind = kind
+        self._read = time.perf_counter if kind == "wall" else time.thread_time
+        self._origin = self._read()
+        self._skipped = 0.0
+
+    def start(self) -> None:
+        self._origin, self._skipped = self._read(), 0.0
+
+    def now(self) -> float:
+        return self._read() - self._origin + self._skipped
+
+    def wait_until(self, t: float) -> None:
+        gap = t - self.now()
+        if gap <= 0:
+            return
+        if self.kind == "wall":
+            time.sleep(gap)
+        else:
+            self._skipped += gap
 
 
 def load_trace(
@@ -86,40 +121,47 @@ def summarize(reqs: list[dict], times: dict[int, list[float]], makespan: float) 
     }
 
 
-def run_engine(folder: pathlib.Path, reqs: list[dict], opts: LLMOptions) -> tuple[dict, dict]:
-    engine = build_engine(folder, opts, device="cpu", deployment="bench").engine
+def run_engine(
+    folder: pathlib.Path, reqs: list[dict], opts: LLMOptions, clock: ReplayClock
+) -> tuple[dict, dict]:
+    engine = build_engine(folder, opts, device="cpu", deployment=f"bench-bs{opts.block_size}").engine
     engine.add_request("warm", [0, 7, 8, 9], SamplingParams(max_tokens=2, temperature=0.0))
     while engine.has_unfinished:
         engine.step()
     times: dict[int, list[float]] = {i: [] for i in range(len(reqs))}
-    start = time.perf_counter()
+    clock.start()
     nxt = 0
     while nxt < len(reqs) or engine.has_unfinished:
-        now = time.perf_counter() - start
+        now = clock.now()
         while nxt < len(reqs) and reqs[nxt]["t"] <= now:
             r = reqs[nxt]
             params = SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
             engine.add_request(str(nxt), r["prompt"], params, cache_scope=r["tenant"])
             nxt += 1
         if not engine.has_unfinished:
-            time.sleep(max(0.0, reqs[nxt]["t"] - now))
+            clock.wait_until(reqs[nxt]["t"])
             continue
         outs = engine.step()
-        stamp = time.perf_counter() - start
+        stamp = clock.now()
         for o in outs:
             if o.request_id != "warm":
                 times[int(o.request_id)].extend([stamp] * len(o.token_ids))
-    makespan = time.perf_counter() - start
+    makespan = clock.now()
     w = engine.kv_waste
     kv = {
         "engine_waste": w.ratio(),
         "reserve_max_model_len_waste": w.ratio(w.reserved_max_len),
         "reserve_prompt_plus_max_tokens_waste": w.ratio(w.reserved_request),
+        "mean_unused_slots_per_running_seq": w.mean_unused_slots,
+        "mean_allocated_slots_per_running_seq": w.mean_allocated_slots,
+        "expected_waste_if_last_block_half_empty": (opts.block_size - 1) / 2 / w.mean_allocated_slots,
         "max_model_len": engine.config.max_model_len,
         "block_size": opts.block_size,
         "steps": engine.num_steps,
         "preemptions": engine.scheduler.num_preemptions,
         "prefix_hit_tokens": engine.num_prefix_hits,
+        "attention": engine.runner.attention.name,
+        "max_prefill_tokens_with_decodes": engine.scheduler.max_prefill_tokens_with_decodes,
     }
     return summarize(reqs, times, makespan), kv
 
@@ -127,28 +169,26 @@ def run_engine(folder: pathlib.Path, reqs: list[dict], opts: LLMOptions) -> tupl
 class _StepClock:
     """A transformers LogitsProcessor that timestamps every generation step."""
 
-    def __init__(self, start: float) -> None:
-        self.start, self.stamps = start, []
+    def __init__(self, clock: ReplayClock) -> None:
+        self.clock, self.stamps = clock, []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self.stamps.append(time.perf_counter() - self.start)
+        self.stamps.append(self.clock.now())
         return scores
 
 
-def run_hf(folder: pathlib.Path, reqs: list[dict], batch: int) -> dict:
+def run_hf(folder: pathlib.Path, reqs: list[dict], batch: int, clock: ReplayClock) -> dict:
     from transformers import AutoModelForCausalLM, LogitsProcessorList
 
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     times: dict[int, list[float]] = {}
-    start = time.perf_counter()
+    clock.start()
     nxt = 0
     while nxt < len(reqs):
-        now = time.perf_counter() - start
-        if reqs[nxt]["t"] > now:
-            time.sleep(reqs[nxt]["t"] - now)
-            now = time.perf_counter() - start
+        clock.wait_until(reqs[nxt]["t"])
+        now = clock.now()
         ids = []
         while nxt < len(reqs) and reqs[nxt]["t"] <= now and len(ids) < batch:
             ids.append(nxt)
@@ -160,33 +200,35 @@ def run_hf(folder: pathlib.Path, reqs: list[dict], batch: int) -> dict:
             p = reqs[i]["prompt"]
             inp[row, width - len(p) :] = torch.tensor(p)
             mask[row, width - len(p) :] = 1
-        clock = _StepClock(start)
+        stamps = _StepClock(clock)
         with torch.inference_mode():
             model.generate(
                 inp,
                 attention_mask=mask,
                 max_new_tokens=max(reqs[i]["max_tokens"] for i in ids),
                 do_sample=False,
-                logits_processor=LogitsProcessorList([clock]),
+                logits_processor=LogitsProcessorList([stamps]),
             )
         for i in ids:
-            times[i] = clock.stamps[: reqs[i]["max_tokens"]]
-    return summarize(reqs, times, time.perf_counter() - start)
+            times[i] = stamps.stamps[: reqs[i]["max_tokens"]]
+    return summarize(reqs, times, clock.now())
 
 
-def memcpy_bandwidth(nbytes: int = 256 << 20) -> float:
+def memcpy_bandwidth(clock: ReplayClock, nbytes: int = 256 << 20) -> float:
     """Bytes moved per second (read + write) by a large tensor copy, best of 5."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(5):
-        t = time.perf_counter()
+        t = clock.now()
         dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
+        best = min(best, clock.now() - t)
     return 2 * nbytes / best
 
 
-def batch1_decode(folder: pathlib.Path, opts: LLMOptions, prompt_len: int = 128, steps: int = 128) -> dict:
+def batch1_decode(
+    folder: pathlib.Path, opts: LLMOptions, clock: ReplayClock, prompt_len: int = 128, steps: int = 128
+) -> dict:
     parts = build_engine(folder, opts, device="cpu", deployment="bench-b1")
     engine, cfg = parts.engine, parts.config
     engine.add_request(
@@ -195,18 +237,15 @@ def batch1_decode(folder: pathlib.Path, opts: LLMOptions, prompt_len: int = 128,
         SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True),
     )
     engine.step()  # prefill + first token
-    t = time.perf_counter()
+    t = clock.now()
     n = 0
     while engine.has_unfinished:
         n += len(engine.step())
-    dt = time.perf_counter() - t
-    params = sum(p.numel() for p in parts.engine.runner.model.parameters())
-    embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size  # only one row is read
+    dt = clock.now() - t
     elem = torch.empty((), dtype=parts.dtype).element_size()
-    weight_bytes = (params - embed) * elem
-    avg_ctx = prompt_len + steps / 2
-    kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem * avg_ctx
-    bw = memcpy_bandwidth()
+    weight_bytes = weight_bytes_per_step(cfg, elem)
+    kv_bytes = kv_bytes_per_token(cfg, elem) * (prompt_len + steps / 2)  # average context
+    bw = memcpy_bandwidth(clock)
     tps = n / dt
     bound = bw / (weight_bytes + kv_bytes)
     return {
@@ -271,9 +310,20 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument(
+        "--max-prefill-with-decodes", type=int, default=None,
+        help="engine option max_prefill_tokens_with_decodes (default: the engine's CPU default)",
+    )  # fmt: skip
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument(
+        "--waste-block-size", type=int, default=8, help="second engine run, for KV waste (0: skip)"
+    )
     ap.add_argument("--out", type=pathlib.Path, default=RESULTS / "llm_engine.json")
     args = ap.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu needs --threads 1 (it reads this thread's CPU time)")
     torch.set_num_threads(args.threads)
+    clock = ReplayClock(args.clock)
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_tiny_llama(
             pathlib.Path(tmp) / "m", hidden_size=args.hidden, num_layers=args.layers, num_heads=8, num_kv_heads=8,
@@ -283,13 +333,20 @@ def main() -> None:
         opts = LLMOptions(
             block_size=16, kv_cache_bytes=1 << 30, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=2048,
+            max_prefill_tokens_with_decodes=args.max_prefill_with_decodes,
         )  # fmt: skip
-        engine, kv = run_engine(folder, reqs, opts)
-        hf = run_hf(folder, reqs, args.hf_batch)
-        b1 = batch1_decode(folder, opts)
+        engine, kv = run_engine(folder, reqs, opts, clock)
+        hf = run_hf(folder, reqs, args.hf_batch, clock)
+        b1 = batch1_decode(folder, opts, clock)
+        kv_by_block = {16: kv}
+        if args.waste_block_size:
+            small = msgspec.structs.replace(opts, block_size=args.waste_block_size)
+            other, kv_by_block[args.waste_block_size] = run_engine(folder, reqs, small, clock)
+            kv_by_block[args.waste_block_size]["output_tokens_per_s"] = other["output_tokens_per_s"]
+            kv_by_block[args.waste_block_size]["itl_p99_s"] = other["itl_p99_s"]
     summary = (
         f"Llama h{args.hidden} L{args.layers} vocab 32000 fp32, CPU {args.threads} thread(s); "
-        f"{len(reqs)} chat-mix requests, time x{args.scale}"
+        f"{len(reqs)} chat-mix requests, time x{args.scale}, {args.clock} clock"
     )
     result = {
         "setup": {
@@ -314,7 +371,10 @@ def main() -> None:
                 "block_size": 16,
                 "max_num_seqs": args.max_num_seqs,
                 "max_num_batched_tokens": args.max_num_batched_tokens,
+                "max_prefill_tokens_with_decodes": kv["max_prefill_tokens_with_decodes"],
+                "attention": kv["attention"],
             },
+            "clock": args.clock,
             "machine": platform.processor() or platform.machine(),
             "torch": torch.__version__,
         },  # fmt: skip
@@ -325,6 +385,7 @@ def main() -> None:
             "ttft_p99_engine_over_hf": engine["ttft_p99_s"] / hf["ttft_p99_s"],
         },
         "kv_waste": kv,
+        "kv_waste_by_block_size": {str(k): v for k, v in kv_by_block.items()},
         "batch1_decode": b1,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

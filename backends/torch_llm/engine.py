@@ -14,6 +14,7 @@ from backends.base import SamplingParams
 from backends.torch_llm import metrics as m
 from backends.torch_llm.block_manager import BlockManager
 from backends.torch_llm.detokenizer import Decoder, IncrementalDetokenizer
+from backends.torch_llm.kv_waste import KVWasteStats
 from backends.torch_llm.runner import ModelRunner
 from backends.torch_llm.sampler import SamplingState, sample
 from backends.torch_llm.scheduler import Scheduler, WaitingQueue
@@ -40,22 +41,6 @@ class _Request:
     stop_ids: frozenset[int]
     first_token_at: float | None = None
     last_token_at: float | None = None
-
-
-@dataclass
-class KVWasteStats:
-    """Allocated vs used KV slots of running sequences, summed over steps (steady-state averages)."""
-
-    allocated: int = 0
-    used: int = 0
-    reserved_max_len: int = 0  # what reserving max_model_len per running sequence would hold
-    reserved_request: int = 0  # what reserving prompt + max_tokens per running sequence would hold
-    steps: int = 0
-    last: float = 0.0
-
-    def ratio(self, total: int | None = None) -> float:
-        total = self.allocated if total is None else total
-        return 0.0 if total == 0 else 1.0 - self.used / total
 
 
 @dataclass
@@ -109,13 +94,18 @@ class LLMEngine:
         *,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        max_prefill_tokens_with_decodes: int | None = None,
         enable_prefix_caching: bool = True,
         waiting: WaitingQueue | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> LLMEngine:
         bm = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching=enable_prefix_caching)
         sched = Scheduler(
-            bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, waiting=waiting
+            bm,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            waiting=waiting,
+            max_prefill_tokens_with_decodes=max_prefill_tokens_with_decodes,
         )
         return cls(runner, sched, tokenizer, config, clock=clock)
 
@@ -239,6 +229,7 @@ class LLMEngine:
             w.reserved_request += sum(
                 min(s.num_prompt_tokens + s.max_tokens, self.config.max_model_len) for s in sched.running
             )
+            w.seq_steps += len(sched.running)
             w.steps += 1
             w.last = 1.0 - used / alloc
         m.ITERATION_TOKENS.labels(label).observe(num_tokens)

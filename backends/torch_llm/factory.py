@@ -57,6 +57,13 @@ def num_kv_blocks(options: LLMOptions, per_block: int, device: torch.device) -> 
     return blocks
 
 
+def prefill_cap_with_decodes(options: LLMOptions, device: torch.device) -> int:
+    """`max_prefill_tokens_with_decodes`, with its device default resolved."""
+    if options.max_prefill_tokens_with_decodes is not None:
+        return options.max_prefill_tokens_with_decodes
+    return 512 if device.type == "cuda" else 128
+
+
 def build_engine(
     folder: pathlib.Path,
     options: LLMOptions,
@@ -95,6 +102,7 @@ def build_engine(
         ),
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
+        max_prefill_tokens_with_decodes=prefill_cap_with_decodes(options, dev),
         enable_prefix_caching=options.enable_prefix_caching,
         waiting=waiting,
         clock=clock,

@@ -19,6 +19,10 @@ class LLMOptions(SpecBase):
         num_kv_blocks: fixed number of KV blocks (overrides both budgets; mostly for tests).
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: token budget of one step (chunked prefill splits longer prompts).
+        max_prefill_tokens_with_decodes: most prompt tokens in a step that also runs decodes, so a
+            long prompt's chunks do not stall running streams (inter-token latency). None: 128 on
+            CPU (tuned with bench/bench_llm_engine.py), 512 on CUDA (not tuned: there a 128-token
+            chunk would leave prefill memory-bound); set it to `max_num_batched_tokens` for no cap.
         max_model_len: longest sequence (prompt + output); default: the model's max positions.
         dtype: "auto" (from config.json), "float32", "bfloat16" or "float16".
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
@@ -36,6 +40,7 @@ class LLMOptions(SpecBase):
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    max_prefill_tokens_with_decodes: int | None = None
     max_model_len: int | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     enable_prefix_caching: bool = True
@@ -52,6 +57,11 @@ class LLMOptions(SpecBase):
             ("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1, "must be >= 1"),
             ("max_num_seqs", self.max_num_seqs >= 1, "must be >= 1"),
             ("max_num_batched_tokens", self.max_num_batched_tokens >= 1, "must be >= 1"),
+            (
+                "max_prefill_tokens_with_decodes",
+                self.max_prefill_tokens_with_decodes is None or self.max_prefill_tokens_with_decodes >= 1,
+                "must be >= 1",
+            ),
             ("max_model_len", self.max_model_len is None or self.max_model_len >= 2, "must be >= 2"),
             ("num_threads", self.num_threads is None or self.num_threads >= 1, "must be >= 1"),
         ]

@@ -3,7 +3,10 @@
 Pure Python. Each step has a token budget (`max_num_batched_tokens`) and a sequence cap
 (`max_num_seqs`). Running sequences go first (decodes cost one token; unfinished prompts continue
 with the next chunk), then waiting ones in the order the waiting queue gives (FCFS by default; the
-gateway's fair-queue policy can supply its own). When blocks run out, the most recently admitted
+gateway's fair-queue policy can supply its own). When a step carries decodes, its prompt tokens are
+further capped (`max_prefill_tokens_with_decodes`): a step's duration grows with its tokens, and every
+running sequence waits for the whole step, so a long prefill chunk would stall all decodes
+(inter-token latency); a step without decodes still takes the full budget (time to first token). When blocks run out, the most recently admitted
 running sequence is preempted by recompute: its blocks are freed and it goes back to the front of
 the waiting queue, to replay prompt + generated tokens later.
 """
@@ -101,6 +104,8 @@ class Scheduler:
         max_num_seqs: most running sequences.
         max_num_batched_tokens: token budget per step.
         waiting: the waiting-order policy (FCFS when None).
+        max_prefill_tokens_with_decodes: most prompt tokens in a step that also runs decodes
+            (None: only `max_num_batched_tokens` limits them).
     """
 
     def __init__(
@@ -110,10 +115,14 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         waiting: WaitingQueue | None = None,
+        max_prefill_tokens_with_decodes: int | None = None,
     ) -> None:
+        if max_prefill_tokens_with_decodes is not None and max_prefill_tokens_with_decodes < 1:
+            raise ValueError("max_prefill_tokens_with_decodes must be >= 1")
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_tokens_with_decodes = max_prefill_tokens_with_decodes
         self.waiting: WaitingQueue = waiting if waiting is not None else FCFSQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -130,11 +139,18 @@ class Scheduler:
         """Pick the next step's batch, allocating (and, if needed, preempting) KV blocks."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        prefill_budget = self._prefill_budget()
         bm = self.block_manager
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            pending = seq.num_uncomputed_tokens
+            num_new = min(pending, budget) if pending == 1 else min(pending, budget, prefill_budget)
+            if num_new == 0:  # a prompt whose chunk waits for a step with prefill budget left
+                i += 1
+                continue
+            if pending > 1:
+                prefill_budget -= num_new
             while not bm.can_allocate(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -149,18 +165,25 @@ class Scheduler:
             i += 1
         # Admitting new work right after a preemption would only cause more of it.
         if not out.preempted:
-            budget = self._admit_waiting(out, budget)
+            budget = self._admit_waiting(out, budget, prefill_budget)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this step may take: capped when any running sequence is decoding."""
+        cap = self.max_prefill_tokens_with_decodes
+        if cap is not None and any(s.num_uncomputed_tokens == 1 for s in self.running):
+            return cap
+        return self.max_num_batched_tokens
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, prefill_budget: int) -> int:
         bm = self.block_manager
-        while budget > 0 and len(self.running) < self.max_num_seqs:
+        while min(budget, prefill_budget) > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting.peek()
             if seq is None:
                 break
             hits = bm.match_prefix(seq)
-            num_new = min(seq.num_tokens - len(hits) * bm.block_size, budget)
+            num_new = min(seq.num_tokens - len(hits) * bm.block_size, budget, prefill_budget)
             if not bm.can_allocate(seq, num_new, hits):
                 break
             self.waiting.pop()
@@ -172,6 +195,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append((seq, num_new))
             budget -= num_new
+            prefill_budget -= num_new
         return budget
 
     def finish(self, seq: Sequence, reason: str) -> None:

@@ -45,8 +45,12 @@ def test_all_at_once(request, arch, prompts, reference) -> None:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_staggered_chunked_prefill_with_prefix_cache(request, arch, prompts, reference) -> None:
-    # A 16-token budget splits every prompt longer than 16 tokens into chunks, while decodes run.
-    engine = engine_for(_folder(request, arch), max_num_batched_tokens=16, enable_prefix_caching=True)
+    # A 16-token budget splits every prompt longer than 16 tokens into chunks, and steps that also
+    # run decodes take at most 6 prompt tokens (chunks of 1..6 tokens beside decodes).
+    engine = engine_for(
+        _folder(request, arch), max_num_batched_tokens=16, max_prefill_tokens_with_decodes=6,
+        enable_prefix_caching=True,
+    )  # fmt: skip
     arrivals = sorted(random.Random(3).randrange(0, 200) for _ in prompts)
     _assert_same(run_engine(engine, prompts, GREEDY, arrival_steps=arrivals), reference[arch])
     assert engine.num_prefix_hits > 0, "shared prefixes should hit the prefix cache"

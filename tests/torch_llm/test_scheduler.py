@@ -128,3 +128,38 @@ def test_abort_of_waiting_sequence() -> None:
     sched.add(s)
     sched.finish(s, "abort")
     assert not sched.has_unfinished and s.finish_reason == "abort"
+
+
+def test_prefill_tokens_are_capped_only_in_steps_with_decodes() -> None:
+    sched = Scheduler(
+        BlockManager(100, 4, enable_prefix_caching=False),  # the prompts share prefixes; no hits here
+        max_num_seqs=8,
+        max_num_batched_tokens=32,
+        max_prefill_tokens_with_decodes=5,
+    )
+    a = seq(0, 20)
+    sched.add(a)
+    out = sched.schedule()  # nothing decodes yet: the whole budget goes to the prompt
+    assert [(s.seq_id, n) for s, n in out.scheduled] == [(0, 20)]
+    finish_step(sched, out)
+    b, c = seq(1, 30), seq(2, 30)
+    sched.add(b)
+    sched.add(c)
+    out = sched.schedule()  # a decodes: b and c share 5 prompt tokens
+    assert [(s.seq_id, n) for s, n in out.scheduled] == [(0, 1), (1, 5)]
+    finish_step(sched, out)
+    out = sched.schedule()  # b continues (running, first in line); c is not admitted
+    assert [(s.seq_id, n) for s, n in out.scheduled] == [(0, 1), (1, 5)]
+    finish_step(sched, out)
+    sched.finish(a, "stop")
+    out = sched.schedule()  # no decode left: b finishes its prompt, c gets the rest of the budget
+    assert [(s.seq_id, n) for s, n in out.scheduled] == [(1, 20), (2, 12)]
+
+
+def test_prefill_cap_must_be_positive() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="max_prefill_tokens_with_decodes"):
+        Scheduler(
+            BlockManager(4, 4), max_num_seqs=1, max_num_batched_tokens=8, max_prefill_tokens_with_decodes=0
+        )
