@@ -1,0 +1,242 @@
+"""Decode throughput of the torch_llm engine on one CUDA GPU, Llama-3-8B-shaped, random weights, bf16.
+
+The model is built directly on the GPU (allocated from the meta device, weights drawn there), so no
+16 GB of host weights are written or read. For each batch size (default 1, 32, 256) the engine gets
+that many requests with `--prompt-len` random prompt tokens, prefills them, runs `--warmup` decode
+steps, then times `--steps` decode steps (every running sequence gets one token per step; greedy,
+ignore_eos). Reported per batch: output tokens/s, step time, and memory-bandwidth utilisation =
+(weight bytes + KV bytes read per step) x steps/s / measured device copy bandwidth (read + write of a
+1 GiB `copy_`, best of 10). Writes bench/results/llm_gpu.json. Without a CUDA device it says so and
+exits with status 0, measuring nothing and writing nothing.
+
+    .venv/bin/python bench/bench_llm_gpu.py --batches 1,32,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import sys
+import time
+from typing import Any
+
+import structlog
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from backends.base import SamplingParams  # noqa: E402
+from backends.torch_llm.costs import decode_bytes_per_step, kv_bytes_per_token, parameter_count  # noqa: E402
+from backends.torch_llm.model_config import ModelConfig  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+log = structlog.get_logger("bench_llm_gpu")
+
+LLAMA3_8B: dict[str, Any] = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+
+
+def model_config(**overrides: Any) -> ModelConfig:
+    """Llama-3-8B's architecture (as in its config.json), with `overrides` (e.g. a tiny shape for tests)."""
+    return ModelConfig.from_dict({**LLAMA3_8B, **overrides})
+
+
+def build_random_model(cfg: ModelConfig, device: Any, dtype: Any, seed: int = 0) -> Any:
+    """The model with random weights drawn on `device` (norms 1, matrices N(0, 0.02))."""
+    import torch
+
+    from backends.torch_llm.loader import build_model
+
+    model = build_model(cfg, torch.device(device), dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model
+
+
+def build_engine_for(model: Any, *, max_num_seqs: int, options: Any) -> Any:
+    """An engine (no tokenizer) around an in-memory model, its KV pool sized like `build_engine` does."""
+    from backends.torch_llm.engine import EngineConfig, LLMEngine
+    from backends.torch_llm.factory import num_kv_blocks, prefill_cap_with_decodes
+    from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
+
+    param = next(model.parameters())
+    per_block = kv_bytes_per_block(model, options.block_size, param.dtype)
+    blocks = num_kv_blocks(options, per_block, param.device)
+    runner = ModelRunner(
+        model, num_blocks=blocks, block_size=options.block_size, attention=options.attention_backend
+    )
+    return LLMEngine.create(
+        runner,
+        None,
+        EngineConfig(max_model_len=blocks * options.block_size, eos_token_ids=frozenset()),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        max_prefill_tokens_with_decodes=prefill_cap_with_decodes(options, param.device),
+        enable_prefix_caching=False,
+    )
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: Any, nbytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Bytes moved per second (read + write) by a `copy_` of `nbytes`, best of `repeats`."""
+    import torch
+
+    src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    del src, dst
+    return 2 * nbytes / best
+
+
+def measure_decode(
+    engine: Any, cfg: ModelConfig, elem_bytes: int, *, batch: int, prompt_len: int, warmup: int, steps: int
+) -> dict[str, float]:
+    """Prefill `batch` random prompts, then time `steps` decode steps of the whole batch."""
+    import random
+
+    rng = random.Random(batch)
+    # Never finishes by itself (aborted below): early sequences decode while later ones prefill.
+    params = SamplingParams(max_tokens=1 << 30, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        prompt = [rng.randrange(cfg.vocab_size) for _ in range(prompt_len)]
+        engine.add_request(f"b{batch}-{i}", prompt, params)
+    sched = engine.scheduler
+    while len(sched.waiting) or any(s.num_output_tokens == 0 for s in sched.running):
+        engine.step()  # prefill (chunked) until every sequence has its first token
+    for _ in range(warmup):
+        engine.step()
+    if len(sched.running) != batch:
+        raise RuntimeError(f"only {len(sched.running)} of {batch} sequences fit the KV pool")
+    ctx_start = [s.num_tokens for s in sched.running]
+    device = engine.runner.device
+    _sync(device)
+    t = time.perf_counter()
+    tokens = 0
+    for _ in range(steps):
+        tokens += len(engine.step())
+    _sync(device)
+    elapsed = time.perf_counter() - t
+    for s in list(sched.running):
+        engine.abort(s.request_id)
+    mid_ctx = [c + steps // 2 for c in ctx_start]  # KV read per step grows by one token per step
+    step_bytes = decode_bytes_per_step(cfg, elem_bytes, mid_ctx)
+    return {
+        "batch": batch,
+        "decode_tokens_per_s": tokens / elapsed,
+        "step_time_s": elapsed / steps,
+        "bytes_per_step": step_bytes,
+        "kv_bytes_per_step": step_bytes - decode_bytes_per_step(cfg, elem_bytes, []),
+        "bytes_per_s": step_bytes * steps / elapsed,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--attention", choices=("auto", "torch", "triton"), default="auto")
+    ap.add_argument("--out", type=pathlib.Path, default=RESULTS / "llm_gpu.json")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        msg = "bench_llm_gpu: no CUDA device here; nothing measured, nothing written."
+        sys.stderr.write(msg + "\n")
+        return 0
+    from backends.torch_llm.options import LLMOptions
+
+    batches = [int(b) for b in args.batches.split(",")]
+    cfg = model_config()
+    dtype, device = torch.bfloat16, torch.device("cuda")
+    model = build_random_model(cfg, device, dtype)
+    options = LLMOptions(
+        block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=4096, max_prefill_tokens_with_decodes=4096,  # prefill fast, uncapped
+        attention_backend=args.attention, dtype="bfloat16",
+    )  # fmt: skip
+    engine = build_engine_for(model, max_num_seqs=max(batches), options=options)
+    bandwidth = copy_bandwidth(device)
+    rows = []
+    for batch in batches:
+        row = measure_decode(
+            engine, cfg, 2, batch=batch, prompt_len=args.prompt_len, warmup=args.warmup, steps=args.steps
+        )
+        row["bandwidth_utilisation"] = row["bytes_per_s"] / bandwidth
+        rows.append(row)
+        log.info("bench_llm_gpu_batch", **{k: round(v, 4) for k, v in row.items()})
+    attention = engine.runner.attention
+    result = {
+        "setup": {
+            "model": "Llama-3-8B shape, random weights, bfloat16",
+            "parameters": parameter_count(cfg),
+            "kv_bytes_per_token": kv_bytes_per_token(cfg, 2),
+            "prompt_len": args.prompt_len,
+            "warmup_steps": args.warmup,
+            "timed_steps": args.steps,
+            "block_size": args.block_size,
+            "kv_blocks": engine.runner.num_blocks,
+            "attention": attention.name,
+            "attention_fallback_reason": getattr(attention, "disabled_reason", None),
+            "cuda_graphs": False,
+            "gpu": torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "host": platform.node(),
+        },
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "decode": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
