@@ -264,35 +264,36 @@ def plot(result: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    e, h = result["engine"], result["transformers_static"]
-    fig, ax = plt.subplots(1, 3, figsize=(13, 4))
+    series = [("engine", result["engine"])]
+    if "engine_no_prefill_cap" in result:
+        series.append(("engine, no prefill cap", result["engine_no_prefill_cap"]))
+    series.append(("HF static", result["transformers_static"]))
+    fig, ax = plt.subplots(1, 3, figsize=(14, 4))
+    names = [n for n, _ in series]
     ax[0].bar(
-        ["engine", "HF static"], [e["output_tokens_per_s"], h["output_tokens_per_s"]], color=["C0", "C1"]
+        names, [d["output_tokens_per_s"] for _, d in series], color=[f"C{i}" for i in range(len(series))]
     )
     ax[0].set_title("output tokens/s")
-    x = range(4)
-    ax[1].bar(
-        [i - 0.2 for i in x],
-        [e["ttft_p50_s"], e["ttft_p99_s"], e["itl_p50_s"], e["itl_p99_s"]],
-        0.4,
-        label="engine",
-    )
-    ax[1].bar(
-        [i + 0.2 for i in x],
-        [h["ttft_p50_s"], h["ttft_p99_s"], h["itl_p50_s"], h["itl_p99_s"]],
-        0.4,
-        label="HF static",
-    )
-    ax[1].set_xticks(list(x), ["TTFT p50", "TTFT p99", "ITL p50", "ITL p99"])
+    ax[0].tick_params(axis="x", labelsize=7)
+    keys = ["ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"]
+    width = 0.8 / len(series)
+    for j, (name, data) in enumerate(series):
+        ax[1].bar(
+            [i + (j - (len(series) - 1) / 2) * width for i in range(4)],
+            [data[k] for k in keys],
+            width,
+            label=name,
+        )
+    ax[1].set_xticks(range(4), ["TTFT p50", "TTFT p99", "ITL p50", "ITL p99"])
     ax[1].set_yscale("log")
     ax[1].set_ylabel("seconds")
-    ax[1].legend()
-    for name, data in (("engine", e), ("HF static", h)):
+    ax[1].legend(fontsize=7)
+    for name, data in series:
         xs = sorted(data["ttft_all_s"])
         ax[2].plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
     ax[2].set_xscale("log")
     ax[2].set_title("TTFT CDF")
-    ax[2].legend()
+    ax[2].legend(fontsize=7)
     fig.suptitle(result["setup"]["summary"])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -318,6 +319,10 @@ def main() -> None:
     ap.add_argument(
         "--waste-block-size", type=int, default=8, help="second engine run, for KV waste (0: skip)"
     )
+    ap.add_argument(
+        "--no-compare-uncapped", dest="compare_uncapped", action="store_false",
+        help="skip the engine run without the prefill cap (prefill chunks up to the whole budget)",
+    )  # fmt: skip
     ap.add_argument("--out", type=pathlib.Path, default=RESULTS / "llm_engine.json")
     args = ap.parse_args()
     if args.clock == "cpu" and args.threads != 1:
@@ -338,6 +343,12 @@ def main() -> None:
         engine, kv = run_engine(folder, reqs, opts, clock)
         hf = run_hf(folder, reqs, args.hf_batch, clock)
         b1 = batch1_decode(folder, opts, clock)
+        uncapped = None
+        if args.compare_uncapped:
+            no_cap = msgspec.structs.replace(
+                opts, max_prefill_tokens_with_decodes=args.max_num_batched_tokens
+            )
+            uncapped, _ = run_engine(folder, reqs, no_cap, clock)
         kv_by_block = {16: kv}
         if args.waste_block_size:
             small = msgspec.structs.replace(opts, block_size=args.waste_block_size)
@@ -380,9 +391,11 @@ def main() -> None:
         },  # fmt: skip
         "engine": engine,
         "transformers_static": hf,
+        **({"engine_no_prefill_cap": uncapped} if uncapped else {}),
         "ratios": {
             "tokens_per_s_engine_over_hf": engine["output_tokens_per_s"] / hf["output_tokens_per_s"],
             "ttft_p99_engine_over_hf": engine["ttft_p99_s"] / hf["ttft_p99_s"],
+            "itl_p99_engine_over_hf": engine["itl_p99_s"] / hf["itl_p99_s"],
         },
         "kv_waste": kv,
         "kv_waste_by_block_size": {str(k): v for k, v in kv_by_block.items()},
@@ -391,8 +404,12 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     plot(result, args.out.with_suffix(".png"))
-    brief = {k: v for k, v in result.items() if k not in ("engine", "transformers_static")}
-    for name in ("engine", "transformers_static"):
+    brief = {
+        k: v for k, v in result.items() if k not in ("engine", "engine_no_prefill_cap", "transformers_static")
+    }
+    for name in ("engine", "engine_no_prefill_cap", "transformers_static"):
+        if name not in result:
+            continue
         brief[name] = {k: round(v, 4) for k, v in result[name].items() if k != "ttft_all_s"}
     print(json.dumps(brief, indent=2))  # noqa: T201 - a script's report
 
