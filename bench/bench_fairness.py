@@ -354,7 +354,11 @@ def jain_windows(
 
 
 def summarize_run(
-    records: list[Record], flood: tuple[float, float], policy: str, weights: dict[str, float] | None = None
+    records: list[Record],
+    flood: tuple[float, float],
+    policy: str,
+    weights: dict[str, float] | None = None,
+    window_s: float = 1.0,
 ) -> dict:
     """Per-tenant latency and throughput, Jain per window, totals over the flood window."""
     duration = max(r.done for r in records)
@@ -375,8 +379,8 @@ def summarize_run(
             "flood_throughput_rows_s": sum(r.rows for r in ok if flood[0] <= r.done < flood[1])
             / (flood[1] - flood[0]),
         }
-    windows = jain_windows(records, weights=weights)
-    in_flood = [w["jain"] for w in windows if flood[0] <= w["t"] and w["t"] + 1 <= flood[1]]
+    windows = jain_windows(records, window_s, weights)
+    in_flood = [w["jain"] for w in windows if flood[0] <= w["t"] and w["t"] + window_s <= flood[1]]
     return {
         "policy": policy,
         "duration_s": duration,

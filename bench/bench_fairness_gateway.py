@@ -261,18 +261,22 @@ class Client:
 
     async def send(self, model: str, tenant: str, rows: int) -> int:
         """POST one infer request; returns the HTTP status once the whole answer is read."""
+        return (await self.exchange(self._request(model, tenant, rows)))[0]
+
+    async def exchange(self, request: bytes) -> tuple[int, bytes]:
+        """Send one whole HTTP/1.1 request; returns the status and the body (content-length framed)."""
         conn = self._idle.pop() if self._idle else await asyncio.open_connection("127.0.0.1", self.port)
         reader, writer = conn
-        writer.write(self._request(model, tenant, rows))
+        writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
         status = int(head.split(b" ", 2)[1])
         length = 0
         for line in head.split(b"\r\n"):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":")[1])
-        await reader.readexactly(length)
+        body = await reader.readexactly(length)
         self._idle.append(conn)
-        return status
+        return status, body
 
     def close(self) -> None:
         for _, writer in self._idle:

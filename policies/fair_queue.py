@@ -23,21 +23,16 @@ import asyncio
 import itertools
 import math
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
-import msgspec
-
-from policies.queueing.base import Head, SchedulingPolicy
-from policies.queueing.deadlines import Deadlines
-from policies.queueing.drr import DRRPolicy
+from policies.queueing.backlog import Backlog
+from policies.queueing.deadlines import Deadlines, resolve_deadline
 from policies.queueing.errors import QueueDeadlineExceeded, QueueError, QueueFull
-from policies.queueing.fcfs import FCFSPolicy
+from policies.queueing.factory import DEFAULT_WEIGHT, check_weights, make_policy
 from policies.queueing.spec import QueueSpec
-from policies.queueing.tenant_queue import Entry, EntryState, TenantQueue
+from policies.queueing.tenant_queue import Entry, EntryState
 from policies.queueing.types import QueueStats, TenantQueueStats, Ticket
-from policies.queueing.vtc import VTCPolicy
 
 __all__ = [
     "FairQueue",
@@ -50,30 +45,6 @@ __all__ = [
     "Ticket",
     "make_policy",
 ]
-
-DEFAULT_WEIGHT = 1.0
-_MAX_RETRY_AFTER_S = 60.0
-
-
-def make_policy(spec: QueueSpec, weight_of: Callable[[str], float]) -> SchedulingPolicy:
-    """The scheduling policy named by `spec.policy`."""
-    if spec.policy == "fcfs":
-        return FCFSPolicy()
-    if spec.policy == "drr":
-        return DRRPolicy(weight_of, spec.drr_quantum)
-    return VTCPolicy(weight_of, spec.vtc_burst)
-
-
-def _check_weights(weights: Mapping[str, float]) -> dict[str, float]:
-    for tenant, w in weights.items():
-        if not (math.isfinite(w) and w > 0):
-            raise ValueError(f"weight of tenant {tenant!r} must be a finite number > 0, got {w!r}")
-    return dict(weights)
-
-
-def _head(queue: TenantQueue, stats: TenantQueueStats) -> Head:
-    entry = queue.peek()
-    return Head(entry.cost, entry.seq, queue.oldest_seq, stats.in_flight)
 
 
 class FairQueue:
@@ -99,16 +70,13 @@ class FairQueue:
         self.spec = spec
         self._clock = clock
         self._capacity = capacity
-        self._weights = _check_weights(weights)
+        self._weights = check_weights(weights)
         self._policy = make_policy(spec, self.weight)
-        self._queues: dict[str, TenantQueue] = {}  # only tenants with queued requests
-        self._stats: dict[str, TenantQueueStats] = {}
-        self._depth = 0
+        self._backlog = Backlog(spec, self._policy)
         self._in_flight = 0
         self._seq = itertools.count()
         self._dispatch_seq = itertools.count()
         self._dispatching = False
-        self._recent_dispatches: deque[float] = deque(maxlen=64)
         self._deadlines = Deadlines(clock, self._dispatch)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -128,14 +96,11 @@ class FairQueue:
 
     def update_weights(self, weights: Mapping[str, float]) -> None:
         """Replace the weight table (tenants not listed weigh 1.0); applies to future charges."""
-        self._weights = _check_weights(weights)
+        self._weights = check_weights(weights)
 
     def depth(self, tenant: str | None = None) -> int:
         """Requests waiting (not dispatched) for `tenant`, or for the whole deployment."""
-        if tenant is None:
-            return self._depth
-        queue = self._queues.get(tenant)
-        return len(queue) if queue is not None else 0
+        return self._backlog.depth(tenant)
 
     async def acquire(
         self,
@@ -167,12 +132,12 @@ class FairQueue:
         if not (math.isfinite(cost) and cost >= 0):
             raise ValueError(f"cost must be a finite number >= 0, got {cost!r}")
         now = self._clock()
-        deadline = self._resolve_deadline(now, deadline, timeout_s)
-        stats = self._tenant_stats(tenant)
+        deadline = resolve_deadline(now, deadline, timeout_s, self.spec.default_deadline_s)
         if deadline is not None and deadline <= now:
-            stats.expired += 1
+            self._backlog.stats_of(tenant).expired += 1
             raise QueueDeadlineExceeded("request deadline passed before it was queued")
-        self._check_room(tenant, stats)
+        waiting_weight = sum(self.weight(t) for t in self._backlog.tenants()) or 1.0
+        self._backlog.check_room(tenant, share=self.weight(tenant) / waiting_weight)
         self._loop = asyncio.get_running_loop()
         entry = Entry(
             seq=next(self._seq),
@@ -183,7 +148,9 @@ class FairQueue:
             enqueued_at=now,
             future=self._loop.create_future(),
         )
-        self._enqueue(entry, stats)
+        self._backlog.push(entry)
+        if entry.deadline is not None:
+            self._deadlines.add(entry, self._loop)
         self._dispatch()
         try:
             return await entry.future
@@ -192,17 +159,9 @@ class FairQueue:
             raise
 
     @asynccontextmanager
-    async def slot(
-        self,
-        tenant: str,
-        cost: float,
-        *,
-        priority: int = 0,
-        deadline: float | None = None,
-        timeout_s: float | None = None,
-    ) -> AsyncIterator[Ticket]:
-        """`acquire` then `release` (keeping the charged cost) around a block."""
-        ticket = await self.acquire(tenant, cost, priority=priority, deadline=deadline, timeout_s=timeout_s)
+    async def slot(self, tenant: str, cost: float, **kwargs: float | int | None) -> AsyncIterator[Ticket]:
+        """`acquire` (same keyword arguments) then `release`, keeping the charged cost, around a block."""
+        ticket = await self.acquire(tenant, cost, **kwargs)  # type: ignore[arg-type]
         try:
             yield ticket
         finally:
@@ -230,9 +189,7 @@ class FairQueue:
             self._charge(ticket, actual_cost - ticket.charged)
         ticket.released = True
         self._in_flight -= 1
-        stats = self._tenant_stats(ticket.tenant)
-        stats.in_flight -= 1
-        stats.completed += 1
+        self._backlog.released(ticket)
         self._dispatch()
 
     def notify(self) -> None:
@@ -242,92 +199,35 @@ class FairQueue:
     def stats(self) -> QueueStats:
         """A copy of the per-tenant counters, depths and policy state."""
         state = self._policy.state()
-        tenants = {}
-        for tenant, s in self._stats.items():
-            copy = msgspec.structs.replace(s)
+        tenants = self._backlog.all_stats()
+        for tenant, copy in tenants.items():
             copy.weight = self.weight(tenant)
-            copy.depth = self.depth(tenant)
             copy.virtual = state.get(tenant) if self._policy.name != "fcfs" else None
-            tenants[tenant] = copy
         return QueueStats(
             policy=self._policy.name,
             max_concurrency=self.spec.max_concurrency,
             in_flight=self._in_flight,
-            depth=self._depth,
+            depth=self.depth(),
             tenants=tenants,
         )
 
-    # --- admission -----------------------------------------------------------------------------
-
-    def _tenant_stats(self, tenant: str) -> TenantQueueStats:
-        stats = self._stats.get(tenant)
-        if stats is None:
-            stats = self._stats[tenant] = TenantQueueStats()
-        return stats
-
-    def _resolve_deadline(self, now: float, deadline: float | None, timeout_s: float | None) -> float | None:
-        if timeout_s is not None:
-            deadline = now + timeout_s if deadline is None else min(deadline, now + timeout_s)
-        if deadline is None and self.spec.default_deadline_s is not None:
-            deadline = now + self.spec.default_deadline_s
-        return deadline
-
-    def _check_room(self, tenant: str, stats: TenantQueueStats) -> None:
-        if self.depth(tenant) >= self.spec.max_queue_per_tenant:
-            stats.rejected_tenant_full += 1
-            raise QueueFull.tenant(tenant, self.spec.max_queue_per_tenant, self._retry_after(tenant))
-        if self._depth >= self.spec.max_queue_total:
-            stats.rejected_queue_full += 1
-            raise QueueFull.deployment(self.spec.max_queue_total, self._retry_after(None))
-
-    def _retry_after(self, tenant: str | None) -> float:
-        """Rough time for the queue ahead to drain, from the recent dispatch rate."""
-        times = self._recent_dispatches
-        span = times[-1] - times[0] if len(times) >= 2 else 0.0
-        if span <= 0:
-            return 1.0
-        rate = (len(times) - 1) / span
-        if tenant is not None:
-            total_w = sum(self.weight(t) for t in self._queues) or 1.0
-            rate *= self.weight(tenant) / total_w
-            ahead = self.depth(tenant)
-        else:
-            ahead = self._depth
-        return min(_MAX_RETRY_AFTER_S, max(0.1, ahead / rate))
-
-    def _enqueue(self, entry: Entry, stats: TenantQueueStats) -> None:
-        queue = self._queues.get(entry.tenant)
-        if queue is None:
-            others = self._queues.keys()
-            self._policy.on_backlogged(entry.tenant, others)
-            queue = self._queues[entry.tenant] = TenantQueue(entry.tenant)
-        queue.push(entry)
-        self._depth += 1
-        stats.admitted += 1
-        if entry.deadline is not None and self._loop is not None:
-            self._deadlines.add(entry, self._loop)
-
-    def _unqueue(self, entry: Entry, state: EntryState) -> None:
-        """Take a waiting entry out of its tenant queue (not via dispatch)."""
-        queue = self._queues[entry.tenant]
-        queue.remove(entry)
-        entry.state = state
-        self._after_leave(queue)
-
-    def _after_leave(self, queue: TenantQueue) -> None:
-        self._depth -= 1
-        if not queue:
-            del self._queues[queue.tenant]
-            self._policy.on_idle(queue.tenant)
+    # --- waiting -------------------------------------------------------------------------------
 
     def _abandon(self, entry: Entry) -> None:
         """The waiter was cancelled: leave the queue, or give back a slot granted meanwhile."""
         if entry.state is EntryState.QUEUED:
-            self._unqueue(entry, EntryState.CANCELLED)
-            self._tenant_stats(entry.tenant).cancelled += 1
+            self._backlog.remove(entry, EntryState.CANCELLED)
+            self._backlog.stats_of(entry.tenant).cancelled += 1
         elif entry.state is EntryState.DISPATCHED and not entry.future.cancelled():
             # Granted after the cancel was requested: the request never ran, so refund it.
             self.release(entry.future.result(), actual_cost=0.0)
+
+    def _expire_overdue(self) -> None:
+        now = self._clock()
+        for entry in self._deadlines.pop_overdue(now):
+            self._backlog.expire(entry, now)
+        self._deadlines.compact(self.depth())
+        self._deadlines.rearm(self._loop)
 
     # --- dispatch ------------------------------------------------------------------------------
 
@@ -342,14 +242,11 @@ class FairQueue:
         self._dispatching = True
         try:
             self._expire_overdue()
-            while self._queues and self._has_capacity():
-                heads = {t: _head(q, self._stats[t]) for t, q in self._queues.items()}
-                queue = self._queues[self._policy.select(heads)]
-                entry = queue.pop()
-                self._after_leave(queue)
+            while self._backlog and self._has_capacity():
+                entry = self._backlog.pop_next()
                 if entry.future.done():  # cancelled; its waiter has not run its handler yet
                     entry.state = EntryState.CANCELLED
-                    self._tenant_stats(entry.tenant).cancelled += 1
+                    self._backlog.stats_of(entry.tenant).cancelled += 1
                     continue
                 self._grant(entry)
         finally:
@@ -368,12 +265,7 @@ class FairQueue:
             dispatch_seq=next(self._dispatch_seq),
         )
         self._in_flight += 1
-        stats = self._tenant_stats(entry.tenant)
-        stats.in_flight += 1
-        stats.dispatched += 1
-        stats.queue_time_sum_s += ticket.queue_time_s
-        stats.queue_time_max_s = max(stats.queue_time_max_s, ticket.queue_time_s)
-        self._recent_dispatches.append(now)
+        self._backlog.granted(ticket)
         self._charge(ticket, entry.cost)
         entry.future.set_result(ticket)
 
@@ -381,17 +273,4 @@ class FairQueue:
         if delta:
             self._policy.charge(ticket.tenant, delta)
             ticket.charged += delta
-            self._tenant_stats(ticket.tenant).service += delta
-
-    def _expire_overdue(self) -> None:
-        now = self._clock()
-        for entry in self._deadlines.pop_overdue(now):
-            self._unqueue(entry, EntryState.EXPIRED)
-            self._tenant_stats(entry.tenant).expired += 1
-            if not entry.future.done():
-                waited = now - entry.enqueued_at
-                entry.future.set_exception(
-                    QueueDeadlineExceeded(f"request deadline passed after {waited:.3f} s in the queue")
-                )
-        self._deadlines.compact(self._depth)
-        self._deadlines.rearm(self._loop)
+            self._backlog.stats_of(ticket.tenant).service += delta

@@ -16,6 +16,18 @@ from policies.queueing.tenant_queue import Entry, EntryState
 _MIN_TIMER_S = 0.001  # never re-arm tighter than this: an injected clock may not move at all
 
 
+def resolve_deadline(
+    now: float, deadline: float | None, timeout_s: float | None, default_s: float | None
+) -> float | None:
+    """The absolute deadline of a request: the earlier of `deadline` and `now + timeout_s`, or
+    `now + default_s` when neither is given (None: no deadline)."""
+    if timeout_s is not None:
+        deadline = now + timeout_s if deadline is None else min(deadline, now + timeout_s)
+    if deadline is None and default_s is not None:
+        deadline = now + default_s
+    return deadline
+
+
 class Deadlines:
     """Tracks queued entries by deadline and calls `on_due` when the earliest may have passed.
 
