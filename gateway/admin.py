@@ -101,6 +101,12 @@ async def usage(request: Request, tenant: str | None = None) -> Response[bytes]:
     try:
         core = require_admin(request)
         rows = await core.admission.usage(tenant)
+        # A tenant removed from the config keeps its history; a name that is neither configured nor
+        # in the history is a typo, and an empty list would hide it.
+        if tenant is not None and not rows and tenant not in core.config.tenants:
+            raise GatewayError(
+                404, "tenant_not_found", f"no tenant {tenant!r} in the config or the usage history"
+            )
         call.done(200)
         return _json({"usage": msgspec.to_builtins(rows)})
     except Exception as exc:  # noqa: BLE001

@@ -244,6 +244,10 @@ def test_admin_key_works_on_every_admin_endpoint(world: World) -> None:
     assert {k["tenant"] for k in only_b} == {"b"}
     usage = httpx.get(f"{world.url}/admin/usage", headers=ADMIN_HEADERS)
     assert usage.status_code == 200 and isinstance(usage.json()["usage"], list)
+    empty = httpx.get(f"{world.url}/admin/usage", params={"tenant": "b"}, headers=ADMIN_HEADERS)
+    assert empty.status_code == 200 and isinstance(empty.json()["usage"], list)
+    typo = httpx.get(f"{world.url}/admin/usage", params={"tenant": "nobody"}, headers=ADMIN_HEADERS)
+    assert typo.status_code == 404 and "nobody" in typo.json()["error"]
     secret, key_id = admin_create_key(world.url, "b")
     gone = httpx.delete(f"{world.url}/admin/keys/{key_id}", headers=ADMIN_HEADERS)
     assert gone.status_code == 200 and gone.json() == {"key_id": key_id, "revoked": True}
