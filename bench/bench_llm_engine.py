@@ -265,8 +265,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     series = [("engine", result["engine"])]
-    if "engine_no_prefill_cap" in result:
-        series.append(("engine, no prefill cap", result["engine_no_prefill_cap"]))
+    for cap, data in result.get("engine_other_prefill_caps", {}).items():
+        series.append((f"engine, prefill cap {cap}", data))
     series.append(("HF static", result["transformers_static"]))
     fig, ax = plt.subplots(1, 3, figsize=(14, 4))
     names = [n for n, _ in series]
@@ -320,8 +320,8 @@ def main() -> None:
         "--waste-block-size", type=int, default=8, help="second engine run, for KV waste (0: skip)"
     )
     ap.add_argument(
-        "--no-compare-uncapped", dest="compare_uncapped", action="store_false",
-        help="skip the engine run without the prefill cap (prefill chunks up to the whole budget)",
+        "--compare-prefill-caps", default="128,512",
+        help="more engine runs with these max_prefill_tokens_with_decodes (512 = the budget: no cap); '' for none",
     )  # fmt: skip
     ap.add_argument("--out", type=pathlib.Path, default=RESULTS / "llm_engine.json")
     args = ap.parse_args()
@@ -343,12 +343,10 @@ def main() -> None:
         engine, kv = run_engine(folder, reqs, opts, clock)
         hf = run_hf(folder, reqs, args.hf_batch, clock)
         b1 = batch1_decode(folder, opts, clock)
-        uncapped = None
-        if args.compare_uncapped:
-            no_cap = msgspec.structs.replace(
-                opts, max_prefill_tokens_with_decodes=args.max_num_batched_tokens
-            )
-            uncapped, _ = run_engine(folder, reqs, no_cap, clock)
+        other_caps = {}
+        for cap in [int(c) for c in args.compare_prefill_caps.split(",") if c]:
+            capped = msgspec.structs.replace(opts, max_prefill_tokens_with_decodes=cap)
+            other_caps[str(cap)], _ = run_engine(folder, reqs, capped, clock)
         kv_by_block = {16: kv}
         if args.waste_block_size:
             small = msgspec.structs.replace(opts, block_size=args.waste_block_size)
@@ -391,7 +389,7 @@ def main() -> None:
         },  # fmt: skip
         "engine": engine,
         "transformers_static": hf,
-        **({"engine_no_prefill_cap": uncapped} if uncapped else {}),
+        "engine_other_prefill_caps": other_caps,
         "ratios": {
             "tokens_per_s_engine_over_hf": engine["output_tokens_per_s"] / hf["output_tokens_per_s"],
             "ttft_p99_engine_over_hf": engine["ttft_p99_s"] / hf["ttft_p99_s"],
@@ -405,11 +403,15 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2))
     plot(result, args.out.with_suffix(".png"))
     brief = {
-        k: v for k, v in result.items() if k not in ("engine", "engine_no_prefill_cap", "transformers_static")
+        k: v
+        for k, v in result.items()
+        if k not in ("engine", "engine_other_prefill_caps", "transformers_static")
     }
-    for name in ("engine", "engine_no_prefill_cap", "transformers_static"):
-        if name not in result:
-            continue
+    brief["engine_other_prefill_caps"] = {
+        cap: {k: round(v, 4) for k, v in data.items() if k != "ttft_all_s"}
+        for cap, data in other_caps.items()
+    }
+    for name in ("engine", "transformers_static"):
         brief[name] = {k: round(v, 4) for k, v in result[name].items() if k != "ttft_all_s"}
     print(json.dumps(brief, indent=2))  # noqa: T201 - a script's report
 

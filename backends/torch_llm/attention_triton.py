@@ -48,7 +48,10 @@ class TritonPagedAttention(TorchPagedAttention):
     def prepare_decodes(self, block_tables: list[list[int]], context_lens: list[int]) -> Any:
         if self.disabled_reason is not None:
             return super().prepare_decodes(block_tables, context_lens)
-        width = max(len(t) for t in block_tables)
+        # Width padded to a multiple of 16: Triton specialises integer arguments on divisibility by 16
+        # (and on == 1), so a varying row stride would compile new kernel variants mid-serving; this
+        # way the variant the load-time probe compiled is the only one.
+        width = -(-max(len(t) for t in block_tables) // 16) * 16
         table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
         lens = torch.tensor(context_lens, dtype=torch.int32)
         return TritonDecodes(table.to(self.device), lens.to(self.device), block_tables, context_lens)

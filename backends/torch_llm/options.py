@@ -20,7 +20,7 @@ class LLMOptions(SpecBase):
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: token budget of one step (chunked prefill splits longer prompts).
         max_prefill_tokens_with_decodes: most prompt tokens in a step that also runs decodes, so a
-            long prompt's chunks do not stall running streams (inter-token latency). None: 128 on
+            long prompt's chunks do not stall running streams (inter-token latency). None: 64 on
             CPU (tuned with bench/bench_llm_engine.py), 512 on CUDA (not tuned: there a 128-token
             chunk would leave prefill memory-bound); set it to `max_num_batched_tokens` for no cap.
         max_model_len: longest sequence (prompt + output); default: the model's max positions.

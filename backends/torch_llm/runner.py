@@ -85,8 +85,8 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             slots.extend(self._slots(seq.block_table, start, start + n))
             if n != 1:
-                ctx_slots = self._slots(seq.block_table, 0, start + n) if start else slots[row:]
-                chunks.append(PrefillChunk(row, n, torch.tensor(ctx_slots, dtype=torch.long, device=dev)))
+                used_blocks = seq.block_table[: -(-(start + n) // self.block_size)]
+                chunks.append(PrefillChunk(row, n, start + n, torch.tensor(used_blocks, device=dev)))
             if start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(seq)

@@ -81,8 +81,8 @@ def _paged_decode_kernel(
 
 
 def _tile(group_p2: int, head_dim_p2: int) -> int:
-    """Keys per iteration: the [group, tile, head_dim] product stays near 16K elements (registers)."""
-    return max(16, min(128, 16384 // (group_p2 * head_dim_p2)))
+    """Keys per iteration: the [group, tile, head_dim] product stays near 8K elements (registers)."""
+    return max(16, min(128, 8192 // (group_p2 * head_dim_p2)))
 
 
 def paged_decode_attention(
