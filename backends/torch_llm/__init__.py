@@ -12,7 +12,9 @@ Modules, one concept each:
   kernel, probed at load, falling back to gather + SDPA).
 - `sampler`, `detokenizer`, `tokenizer`: token choice and text.
 - `runner`, `engine`, `async_engine`: one step of the engine, and the thread that drives it.
+- `kv_waste`, `costs`: KV waste accounting; bytes a decode step reads (for bandwidth bounds).
 - `backend`: the `Backend` adapter the gateway talks to; `demo`: writes a tiny random-weight Llama.
 
-Only `options`, `model_config`, `sequence`, `block_manager` and `scheduler` are importable without torch.
+Only `options`, `model_config`, `sequence`, `block_manager`, `scheduler`, `kv_waste` and `costs` are
+importable without torch.
 """

@@ -27,7 +27,9 @@ def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> L
     """An uninitialised model on `device` (weights allocated, not filled)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    model = model.to_empty(device=device).to(dtype)
+    # Cast on the meta device first, so the weights are allocated once, in `dtype` (a float32 copy
+    # of an 8B model would need 32 GB of device memory on the way).
+    model = model.to(dtype).to_empty(device=device)
     model.inv_freq = rope_inv_freq(cfg).to(device)
     model.tie_weights()
     return model.eval().requires_grad_(False)
