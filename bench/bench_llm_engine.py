@@ -264,9 +264,10 @@ def plot(result: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = [("engine", result["engine"])]
-    for cap, data in result.get("engine_other_prefill_caps", {}).items():
-        series.append((f"engine, prefill cap {cap}", data))
+    cap = result["setup"]["engine_options"].get("max_prefill_tokens_with_decodes")
+    series = [(f"engine (cap {cap})", result["engine"])]
+    for other, data in result.get("engine_other_prefill_caps", {}).items():
+        series.append((f"engine (cap {other})", data))
     series.append(("HF static", result["transformers_static"]))
     fig, ax = plt.subplots(1, 3, figsize=(14, 4))
     names = [n for n, _ in series]
@@ -274,7 +275,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
         names, [d["output_tokens_per_s"] for _, d in series], color=[f"C{i}" for i in range(len(series))]
     )
     ax[0].set_title("output tokens/s")
-    ax[0].tick_params(axis="x", labelsize=7)
+    ax[0].tick_params(axis="x", labelsize=7, labelrotation=20)
+    ax[0].set_xlabel("cap: prompt tokens per step that also decodes", fontsize=7)
     keys = ["ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"]
     width = 0.8 / len(series)
     for j, (name, data) in enumerate(series):
