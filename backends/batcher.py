@@ -52,8 +52,9 @@ class DynamicBatcher:
     """Collects requests for up to `max_delay_ms` or `max_batch_size` rows, then runs them together.
 
     A lone caller is not made to wait: the delay applies once requests have been seen overlapping
-    (the previous batch merged several, or several are queued now). Requests that arrive while a
-    batch runs gather in the queue and go together in the next one.
+    (the previous batch merged several, or several are queued now), and it ends early once as many
+    requests are queued as the last batch held. Requests that arrive while every slot is busy
+    gather in the queue; when several slots are free, the queued rows are shared out over them.
 
     Args:
         run: coroutine that runs one batch (it must not block the event loop).
@@ -131,8 +132,8 @@ class DynamicBatcher:
         self._wakeup.set()
         return await pending.future
 
-    def _take_batch(self) -> list[_Pending]:
-        """Pop the oldest live request and every queued request compatible with it, up to the row cap."""
+    def _take_batch(self, row_cap: int) -> list[_Pending]:
+        """Pop the oldest live request and every queued request compatible with it, up to `row_cap` rows."""
         while self._queue and self._queue[0].future.done():  # cancelled by its caller
             self._queue.pop(0)
         if not self._queue:
@@ -140,7 +141,7 @@ class DynamicBatcher:
         first = self._queue.pop(0)
         batch, rows, keep = [first], first.rows, []
         for pending in self._queue:
-            fits = pending.key == first.key and rows + pending.rows <= self.max_batch_size
+            fits = pending.key == first.key and rows + pending.rows <= row_cap
             if fits and not pending.future.done():
                 batch.append(pending)
                 rows += pending.rows
@@ -169,11 +170,20 @@ class DynamicBatcher:
             if not self._queue:
                 continue
             first = self._queue[0]
+            free = self.max_in_flight - len(self._running)
             # Wait for company only when callers have been overlapping (the last batch merged
             # several requests): a lone caller would otherwise pay max_delay_ms on every request.
-            wait = self._last_batch_requests > 1 or len(self._queue) > 1
+            # With several slots free and company already queued, start now: the rows are split
+            # over the free slots below, and waiting would only idle them.
+            spread = free > 1 and len(self._queue) > 1
+            wait = not spread and (self._last_batch_requests > 1 or len(self._queue) > 1)
             deadline = asyncio.get_running_loop().time() + (self.max_delay_s if wait else 0.0)
-            while self._queued_rows(first.key) < self.max_batch_size:
+            # ...and only until as many requests are back as the last batch held: closed-loop
+            # callers return together, and waiting longer for them would idle the runtime.
+            while (
+                self._queued_rows(first.key) < self.max_batch_size
+                and len(self._queue) < self._last_batch_requests
+            ):
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
                     break
@@ -182,8 +192,14 @@ class DynamicBatcher:
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
                 except TimeoutError:
                     break
-            batch = self._take_batch()
-            if batch:
+            # Closed-loop callers all come back together when their batch ends; taking them all
+            # into one batch would leave the other slots idle (OpenVINO THROUGHPUT: half the
+            # streams), so the queued rows are shared out over the free slots.
+            share = min(self.max_batch_size, max(1, -(-self._queued_rows(first.key) // free)))  # ceil
+            for _ in range(free):
+                batch = self._take_batch(share)
+                if not batch:
+                    break
                 self._start(batch)
 
     def _start(self, batch: list[_Pending]) -> None:

@@ -5,8 +5,9 @@ Two models, each as ONNX and as OpenVINO IR (f32):
   - cnn: a ResNet-like CNN on 3x64x64 inputs with random weights (~0.85 GFLOP per row), built here.
 Three runtimes per model: onnxruntime (CPU provider), openvino with the LATENCY hint, openvino with the
 THROUGHPUT hint. For each batch size B (rows per request: 1, 8, 64) and concurrency c (1, 16):
-  - direct: the runtime's own Python API from c threads, each call on B rows (`session.run`; one
-    infer request per thread on a model compiled with the adapter's hint and f32 precision);
+  - direct: the runtime's own Python API from c threads, each call on B rows, configured as the adapter
+    configures it (`session.run` without spinning threads; one infer request per thread on a model
+    compiled with the adapter's hint and f32 precision);
   - gateway unbatched / batched: the v2 `/infer` endpoint of a `fleetgate serve` subprocess, one
     deployment per runtime/hint, with and without `batching: {max_batch_size: 256, max_delay_ms: 2}`,
     driven by bench_gateway's keep-alive client with the binary tensor extension, B rows per request;
@@ -146,7 +147,12 @@ class Direct:
     def __init__(self, runtime: str, onnx_path: Path, xml: Path) -> None:
         self.runtime = runtime
         if runtime == "onnxruntime":
-            self.session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+            # the adapter's session options (backends/onnxruntime.py defaults): no spinning threads
+            opts = ort.SessionOptions()
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self.session = ort.InferenceSession(
+                str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"]
+            )
             self.slots = ORT_PARALLEL_RUNS
             return
         hint = "LATENCY" if runtime == "openvino_latency" else "THROUGHPUT"
@@ -324,33 +330,36 @@ def log_point(p: dict) -> None:
     )
 
 
+#: ratio name -> (numerator mode, denominator mode), both in rows/s
+RATIOS = {
+    "gateway_unbatched_over_direct": ("gateway_unbatched", "direct"),
+    "gateway_batched_over_direct": ("gateway_batched", "direct"),
+    "gateway_batched_over_direct_at_effective_batch": ("gateway_batched", "direct_at_effective_batch"),
+}
+
+
 def summarize_rounds(rounds: list[list[dict]]) -> list[dict]:
-    """Per point: median over rounds of each ratio and of each mode's figures."""
+    """Per point: each ratio per round and its median, and the median of each mode's figures."""
     table = []
     for i, first in enumerate(rounds[0]):
-        same = [r[i] for r in rounds]
-
-        def med(f: Callable[[dict], float], same: list[dict] = same) -> float:
-            return round(statistics.median(f(p["modes"]) for p in same), 3)
-
-        modes = {}
-        for mode in MODES:
-            keys = [k for k, v in first["modes"][mode].items() if isinstance(v, int | float)]
-            modes[mode] = {k: med(lambda m, k=k, mode=mode: m[mode][k]) for k in keys}
+        same = [r[i]["modes"] for r in rounds]
+        per_round = {
+            name: [round(m[num]["rows_per_s"] / m[den]["rows_per_s"], 3) for m in same]
+            for name, (num, den) in RATIOS.items()
+        }
+        modes = {
+            mode: {
+                k: round(statistics.median(m[mode][k] for m in same), 3)
+                for k, v in first["modes"][mode].items()
+                if isinstance(v, int | float)
+            }
+            for mode in MODES
+        }
         table.append(
             {
                 **{k: first[k] for k in ("model", "runtime", "rows_per_request", "concurrency")},
-                "gateway_unbatched_over_direct": med(
-                    lambda m: m["gateway_unbatched"]["rows_per_s"] / m["direct"]["rows_per_s"]
-                ),
-                "gateway_batched_over_direct": med(
-                    lambda m: m["gateway_batched"]["rows_per_s"] / m["direct"]["rows_per_s"]
-                ),
-                "gateway_batched_over_direct_at_effective_batch": med(
-                    lambda m: (
-                        m["gateway_batched"]["rows_per_s"] / m["direct_at_effective_batch"]["rows_per_s"]
-                    )
-                ),
+                **{name: round(statistics.median(v), 3) for name, v in per_round.items()},
+                "rounds": per_round,  # how much the shared machine moved each ratio
                 "modes": modes,
             }
         )

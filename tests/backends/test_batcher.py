@@ -83,13 +83,15 @@ async def test_full_queue_is_refused():
 async def test_cancelled_request_is_dropped():
     run = Recorder()
     batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=30, max_queue=10)
+    # a merged batch of three first, so the next batch waits (up to 30 ms) for three requests
+    await asyncio.gather(*(batcher.submit({"x": np.zeros((1, 1), np.float32)}, None) for _ in range(3)))
     gone = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}, None))
     kept = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 1), np.float32)}, None))
     await asyncio.sleep(0.005)
     gone.cancel()
     result = await kept
     np.testing.assert_array_equal(result["y"], np.full((1, 1), 2.0))
-    assert run.batches == [1]
+    assert run.batches == [3, 1]
     await batcher.close()
 
 
@@ -166,3 +168,34 @@ async def test_close_answers_callers_of_running_batches() -> None:
     await batcher.close()
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, BackendUnavailable) for r in results)
+
+
+async def test_requests_queued_together_are_shared_out_over_the_free_slots() -> None:
+    # Closed-loop callers come back all at once; one big batch would idle the other slots.
+    run = Overlap(delay_s=0.02)
+    batcher = DynamicBatcher(run, max_batch_size=256, max_delay_ms=50, max_queue=100, max_in_flight=2)
+    xs = [np.full((1, 2), i, np.float32) for i in range(16)]
+    started = asyncio.get_running_loop().time()
+    results = await asyncio.gather(*(batcher.submit({"x": x}, None) for x in xs))
+    for x, r in zip(xs, results, strict=True):
+        np.testing.assert_array_equal(r["y"], x + 1)
+    assert run.batches == [8, 8]
+    assert run.most == 2
+    # both halves started at once: no max_delay_ms wait before the second one
+    assert asyncio.get_running_loop().time() - started < 0.045
+    await batcher.close()
+
+
+async def test_the_wait_for_company_ends_when_the_last_batch_s_callers_are_back() -> None:
+    run = Overlap(delay_s=0.005)
+    batcher = DynamicBatcher(run, max_batch_size=256, max_delay_ms=200, max_queue=100)
+
+    async def caller(i: int) -> None:  # closed loop: resubmits as soon as its answer is in
+        for _ in range(3):
+            await batcher.submit({"x": np.full((1, 1), i, np.float32)}, None)
+
+    started = asyncio.get_running_loop().time()
+    await asyncio.gather(*(caller(i) for i in range(4)))
+    assert run.batches == [4, 4, 4]
+    assert asyncio.get_running_loop().time() - started < 0.15  # not 2 x 200 ms of waiting
+    await batcher.close()
