@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.torch_llm.attention import AttentionMetadata, PagedAttention, TorchPagedAttention
+from backends.torch_llm.attention import AttentionMetadata, PagedAttention
 from backends.torch_llm.model_config import ModelConfig
 
 
@@ -70,10 +70,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * hd, cfg.hidden_size, bias=cfg.o_bias)
-        # Replaced by the runner's implementation for the device (`LlamaForCausalLM.set_attention`).
-        self.attn: PagedAttention = TorchPagedAttention(
-            self.num_heads, self.num_kv_heads, hd, block_size=16, device=torch.device("cpu")
-        )
+        # Set by the runner (`LlamaForCausalLM.set_attention`), which knows the device and the KV
+        # pool's block size; a default here would silently read the pool with the wrong block size.
+        self.attn: PagedAttention | None = None
 
     def forward(
         self,
@@ -89,6 +88,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        if self.attn is None:
+            raise RuntimeError("no paged attention set: call LlamaForCausalLM.set_attention first")
         o = self.attn(q, k, v, kv[0], kv[1], meta)  # [T, H, D]
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
