@@ -174,11 +174,12 @@ def run_gateway(
 
 
 def start_gateway(
-    workdir: Path, make_config: Callable[[int], str]
+    workdir: Path, make_config: Callable[[int], str], serve_args: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], int, str]:
     """A `fleetgate serve` subprocess on a free port; returns it, the port and a key of tenant `bench`.
 
-    `make_config(port)` returns the YAML to serve; its log goes to a file in `workdir`.
+    `make_config(port)` returns the YAML to serve; its log goes to a file in `workdir`; `serve_args`
+    are extra `fleetgate serve` flags (e.g. `("--http", "h11")`).
     """
     import httpx
 
@@ -189,7 +190,7 @@ def start_gateway(
     config.write_text(make_config(port))
     log_path = workdir / f"gateway-{port}.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), *serve_args],
         cwd=ROOT,
         env={**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY},
         stdout=subprocess.DEVNULL,
