@@ -164,3 +164,91 @@ breakers: {{failure_threshold: 2, cooldown_s: 0.5}}
             ),
             base_dir=tmp_path,
         )
+
+
+def test_record_is_cheap_with_full_windows():
+    """record() runs on the event loop for every attempt: with both windows full (MAX_SAMPLES each)
+    a canary outcome must not copy or sort them (it used to cost ~0.4 ms; now ~1-2 us)."""
+    import time
+
+    from router.canary import MAX_SAMPLES
+
+    monitor, clock = _monitor()
+    policy = CanaryConfig(max_error_rate=1.0, max_latency_ratio=1000.0, window_s=600, min_requests=20)
+    monitor.configure(_models(policy))
+    for i in range(MAX_SAMPLES):
+        clock.now += 0.001
+        monitor.record("m", "a", i % 50 != 0, 0.01 + (i % 7) * 1e-3)
+        monitor.record("m", "c", i % 50 != 0, 0.01 + (i % 5) * 1e-3)
+    n = 2000
+    started = time.perf_counter()
+    for _ in range(n):
+        clock.now += 0.001
+        monitor.record("m", "c", True, 0.012)
+    per_record = (time.perf_counter() - started) / n
+    assert not monitor.rolled_back("m", "c")
+    assert per_record < 50e-6, f"{per_record * 1e6:.0f} us per record"
+
+
+def test_running_counts_follow_the_window_and_the_sample_cap():
+    from router.canary import MAX_SAMPLES
+
+    monitor, clock = _monitor()
+    monitor.configure(_models(CanaryConfig(max_error_rate=1.0, window_s=30, min_requests=20)))
+    for i in range(MAX_SAMPLES + 100):  # the first 100 (all failures) fall out by the cap
+        monitor.record("m", "c", i >= 100, 0.01)
+    assert monitor.status()[0].window_requests == MAX_SAMPLES
+    assert monitor.status()[0].window_errors == 0
+    clock.now += 10
+    _feed(monitor, "c", 30, fail_every=3)
+    assert monitor.status()[0].window_errors == 10
+    clock.now += 25  # the first batch leaves the 30 s window, the second stays
+    status = monitor.status()[0]
+    assert (status.window_requests, status.window_errors) == (30, 10)
+
+
+def test_latency_is_checked_within_the_documented_gap():
+    """Medians are not recomputed after every outcome, but at most LATENCY_CHECK_MIN_GAP outcomes
+    (in a small window) after the one where a check on every outcome would have rolled back."""
+    from router.canary import LATENCY_CHECK_MIN_GAP
+
+    monitor, _ = _monitor()
+    _feed(monitor, "a", 50, latency=0.010)
+    assert _feed(monitor, "c", 20, latency=0.010) is None  # judged at 20: fine
+    # the median of the canary's answers exceeds 2 x 10 ms once slow ones are the majority: 21 of 41
+    slow = _feed(monitor, "c", 100, latency=0.100)
+    assert slow is not None and 20 <= slow <= 20 + LATENCY_CHECK_MIN_GAP
+    assert monitor.status()[0].rollback.reason == "latency"  # type: ignore[union-attr]
+
+
+def test_caller_errors_are_judged_against_the_baseline():
+    """A candidate that refuses every request (400: its input signature changed) never faults, yet
+    it must be rolled back; caller errors the baseline sees as well do not count against it."""
+    monitor, _ = _monitor()
+    _feed(monitor, "a", 100)
+    for i in range(19):
+        assert monitor.record("m", "c", True, 0.001, caller_error=True) is None, i
+    rollback = monitor.record("m", "c", True, 0.001, caller_error=True)
+    assert rollback is not None and rollback.reason == "caller_error_rate"
+    assert (rollback.canary_caller_error_rate, rollback.baseline_caller_error_rate) == (1.0, 0.0)
+    assert rollback.canary_error_rate == 0.0
+    assert monitor.status()[0].window_caller_errors == 20
+
+    monitor, _ = _monitor()
+    for i in range(100):  # the same callers send the baseline bad requests 30% of the time
+        monitor.record("m", "a", True, 0.01, caller_error=i % 10 < 3)
+    for i in range(100):
+        assert monitor.record("m", "c", True, 0.01, caller_error=i % 10 < 3) is None
+    assert not monitor.rolled_back("m", "c")
+
+
+def test_caller_errors_are_not_latency_samples():
+    """Fast 400s must not pull the canary's median down and hide slow answers."""
+    monitor, _ = _monitor()
+    monitor.configure(_models(CanaryConfig(max_error_rate=0.6, max_latency_ratio=2.0, min_requests=20)))
+    _feed(monitor, "a", 50, latency=0.010)
+    for i in range(19):  # half of them refused at once, half answered in 3 x the baseline's time
+        assert monitor.record("m", "c", True, 0.0001 if i % 2 else 0.030, caller_error=bool(i % 2)) is None
+    rollback = monitor.record("m", "c", True, 0.030)
+    assert rollback is not None and rollback.reason == "latency"
+    assert rollback.canary_p50_s == 0.030 and rollback.canary_caller_error_rate == 0.45
