@@ -6,7 +6,9 @@ and reconciled at the end like token limits. Period names double as the `period`
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from policies.stores.base import CounterOp
 from policies.types import Quotas
@@ -15,27 +17,51 @@ from policies.types import Quotas
 GRACE_S = 86400.0
 
 
+class Periods(NamedTuple):
+    """The UTC day and month that contain an instant, and when each ends."""
+
+    day: str  # "2026-11-21"
+    month: str  # "2026-11"
+    day_end: float  # epoch seconds of the next UTC midnight
+    month_end: float  # epoch seconds of the first instant of the next UTC month
+
+
+@functools.lru_cache(maxsize=4)
+def _periods_of_day(day_index: int) -> Periods:
+    d = datetime.fromtimestamp(day_index * 86400, UTC)
+    first_of_next_month = datetime(d.year + (d.month == 12), d.month % 12 + 1, 1, tzinfo=UTC)
+    return Periods(
+        d.strftime("%Y-%m-%d"),
+        d.strftime("%Y-%m"),
+        (d + timedelta(days=1)).timestamp(),
+        first_of_next_month.timestamp(),
+    )
+
+
+def periods(now: float) -> Periods:
+    """The periods of `now`. Cached per UTC day (POSIX days are exactly 86400 s), because every
+    admission asks and datetime arithmetic was ~13 us of each request's path."""
+    return _periods_of_day(int(now // 86400))
+
+
 def day_name(now: float) -> str:
     """The UTC day of `now`, e.g. "2026-11-21"."""
-    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d")
+    return periods(now).day
 
 
 def month_name(now: float) -> str:
     """The UTC month of `now`, e.g. "2026-11"."""
-    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
+    return periods(now).month
 
 
 def day_end(now: float) -> float:
     """Epoch seconds of the next UTC midnight after `now`."""
-    d = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return (d + timedelta(days=1)).timestamp()
+    return periods(now).day_end
 
 
 def month_end(now: float) -> float:
     """Epoch seconds of the first instant of the next UTC month after `now`."""
-    d = datetime.fromtimestamp(now, UTC)
-    first = datetime(d.year + (d.month == 12), d.month % 12 + 1, 1, tzinfo=UTC)
-    return first.timestamp()
+    return periods(now).month_end
 
 
 class QuotaCheck:
@@ -57,8 +83,7 @@ class QuotaCheck:
 
 def quota_checks(tenant: str, quotas: Quotas, now: float) -> list[QuotaCheck]:
     """The configured quotas of `tenant` for the periods that contain `now`."""
-    day, month = day_name(now), month_name(now)
-    d_end, m_end = day_end(now), month_end(now)
+    day, month, d_end, m_end = periods(now)
     table = [
         ("tokens_per_day", quotas.tokens_per_day, "tokens", f"d:{day}", d_end),
         ("requests_per_day", quotas.requests_per_day, "requests", f"d:{day}", d_end),
