@@ -23,6 +23,7 @@ from gateway.config import Config, ConfigError
 from gateway.core import GatewayCore
 from gateway.deployments import build_deployments, close_deployments, open_deployments
 from gateway.errors import Protocol, error_response
+from gateway.http import register_metric_models
 from gateway.protocols import kserve, openai, tfserving
 from gateway.reload import ROUTES as RELOAD_ROUTES
 from gateway.reload import install_sighup
@@ -126,6 +127,7 @@ def create_app(
         app.state.core = GatewayCore(
             config, deployments, router, keys, admission, breakers, service_times=ServiceTimes()
         )
+        register_metric_models(config.models)
         app.state.store = store
         app.state.config_path = Path(config_path) if config_path is not None else None
         install_sighup(app)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -109,6 +109,21 @@ class RawResponse:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+#: model names that may appear as metric labels: those of every config this process has served.
+#: Anything else a client writes in a URL or body is labelled "unknown", so made-up names cannot
+#: grow /metrics or the caches below (both live as long as the process).
+_metric_models: set[str] = set()
+
+
+def register_metric_models(names: Iterable[str]) -> None:
+    """Allow these model names as metric labels (called at start-up and on each reload)."""
+    _metric_models.update(names)
+
+
+def _model_label(model: str) -> str:
+    return model if not model or model in _metric_models else "unknown"
+
+
 #: metric children by label values: `labels()` validates and locks on every call
 _request_counters: dict[tuple[str, ...], Any] = {}
 _latency_histograms: dict[tuple[str, ...], Any] = {}
@@ -149,9 +164,10 @@ class Call:
 
     def done(self, status: int, error: str | None = None) -> None:
         elapsed = time.perf_counter() - self.started
-        _count((self.protocol, self.model, self.deployment, self.tenant, str(status))).inc()
-        if self.model:
-            _latency((self.protocol, self.model, self.deployment)).observe(elapsed)
+        model = _model_label(self.model)
+        _count((self.protocol, model, self.deployment, self.tenant, str(status))).inc()
+        if model:
+            _latency((self.protocol, model, self.deployment)).observe(elapsed)
         log.info(
             "request",
             request_id=self.request_id,

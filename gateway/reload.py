@@ -24,7 +24,7 @@ from gateway.admin import require_admin
 from gateway.config import Config, ConfigError, load_config
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError
-from gateway.http import Call, lower_headers
+from gateway.http import Call, lower_headers, register_metric_models
 
 log = structlog.get_logger(__name__)
 _encoder = msgspec.json.Encoder()
@@ -57,6 +57,7 @@ def apply_config(core: GatewayCore, new: Config) -> None:
     for dep in core.deployments.values():
         dep.queue.update_weights(weights)
     core.router.update(new.models)
+    register_metric_models(new.models)
     core.breakers.failure_threshold = new.breakers.failure_threshold
     core.breakers.cooldown_s = new.breakers.cooldown_s
     core.config = new

@@ -227,6 +227,19 @@ def test_metrics_count_requests_without_secrets(gateway, rows):
     )  # the secret may itself hold "-"
 
 
+def test_made_up_model_names_do_not_become_metric_labels(gateway, rows):
+    """Names a client invents (with or without a key) are labelled "unknown": /metrics stays bounded."""
+    for i in range(5):
+        httpx.post(f"{gateway.url}/v2/models/junk-{i}/infer", json={"inputs": []})
+        httpx.post(
+            f"{gateway.url}/v2/models/junk-auth-{i}/infer", json={"inputs": []}, headers=gateway.headers()
+        )
+    text = httpx.get(f"{gateway.url}/metrics").text
+    assert "junk-" not in text
+    assert 'model="unknown",protocol="v2",status="401"' in text
+    assert 'model="unknown",protocol="v2",status="404"' in text
+
+
 def test_remote_v2_backend_chains_to_another_fleetgate(gateway, digits, rows, monkeypatch):
     """A second gateway whose deployment is the first gateway, over the Open Inference Protocol."""
     from pathlib import Path
