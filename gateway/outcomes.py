@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import structlog
 
-from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable
+from backends.errors import (
+    BackendInternalError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidInput,
+    ModelNotFound,
+)
 from gateway import metrics
 from gateway.deployments import Deployment
 from router.health import CircuitBreakers
@@ -15,6 +21,9 @@ log = structlog.get_logger(__name__)
 
 #: errors that count against a deployment (breaker, canary); the caller's own mistakes do not
 DEPLOYMENT_FAULTS = (BackendUnavailable, BackendTimeout, BackendInternalError)
+#: answers of the deployment that refuse the caller's request (4xx): the deployment is alive, and a
+#: canary that gives many more of them than its baseline is rolled back (`router.canary`)
+CALLER_ERRORS = (InvalidInput, ModelNotFound)
 
 
 class Outcomes:
@@ -43,12 +52,16 @@ class Outcomes:
             service_s: the backend's own time, for the load estimate (successes only).
         """
         fault = isinstance(error, DEPLOYMENT_FAULTS)
-        self._breaker(dep, error, fault)
+        answered = error is None or isinstance(error, CALLER_ERRORS)
+        self._breaker(dep, error, fault, answered)
         if error is None and service_s is not None:
             self.service_times.observe(dep.name, service_s)
-        # A caller's mistake (bad input, queue full) says nothing about the canary either way.
-        if (error is None or fault) and self.router.canaries.watches(model):
-            rollback = self.router.canaries.record(model, dep.name, not fault, latency_s)
+        # Anything else (queue full, queue deadline, the caller left) never reached the deployment
+        # or got no answer from it: it says nothing about the canary either way.
+        if (answered or fault) and self.router.canaries.watches(model):
+            rollback = self.router.canaries.record(
+                model, dep.name, not fault, latency_s, caller_error=error is not None and not fault
+            )
             if rollback is not None:
                 metrics.CANARY_ROLLBACKS.labels(model, dep.name, rollback.reason).inc()
                 metrics.ROUTE_WEIGHT.labels(model, dep.name).set(0)
@@ -60,16 +73,28 @@ class Outcomes:
                     canary_requests=rollback.canary_requests,
                     canary_error_rate=rollback.canary_error_rate,
                     baseline_error_rate=rollback.baseline_error_rate,
+                    canary_caller_error_rate=rollback.canary_caller_error_rate,
+                    baseline_caller_error_rate=rollback.baseline_caller_error_rate,
                     canary_p50_s=rollback.canary_p50_s,
                     baseline_p50_s=rollback.baseline_p50_s,
                 )
 
-    def _breaker(self, dep: Deployment, error: BaseException | None, fault: bool) -> None:
-        """An answer that rejects the caller's input proves the deployment alive: a success."""
-        if not fault:
+    def _breaker(self, dep: Deployment, error: BaseException | None, fault: bool, answered: bool) -> None:
+        """Only an answer closes a circuit: a success, or one that rejects the caller's request.
+
+        A non-answer (queue full, queue deadline, cancelled because the caller left) must not close
+        a half-open circuit on a dead deployment; it only frees the probe slot for the next request.
+        """
+        if fault:
+            if self.breakers.on_failure(dep.name):
+                metrics.CIRCUIT_OPENED.labels(dep.name).inc()
+                log.warning(
+                    "circuit_opened",
+                    deployment=dep.name,
+                    cooldown_s=self.breakers.cooldown_s,
+                    error=str(error),
+                )
+        elif answered:
             self.breakers.on_success(dep.name)
-        elif self.breakers.on_failure(dep.name):
-            metrics.CIRCUIT_OPENED.labels(dep.name).inc()
-            log.warning(
-                "circuit_opened", deployment=dep.name, cooldown_s=self.breakers.cooldown_s, error=str(error)
-            )
+        else:
+            self.breakers.on_no_answer(dep.name)

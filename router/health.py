@@ -3,7 +3,9 @@
 closed    -> requests flow; `failure_threshold` consecutive failures open the circuit.
 open      -> the deployment is skipped (the router falls back) for `cooldown_s`.
 half-open -> after the cool-down, one probe request is let through: success closes the circuit,
-             failure opens it again for another cool-down.
+             failure opens it again for another cool-down, and a probe that got no answer at all
+             (it timed out in the queue, its caller left) only frees the probe slot
+             (`on_no_answer`), so another request can probe.
 Pure Python with an injected clock, so tests move time instead of sleeping.
 """
 
@@ -71,7 +73,18 @@ class CircuitBreakers:
             circuit.probe_in_flight = True
 
     def on_success(self, name: str) -> None:
+        """Record an answer from the deployment: the circuit closes and the failure count resets."""
         self._circuits.pop(name, None)
+
+    def on_no_answer(self, name: str) -> None:
+        """Record an attempt that ended without any answer from the deployment.
+
+        It proves nothing either way: the state and the failure count stay as they are; a half-open
+        circuit only lets the next probe go.
+        """
+        circuit = self._circuits.get(name)
+        if circuit is not None:
+            circuit.probe_in_flight = False
 
     def on_failure(self, name: str) -> bool:
         """Record a failure; returns True when this failure opened the circuit."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from backends.errors import BackendTimeout, InvalidInput, ModelNotFound
 from router.health import CLOSED, HALF_OPEN, OPEN, CircuitBreakers
 
 
@@ -48,3 +51,84 @@ def test_success_resets_the_failure_count():
     b.on_success("d")
     b.on_failure("d")
     assert b.state("d") == CLOSED
+
+
+def test_no_answer_frees_the_probe_and_keeps_the_count():
+    clock = Clock()
+    b = CircuitBreakers(failure_threshold=2, cooldown_s=5, clock=clock)
+    b.on_failure("d")
+    b.on_no_answer("d")  # closed: the failure count stays
+    assert b.on_failure("d") is True
+    clock.now += 5
+    b.on_attempt("d")
+    assert not b.allows("d")
+    b.on_no_answer("d")
+    assert b.state("d") == HALF_OPEN and b.allows("d"), "another request may probe"
+    b.on_no_answer("never-seen")
+    assert b.state("never-seen") == CLOSED
+
+
+# --- what the gateway feeds the breakers (gateway.outcomes) -------------------------------------
+
+GATEWAY_YAML = """
+state: {url: "memory://"}
+deployments:
+  d: {backend: remote, url: "http://127.0.0.1:9", protocol: kserve_v2}
+models:
+  m: {routes: [{deployment: d}]}
+"""
+
+
+def _half_open_outcomes(tmp_path):  # type: ignore[no-untyped-def]
+    """A real deployment (never opened) whose circuit is half-open with its probe in flight."""
+    from gateway.config import parse_config
+    from gateway.deployments import build_deployments
+    from gateway.outcomes import Outcomes
+    from router.load import ServiceTimes
+    from router.planner import Router
+
+    config = parse_config(GATEWAY_YAML, base_dir=tmp_path, env={})
+    dep = build_deployments(config, {})["d"]
+    clock = Clock()
+    breakers = CircuitBreakers(failure_threshold=1, cooldown_s=5, clock=clock)
+    outcomes = Outcomes(breakers, Router(config.models, is_healthy=breakers.allows), ServiceTimes())
+    breakers.on_failure("d")
+    clock.now += 5
+    breakers.on_attempt("d")
+    assert breakers.state("d") == HALF_OPEN and not breakers.allows("d")
+    return outcomes, dep, breakers
+
+
+def _non_answers() -> list[BaseException]:
+    import asyncio
+
+    from policies.queueing.errors import QueueDeadlineExceeded, QueueFull
+
+    return [
+        asyncio.CancelledError(),
+        QueueFull.deployment(8, retry_after_s=1.0),
+        QueueFull.tenant("t", 4, retry_after_s=1.0),
+        QueueDeadlineExceeded("deadline passed in the queue"),
+    ]
+
+
+@pytest.mark.parametrize("error", _non_answers(), ids=lambda e: type(e).__name__)
+def test_a_probe_without_an_answer_does_not_close_the_circuit(tmp_path, error):
+    outcomes, dep, breakers = _half_open_outcomes(tmp_path)
+    outcomes.record("m", dep, error, 0.5)
+    assert breakers.state("d") == HALF_OPEN, "a dead deployment must not be closed by a non-answer"
+    assert breakers.allows("d"), "the next request may probe"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [None, InvalidInput("input 'x' has shape [1, 3], expected [1, 4]"), ModelNotFound("no model")],
+    ids=lambda e: type(e).__name__,
+)
+def test_an_answer_closes_the_circuit_and_a_fault_reopens_it(tmp_path, error):
+    outcomes, dep, breakers = _half_open_outcomes(tmp_path)
+    outcomes.record("m", dep, error, 0.01)
+    assert breakers.state("d") == CLOSED
+    outcomes, dep, breakers = _half_open_outcomes(tmp_path)
+    outcomes.record("m", dep, BackendTimeout("no answer in time"), 0.01)
+    assert breakers.state("d") == OPEN and not breakers.allows("d")
