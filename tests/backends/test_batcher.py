@@ -173,7 +173,8 @@ async def test_close_answers_callers_of_running_batches() -> None:
 async def test_requests_queued_together_are_shared_out_over_the_free_slots() -> None:
     # Closed-loop callers come back all at once; one big batch would idle the other slots.
     run = Overlap(delay_s=0.02)
-    batcher = DynamicBatcher(run, max_batch_size=256, max_delay_ms=50, max_queue=100, max_in_flight=2)
+    # max_delay_ms far above the run time, so a wait would show on a loaded machine too
+    batcher = DynamicBatcher(run, max_batch_size=256, max_delay_ms=1000, max_queue=100, max_in_flight=2)
     xs = [np.full((1, 2), i, np.float32) for i in range(16)]
     started = asyncio.get_running_loop().time()
     results = await asyncio.gather(*(batcher.submit({"x": x}, None) for x in xs))
@@ -182,13 +183,13 @@ async def test_requests_queued_together_are_shared_out_over_the_free_slots() -> 
     assert run.batches == [8, 8]
     assert run.most == 2
     # both halves started at once: no max_delay_ms wait before the second one
-    assert asyncio.get_running_loop().time() - started < 0.045
+    assert asyncio.get_running_loop().time() - started < 0.5
     await batcher.close()
 
 
 async def test_the_wait_for_company_ends_when_the_last_batch_s_callers_are_back() -> None:
     run = Overlap(delay_s=0.005)
-    batcher = DynamicBatcher(run, max_batch_size=256, max_delay_ms=200, max_queue=100)
+    batcher = DynamicBatcher(run, max_batch_size=256, max_delay_ms=2000, max_queue=100)
 
     async def caller(i: int) -> None:  # closed loop: resubmits as soon as its answer is in
         for _ in range(3):
@@ -197,5 +198,5 @@ async def test_the_wait_for_company_ends_when_the_last_batch_s_callers_are_back(
     started = asyncio.get_running_loop().time()
     await asyncio.gather(*(caller(i) for i in range(4)))
     assert run.batches == [4, 4, 4]
-    assert asyncio.get_running_loop().time() - started < 0.15  # not 2 x 200 ms of waiting
+    assert asyncio.get_running_loop().time() - started < 1.0  # not 2 x 2 s of waiting
     await batcher.close()
