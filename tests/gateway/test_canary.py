@@ -2,7 +2,9 @@
 
 Baseline and candidate are real ONNX Runtime deployments of the digits model; the candidate's
 runtime gets a failure-injecting wrapper (a test double only for the failures). Requests are sent
-one at a time, so the number of canary attempts before the rollback is exact.
+one at a time, so the number of canary attempts before the rollback is exact. A candidate with a
+changed input signature (a real ONNX model built here) refuses every request and is rolled back on
+its caller-error rate.
 """
 
 from __future__ import annotations
@@ -199,3 +201,67 @@ def test_reload_keeps_a_rollback_while_the_route_stays_a_canary(fresh: Canary):
     assert httpx.post(f"{c.url}/admin/reload", headers=ADMIN).status_code == 200
     assert c.core.router.effective_weights("digits") == {"stable": 60, "candidate": 40}
     assert httpx.get(f"{c.url}/admin/canary", headers=ADMIN).json() == {"canaries": []}
+
+
+def _images_onnx(weights_path: Path, out: Path) -> Path:
+    """The digits MLP with a changed input signature: 8 x 8 images instead of 64 features."""
+    import numpy as np
+    import onnx
+
+    h, tp = onnx.helper, onnx.TensorProto
+    weights = dict(np.load(weights_path))
+    nodes = [
+        h.make_node("Flatten", ["image"], ["input"], axis=1),
+        h.make_node("MatMul", ["input", "W1"], ["z1"]),
+        h.make_node("Add", ["z1", "b1"], ["a1"]),
+        h.make_node("Relu", ["a1"], ["h1"]),
+        h.make_node("MatMul", ["h1", "W2"], ["z2"]),
+        h.make_node("Add", ["z2", "b2"], ["logits"]),
+        h.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "digits_images",
+        [h.make_tensor_value_info("image", tp.FLOAT, ["batch", 8, 8])],
+        [h.make_tensor_value_info("probabilities", tp.FLOAT, ["batch", 10])],
+        initializer=[onnx.numpy_helper.from_array(v, name=k) for k, v in weights.items()],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    out.write_bytes(model.SerializeToString())
+    return out
+
+
+def test_a_canary_that_refuses_every_request_is_rolled_back(digits, tmp_path):  # type: ignore[no-untyped-def]
+    """A candidate whose input signature changed answers 400 to every caller and never faults;
+    the baseline (same callers) answers them all, so its caller-error rate rolls it back."""
+    images = _images_onnx(digits.weights_path, tmp_path / "digits_images.onnx")
+    path = tmp_path / "gw.yaml"
+    path.write_text(
+        _config(digits.onnx_path).replace(
+            f"candidate: {{backend: onnxruntime, model: {digits.onnx_path}}}",
+            f"candidate: {{backend: onnxruntime, model: {images}}}",
+        )
+    )
+    app = create_app(load_config(path), config_path=path)
+    with serve_app(app) as url:
+        c = Canary(url, create_key(url, "t"), path, digits.onnx_path, app.state.core, Injector(None))
+        statuses: list[int] = []
+        with httpx.Client(headers={"Authorization": f"Bearer {c.key}"}) as client:
+            for _ in range(400):
+                statuses.append(c.predict(client).status_code)
+                if c.core.router.canaries.rolled_back("digits", "candidate"):
+                    break
+            else:
+                raise AssertionError("the candidate answering 400 to everyone was never rolled back")
+            # the baseline answered all its callers; the candidate refused every one (an error
+            # answer names no deployment) and was judged at its MIN_REQUESTS-th outcome
+            assert set(statuses) == {200, 400} and statuses.count(400) == MIN_REQUESTS
+            assert all(c.predict(client).status_code == 200 for _ in range(30)), "nothing fails after it"
+        reason = "caller_error_rate"
+        assert c.metric("fleetgate_canary_rollbacks_total", deployment="candidate", reason=reason) == 1
+        status = httpx.get(f"{url}/admin/canary", headers=ADMIN).json()["canaries"][0]
+        assert status["rollback"]["reason"] == reason and status["window_caller_errors"] == MIN_REQUESTS
+        assert status["rollback"]["canary_caller_error_rate"] == 1.0
+        assert status["rollback"]["baseline_caller_error_rate"] == 0.0
