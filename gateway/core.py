@@ -7,6 +7,7 @@ in this one place, so the three wire protocols cannot drift apart in what they e
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from gateway.outcomes import Outcomes
 from gateway.shadowing import Shadows
 from policies.admission import Admission, Reservation
 from policies.errors import PolicyError, Unauthenticated
+from policies.fair_queue import Ticket
 from policies.keys import KeyService
 from policies.principal import Principal
 from router.health import CircuitBreakers
@@ -78,6 +80,8 @@ class GatewayCore:
         self.service_times = service_times or ServiceTimes()
         self.outcomes = Outcomes(self.breakers, router, self.service_times)
         self.shadows = Shadows(deployments)
+        #: settlements of streams still running (held so that they are not garbage-collected)
+        self.settling: set[asyncio.Future[None]] = set()
 
     # --- identity and visibility -----------------------------------------------------------
 
@@ -231,12 +235,15 @@ class GatewayCore:
         if request.prompt_token_ids is not None:
             return len(request.prompt_token_ids)
         text = request.prompt or "".join(m.content for m in request.messages or [])
-        return max(1, len(text.encode()) // 4 + 4 * len(request.messages or []))
+        return max(1, estimate_text_tokens(text) + 4 * len(request.messages or []))
 
     async def start_generation(
         self, principal: Principal, plan: Plan, request: GenerateRequest, prompt_tokens: int
-    ) -> tuple[AsyncIterator[TokenEvent], Served]:
+    ) -> tuple[GenerationStream, Served]:
         """Admit and start a generation; returns the stream once the first event is in hand.
+
+        The caller must iterate the stream to its end or `aclose()` it: either settles the queue
+        ticket and the admission reservation (see `GenerationStream`).
 
         The first event is awaited here so that a deployment that fails before producing anything
         can still be replaced by the next one in the plan, and so that errors before the first
@@ -273,64 +280,162 @@ class GatewayCore:
                 dep.queue.release(ticket, 0)
                 await self.admission.reconcile(reservation, 0)
                 raise
-            # for a stream, the canary's latency is the time to its first event
-            self.outcomes.record(plan.model, dep, None, time.perf_counter() - started)
+            # A stream's latency and service time are its time to first event: the rest of it runs
+            # at the pace the client reads, which says nothing about the deployment's load.
+            first_event_s = time.perf_counter() - started
+            self.outcomes.record(plan.model, dep, None, first_event_s, first_event_s)
             served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
-            return self._finish_stream(
-                principal, plan, dep, request, stream, first, ticket, reservation, started
-            ), served
+            job = StreamJob(principal, plan, dep, request, ticket, reservation, prompt_tokens)
+            return GenerationStream(self, job, stream, first), served
         await self.admission.reconcile(reservation, 0)
         assert last_error is not None
         raise last_error
 
-    async def _finish_stream(
-        self,
-        principal: Principal,
-        plan: Plan,
-        dep: Deployment,
-        request: GenerateRequest,
-        stream: AsyncIterator[TokenEvent],
-        first: TokenEvent,
-        ticket: Any,
-        reservation: Reservation,
-        started: float,
-    ) -> AsyncIterator[TokenEvent]:
-        """Yield the stream; always release the queue slot and reconcile the tokens really used.
 
-        A stream that finishes normally feeds the load estimate with its duration and, when the
-        plan has shadows, hands its text to them for comparison.
-        """
-        usage = Usage()
-        completed = False
+# --- streams -------------------------------------------------------------------------------------
+
+#: UTF-8 bytes per token assumed where no tokenizer counts (remote prompts, and output text of
+#: events without token ids): about right for English text and BPE vocabularies, high for code.
+BYTES_PER_TOKEN = 4
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens in `text` by the `BYTES_PER_TOKEN` rule, rounded up."""
+    return -(-len(text.encode()) // BYTES_PER_TOKEN)
+
+
+@dataclass
+class StreamJob:
+    """Who and what a started generation is accounted to."""
+
+    principal: Principal
+    plan: Plan
+    dep: Deployment
+    request: GenerateRequest
+    ticket: Ticket
+    reservation: Reservation
+    #: prompt tokens reserved at admission (exact where the backend has a tokenizer)
+    prompt_tokens: int
+
+
+class GenerationStream:
+    """The events of a started generation; settles its queue ticket and reservation exactly once.
+
+    Iterate it to its end, or `aclose()` it (a client that went away): closing aborts the backend's
+    work and settles, even when the stream was never iterated.
+
+    Accounting follows what was handed out. Output tokens are counted per event: its token ids
+    where it carries them, otherwise an estimate of its text (`BYTES_PER_TOKEN`). The fair queue
+    (VTC) is charged as service is delivered: the ticket is rebased from `prompt + max_tokens` to the
+    prompt tokens at the first event, then +2 per output token. At the end the ticket is released
+    at `prompt + 2 x output` (release charges only the difference to what was charged, so nothing
+    is counted twice) and the reservation reconciled at `prompt + output`, taken from the backend's
+    `usage` when it reported one, else from the prompt estimate and the tokens delivered.
+    """
+
+    def __init__(
+        self, core: GatewayCore, job: StreamJob, stream: AsyncIterator[TokenEvent], first: TokenEvent
+    ) -> None:
+        self._core = core
+        self.job = job
+        self._stream = stream
+        self._next: TokenEvent | None = first
+        #: output tokens handed out so far (exact or estimated, see the class docstring)
+        self.delivered = 0
+        self._text_bytes = 0
+        self._usage: Usage | None = None
+        self._final: TokenEvent | None = None
+        self._closed = False
+        self._settling: asyncio.Future[None] | None = None
         # the completion, kept only when a shadow will compare it
-        texts: list[str] | None = [] if plan.shadows else None
-        token_ids: list[int] = []
+        self._texts: list[str] | None = [] if job.plan.shadows else None
+        self._token_ids: list[int] = []
+        queue, ticket = job.dep.queue, job.ticket
+        if not ticket.released:
+            queue.charge(ticket, job.prompt_tokens - ticket.charged)
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._closed:
+            raise StopAsyncIteration
         try:
-            event: TokenEvent | None = first
-            while event is not None:
-                if event.usage is not None:
-                    usage = event.usage
-                if texts is not None:
-                    texts.append(event.text)
-                    token_ids.extend(event.token_ids)
-                yield event
-                if event.finish_reason is not None:
-                    completed = event.finish_reason in ("stop", "length")
-                    break
-                event = await anext(stream, None)
+            event = self._next if self._next is not None else await anext(self._stream, None)
+            self._next = None
+            if event is not None:
+                # renews the concurrency lease of a long stream; its cut-off is not applied, as
+                # counts of remote streams are estimates
+                await self._core.admission.check_stream(
+                    self.job.reservation, self.job.prompt_tokens + self.delivered
+                )
+        except BaseException:
+            await self.aclose()
+            raise
+        if event is None:  # the backend ended without a finish event
+            await self.aclose()
+            raise StopAsyncIteration
+        self._count(event)
+        if event.finish_reason is not None:
+            self._final = event
+            await self.aclose()  # settle now: the caller may never ask for more
+        return event
+
+    async def aclose(self) -> None:
+        """Stop the stream (aborting the backend's work unless it finished) and settle. Idempotent.
+
+        The settling runs as its own task and is awaited through a shield: a caller cancelled by
+        a client disconnect (anyio cancels every await of a cancelled scope) cannot cut it short.
+        """
+        self._closed = True
+        if self._settling is None:
+            task = asyncio.ensure_future(self._settle())
+            self._core.settling.add(task)
+            task.add_done_callback(self._core.settling.discard)
+            self._settling = task
+        await asyncio.shield(self._settling)
+
+    def _count(self, event: TokenEvent) -> None:
+        if event.usage is not None:
+            self._usage = event.usage
+        if event.token_ids:
+            new = len(event.token_ids)
+        else:
+            before = -(-self._text_bytes // BYTES_PER_TOKEN)
+            self._text_bytes += len(event.text.encode())
+            new = -(-self._text_bytes // BYTES_PER_TOKEN) - before
+        self.delivered += new
+        ticket = self.job.ticket
+        if new and not ticket.released:
+            self.job.dep.queue.charge(ticket, 2.0 * new)
+        if self._texts is not None:
+            self._texts.append(event.text)
+            self._token_ids.extend(event.token_ids)
+
+    def used(self) -> Usage:
+        """Tokens to settle: the backend's usage when it reported any, else prompt + delivered."""
+        if self._usage is not None and self._usage.total_tokens > 0:
+            return self._usage
+        return Usage(prompt_tokens=self.job.prompt_tokens, completion_tokens=self.delivered)
+
+    async def _settle(self) -> None:
+        job, core = self.job, self._core
+        try:
+            if self._final is None:
+                await job.dep.backend.abort(job.request.request_id)
+                await _aclose(self._stream)
         finally:
-            if event is None or event.finish_reason is None:
-                await dep.backend.abort(request.request_id)
-                await _aclose(stream)
-            if completed:
-                self.service_times.observe(dep.name, time.perf_counter() - started)
-                if texts is not None:
-                    self.shadows.mirror_text(plan, dep, request, "".join(texts), token_ids)
-            total = usage.prompt_tokens + 2 * usage.completion_tokens
-            dep.queue.release(ticket, float(total))
-            await self.admission.reconcile(reservation, usage.total_tokens)
-            metrics.TOKENS.labels(principal.tenant, plan.model, "prompt").inc(usage.prompt_tokens)
-            metrics.TOKENS.labels(principal.tenant, plan.model, "completion").inc(usage.completion_tokens)
+            usage = self.used()
+            job.dep.queue.release(job.ticket, float(usage.prompt_tokens + 2 * usage.completion_tokens))
+            tenant, model = job.principal.tenant, job.plan.model
+            metrics.TOKENS.labels(tenant, model, "prompt").inc(usage.prompt_tokens)
+            metrics.TOKENS.labels(tenant, model, "completion").inc(usage.completion_tokens)
+            completed = self._final is not None and self._final.finish_reason in ("stop", "length")
+            if completed and self._texts is not None:
+                core.shadows.mirror_text(
+                    job.plan, job.dep, job.request, "".join(self._texts), self._token_ids
+                )
+            await core.admission.reconcile(job.reservation, usage.total_tokens)
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import structlog
 
-from backends.base import Backend, Capability, GenerateRequest, TokenEvent
+from backends.base import Backend
 from backends.registry import create_backend
 from gateway import metrics
 from gateway.config import Config, DeploymentConfig
-from policies.fair_queue import FairQueue, QueueSpec, Ticket
+from policies.fair_queue import FairQueue, QueueSpec
 
 log = structlog.get_logger(__name__)
 
@@ -58,55 +57,6 @@ class Deployment:
         return f"{self.name}; backend={self.spec.backend}; device={self.device}; hardware={self.hardware}"
 
 
-#: The ticket the current task was last granted by a deployment queue. The request path awaits
-#: `queue.acquire` and then calls `backend.generate` in the same task, so the metered stream below
-#: finds its ticket here without the request path passing it along.
-_GRANTED: contextvars.ContextVar[tuple[FairQueue, Ticket] | None] = contextvars.ContextVar(
-    "fleetgate_granted", default=None
-)
-
-
-class DeploymentQueue(FairQueue):
-    """The fair queue of a deployment; remembers each caller's ticket for `metered_generate`."""
-
-    async def acquire(self, tenant: str, cost: float, **kwargs: object) -> Ticket:  # type: ignore[override]
-        ticket = await super().acquire(tenant, cost, **kwargs)  # type: ignore[arg-type]
-        _GRANTED.set((self, ticket))
-        return ticket
-
-
-def metered_generate(
-    queue: FairQueue, generate: Callable[[GenerateRequest], AsyncIterator[TokenEvent]]
-) -> Callable[[GenerateRequest], AsyncIterator[TokenEvent]]:
-    """Wrap a backend's `generate` so VTC counts service as it is delivered (Sheng et al.).
-
-    The request path charges `prompt + max_tokens` at dispatch and reconciles to
-    `prompt + 2 x completion` at release. In between, a long generation would be counted at its
-    estimate; this wrapper rebases the charge to the prompt tokens when the stream starts and adds
-    2 per output token as each event arrives, so a tenant's counter follows the tokens it really
-    gets while its requests run. The release still settles the exact total (delta ~0).
-    """
-
-    async def stream(request: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        granted = _GRANTED.get()
-        ticket = granted[1] if granted is not None and granted[0] is queue else None
-        if ticket is not None and not ticket.released:
-            queue.charge(ticket, max(0.0, ticket.cost - request.sampling.max_tokens) - ticket.charged)
-        inner = generate(request)
-        try:
-            async for event in inner:
-                if ticket is not None and event.token_ids and not ticket.released:
-                    queue.charge(ticket, 2.0 * len(event.token_ids))
-                yield event
-        finally:
-            # closing us (client went away) must close the backend's stream too, at once
-            aclose = getattr(inner, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    return stream
-
-
 def _make_queue(spec: QueueSpec, weights: Mapping[str, float], backend: Backend) -> FairQueue:
     """The deployment's fair queue; for the LLM engine, gated on the engine's free sequence slots.
 
@@ -117,16 +67,10 @@ def _make_queue(spec: QueueSpec, weights: Mapping[str, float], backend: Backend)
     """
     capacity = getattr(backend, "capacity", None)
     if capacity is None:
-        queue = DeploymentQueue(spec, weights=weights)
-    else:
-        cell: list[FairQueue] = []
-        queue = DeploymentQueue(
-            spec, weights=weights, capacity=lambda: cell[0].in_flight == 0 or capacity()[0] > 0
-        )
-        cell.append(queue)
-    if Capability.GENERATE in backend.capabilities:
-        # An instance attribute: every other attribute of the backend stays as it is.
-        backend.generate = metered_generate(queue, backend.generate)  # type: ignore[method-assign]
+        return FairQueue(spec, weights=weights)
+    cell: list[FairQueue] = []
+    queue = FairQueue(spec, weights=weights, capacity=lambda: cell[0].in_flight == 0 or capacity()[0] > 0)
+    cell.append(queue)
     return queue
 
 

@@ -1,23 +1,18 @@
-"""VTC charges an LLM request as its tokens are produced: the deployment's metered generate.
+"""VTC charges an LLM request as its tokens are delivered: the request path's generation stream.
 
-Runs the real torch_llm engine (a tiny random-weight Llama) behind the deployment's fair queue, and
-drives the queue and the stream as the gateway's request path does.
+Runs the real torch_llm engine (a tiny random-weight Llama) behind the deployment's fair queue,
+through `GatewayCore.start_generation`, as the OpenAI endpoints do.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from backends.base import GenerateRequest, SamplingParams
 from backends.torch_llm.demo import write_tiny_llama
-from gateway.config import parse_config
-from gateway.deployments import Deployment, build_deployments, close_deployments, open_deployments
-
-PROMPT = [5, 6, 7, 8, 9, 10]
-MAX_TOKENS = 6
+from tests.gateway.test_stream_accounting import PROMPT, llm_request, llm_yaml, open_core, start
 
 
 @pytest.fixture(scope="module")
@@ -25,48 +20,34 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("llm") / "tiny-llama")
 
 
-@pytest.fixture
-async def deployment(model_dir: Path) -> AsyncIterator[Deployment]:
-    config = parse_config(
-        f"""
-state: {{url: "memory://"}}
-tenants: {{acme: {{}}, other: {{}}}}
-deployments:
-  llm: {{backend: torch_llm, model: {model_dir}, device: cpu, options: {{max_num_seqs: 2}}}}
-models:
-  tiny: {{routes: [{{deployment: llm}}]}}
-""",
-        base_dir=Path("."),
-    )
-    deployments = build_deployments(config, {"acme": 1.0, "other": 1.0})
-    await open_deployments(deployments)
-    assert deployments["llm"].ready
-    yield deployments["llm"]
-    await close_deployments(deployments)
+async def test_service_is_charged_per_token_while_streaming(model_dir: Path) -> None:
+    async with open_core(llm_yaml(model_dir)) as core:
+        queue = core.deployments["llm"].queue
+        events = await start(core, "tiny", llm_request("r1", max_tokens=6))
+        seen, charged = 0, []
+        async for event in events:
+            seen += len(event.token_ids)
+            charged.append((seen, queue.stats().tenants["acme"].service))
+        assert seen == 6
+        # at the first event the charge is rebased from prompt + max_tokens to the prompt, then
+        # +2 per output token as it is handed out
+        assert all(service == len(PROMPT) + 2 * n for n, service in charged)
+        # the release settles the exact total, once (no second charge of the output)
+        assert queue.stats().tenants["acme"].service == len(PROMPT) + 2 * 6
+        assert queue.in_flight == 0
 
 
-def request(rid: str) -> GenerateRequest:
-    sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    return GenerateRequest(request_id=rid, prompt_token_ids=PROMPT, sampling=sampling)
-
-
-async def test_service_is_charged_per_token_while_streaming(deployment: Deployment) -> None:
-    queue = deployment.queue
-    # as the request path does: acquire at prompt + max_tokens, then stream
-    ticket = await queue.acquire("acme", len(PROMPT) + MAX_TOKENS)
-    assert queue.stats().tenants["acme"].service == len(PROMPT) + MAX_TOKENS
-    seen, charged = 0, []
-    async for event in deployment.backend.generate(request("r1")):
-        seen += len(event.token_ids)
-        charged.append((seen, queue.stats().tenants["acme"].service))
-    # before release, the counter already holds prompt + 2 x the tokens delivered so far
-    assert seen == MAX_TOKENS
-    assert all(service == len(PROMPT) + 2 * n for n, service in charged)
-    queue.release(ticket, float(len(PROMPT) + 2 * MAX_TOKENS))
-    assert queue.stats().tenants["acme"].service == len(PROMPT) + 2 * MAX_TOKENS
-
-
-async def test_stream_without_a_ticket_of_this_queue_is_not_charged(deployment: Deployment) -> None:
-    async for _ in deployment.backend.generate(request("r2")):
-        pass
-    assert "acme" not in deployment.queue.stats().tenants
+async def test_running_streams_are_charged_what_each_has_delivered(model_dir: Path) -> None:
+    """Two streams in flight together, then both closed early: the counter follows delivery."""
+    async with open_core(llm_yaml(model_dir)) as core:
+        queue = core.deployments["llm"].queue
+        long_ = await start(core, "tiny", llm_request("long", max_tokens=20))
+        short = await start(core, "tiny", llm_request("short", max_tokens=20))
+        for _ in range(8):
+            await anext(long_)
+        await anext(short)
+        # the generous max_tokens of both reservations is no longer counted
+        assert queue.stats().tenants["acme"].service == 2 * len(PROMPT) + 2 * (8 + 1)
+        await asyncio.gather(long_.aclose(), short.aclose())
+        assert queue.stats().tenants["acme"].service == 2 * len(PROMPT) + 2 * (8 + 1)
+        assert queue.in_flight == 0
