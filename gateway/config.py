@@ -8,6 +8,7 @@ whatever directory fleetgate is started from.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -39,8 +40,8 @@ class ServerConfig(SpecBase):
             raise ValueError("port must be in 0..65535")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
-        if self.request_timeout_s <= 0:
-            raise ValueError("request_timeout_s must be > 0")
+        if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
+            raise ValueError("request_timeout_s must be a finite number > 0")
 
 
 class StateConfig(SpecBase):
@@ -129,6 +130,10 @@ def _check_model(model: str, spec: ModelConfig, names: Mapping[str, object]) -> 
     for path, name in refs:
         if name not in names:
             raise ConfigError(f"unknown deployment {name!r} - at `{path}`")
+    # routes that only the shadow uses take no traffic of their own; the others must take it all
+    served = [r for r in spec.routes if spec.shadow is None or r.deployment != spec.shadow.deployment]
+    if sum(r.weight for r in served) <= 0:
+        raise ConfigError(f"no route of the model has a positive weight - at `{base}.routes`")
     total = sum(r.weight for r in spec.routes)
     if len(spec.routes) > 1 and abs(total - WEIGHT_TOTAL) > 1e-6:
         raise ConfigError(f"route weights add up to {total:g}, not {WEIGHT_TOTAL:g} - at `{base}.routes`")

@@ -11,6 +11,7 @@ Pure Python with an injected clock, so tests move time instead of sleeping.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,8 +42,8 @@ class CircuitBreakers:
         cooldown_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if failure_threshold < 1 or cooldown_s <= 0:
-            raise ValueError("failure_threshold must be >= 1 and cooldown_s > 0")
+        if failure_threshold < 1 or not (math.isfinite(cooldown_s) and cooldown_s > 0):
+            raise ValueError("failure_threshold must be >= 1 and cooldown_s a finite number > 0")
         self.failure_threshold = failure_threshold
         self.cooldown_s = cooldown_s
         self._clock = clock

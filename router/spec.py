@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
@@ -12,11 +13,12 @@ from backends.spec import SpecBase
 class CanaryConfig(SpecBase):
     """When a canary route is rolled back (its weight drops to 0 until an admin restores it).
 
-    Both signals compare the canary with the model's baseline (its non-canary routes) over the same
+    Every signal compares the canary with the model's baseline (its non-canary routes) over the same
     sliding window; the canary is judged only once it has `min_requests` outcomes in the window.
     """
 
-    #: the canary's error rate may exceed the baseline's by at most this (0.1 = ten points)
+    #: the canary's error rate may exceed the baseline's by at most this (0.1 = ten points); the same
+    #: bound holds for its rate of caller errors (4xx answers, e.g. a changed input signature)
     max_error_rate: float = 0.05
     #: the canary's median latency may be at most this multiple of the baseline's (None = not checked)
     max_latency_ratio: float | None = 2.0
@@ -28,10 +30,11 @@ class CanaryConfig(SpecBase):
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_error_rate <= 1.0:
             raise ValueError("max_error_rate must be in 0..1")
-        if self.max_latency_ratio is not None and self.max_latency_ratio <= 1.0:
-            raise ValueError("max_latency_ratio must be > 1")
-        if self.window_s <= 0:
-            raise ValueError("window_s must be > 0")
+        ratio = self.max_latency_ratio
+        if ratio is not None and not (math.isfinite(ratio) and ratio > 1.0):
+            raise ValueError("max_latency_ratio must be a finite number > 1")
+        if not (math.isfinite(self.window_s) and self.window_s > 0):
+            raise ValueError("window_s must be a finite number > 0")
         if self.min_requests < 1:
             raise ValueError("min_requests must be >= 1")
 
@@ -44,8 +47,8 @@ class RouteConfig(SpecBase):
     canary: bool | CanaryConfig = False
 
     def __post_init__(self) -> None:
-        if self.weight < 0:
-            raise ValueError("weight must be >= 0")
+        if not (math.isfinite(self.weight) and self.weight >= 0):
+            raise ValueError("weight must be a finite number >= 0")
 
     @property
     def canary_policy(self) -> CanaryConfig | None:
@@ -104,5 +107,5 @@ class BreakerConfig(SpecBase):
     def __post_init__(self) -> None:
         if self.failure_threshold < 1:
             raise ValueError("failure_threshold must be >= 1")
-        if self.cooldown_s <= 0:
-            raise ValueError("cooldown_s must be > 0")
+        if not (math.isfinite(self.cooldown_s) and self.cooldown_s > 0):
+            raise ValueError("cooldown_s must be a finite number > 0")

@@ -72,6 +72,70 @@ def test_bad_config_names_the_path(tmp_path, text, message):
     assert "\n" not in str(info.value)
 
 
+REMOTES = (
+    'deployments: {a: {backend: remote, url: "http://x", protocol: kserve_v2},'
+    ' c: {backend: remote, url: "http://y", protocol: kserve_v2}}\n'
+)
+CANARY = (
+    "models: {{m: {{routes: [{{deployment: a, weight: 90}}, {{deployment: c, weight: 10, canary: {}}}]}}}}"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "models: {m: {routes: [{deployment: a, weight: .nan}]}}",
+            "weight must be a finite number >= 0 - at `$.models.m.routes[0]`",
+        ),
+        (
+            "models: {m: {routes: [{deployment: a, weight: .inf}]}}",
+            "weight must be a finite number >= 0 - at `$.models.m.routes[0]`",
+        ),
+        (
+            "models: {m: {routes: [{deployment: a, weight: 0}]}}",
+            "no route of the model has a positive weight - at `$.models.m.routes`",
+        ),
+        (
+            "models: {m: {routes: [{deployment: a, weight: 0}, {deployment: c, weight: 100}],"
+            " shadow: {deployment: c}}}",
+            "no route of the model has a positive weight - at `$.models.m.routes`",
+        ),
+        (
+            CANARY.format("{window_s: .inf}"),
+            "window_s must be a finite number > 0 - at `$.models.m.routes[1].canary`",
+        ),
+        (
+            CANARY.format("{window_s: .nan}"),
+            "window_s must be a finite number > 0 - at `$.models.m.routes[1].canary`",
+        ),
+        (
+            CANARY.format("{max_latency_ratio: .nan}"),
+            "max_latency_ratio must be a finite number > 1 - at `$.models.m.routes[1].canary`",
+        ),
+        (
+            CANARY.format("{max_latency_ratio: .inf}"),
+            "max_latency_ratio must be a finite number > 1 - at `$.models.m.routes[1].canary`",
+        ),
+        (
+            CANARY.format("{max_error_rate: .nan}"),
+            "max_error_rate must be in 0..1 - at `$.models.m.routes[1].canary`",
+        ),
+        ("breakers: {cooldown_s: .nan}", "cooldown_s must be a finite number > 0 - at `$.breakers`"),
+        ("breakers: {cooldown_s: .inf}", "cooldown_s must be a finite number > 0 - at `$.breakers`"),
+        (
+            "server: {request_timeout_s: .nan}",
+            "request_timeout_s must be a finite number > 0 - at `$.server`",
+        ),
+    ],
+)
+def test_non_finite_numbers_and_weightless_models_are_refused(tmp_path, text, message):
+    """NaN passes every `x <= 0` check, and a model whose routes all weigh 0 would fail each request."""
+    with pytest.raises(ConfigError) as info:
+        _parse(REMOTES + text, tmp_path)
+    assert str(info.value) == message
+
+
 def test_weights_must_add_up(tmp_path, model):
     text = GOOD.format(model=model).replace("weight: 10", "weight: 20")
     with pytest.raises(ConfigError, match=r"route weights add up to 110, not 100 - at `\$.models.m.routes`"):

@@ -157,7 +157,7 @@ breakers: {{failure_threshold: 2, cooldown_s: 0.5}}
     assert parsed.models["m"].canaries()["c"].window_s == 5 and parsed.breakers.cooldown_s == 0.5
     with pytest.raises(ConfigError, match=r"a canary needs a baseline route .* - at `\$.models.m.routes`"):
         parse_config(config("[{deployment: c, canary: true}]"), base_dir=tmp_path)
-    with pytest.raises(ConfigError, match="max_latency_ratio must be > 1"):
+    with pytest.raises(ConfigError, match="max_latency_ratio must be a finite number > 1"):
         parse_config(
             config(
                 "[{deployment: a, weight: 90}, {deployment: c, weight: 10, canary: {max_latency_ratio: 1}}]"

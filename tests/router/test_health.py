@@ -132,3 +132,9 @@ def test_an_answer_closes_the_circuit_and_a_fault_reopens_it(tmp_path, error):
     outcomes, dep, breakers = _half_open_outcomes(tmp_path)
     outcomes.record("m", dep, BackendTimeout("no answer in time"), 0.01)
     assert breakers.state("d") == OPEN and not breakers.allows("d")
+
+
+@pytest.mark.parametrize("cooldown_s", [float("nan"), float("inf"), 0.0])
+def test_cooldown_must_be_finite_and_positive(cooldown_s):
+    with pytest.raises(ValueError, match="cooldown_s"):
+        CircuitBreakers(cooldown_s=cooldown_s)
