@@ -120,10 +120,6 @@ class Shadows:
             exact.inc()
         metrics.SHADOW_TOKEN_AGREEMENT.labels(*labels, diff.unit).observe(diff.agreement)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._tasks)
-
     async def close(self, timeout_s: float = 5.0) -> None:
         """At shutdown: let the shadows in flight finish for up to `timeout_s`, then cancel them."""
         if not self._tasks:

@@ -15,11 +15,12 @@ counts, so a burst at start-up spreads instead of piling onto one replica.
 
 from __future__ import annotations
 
-import threading
-
 
 class ServiceTimes:
     """EWMA of service time per deployment.
+
+    Only the event loop calls `observe` (the gateway records every attempt there, after awaiting
+    the backend), so the estimate needs no lock; do not feed it from runtime threads.
 
     Args:
         alpha: weight of the newest sample (0 < alpha <= 1); 0.2 follows a change within ~10 requests.
@@ -30,13 +31,11 @@ class ServiceTimes:
             raise ValueError("alpha must be in (0, 1]")
         self.alpha = alpha
         self._ewma: dict[str, float] = {}
-        # observe() may be called from runtime threads as well as the event loop
-        self._lock = threading.Lock()
 
     def observe(self, deployment: str, seconds: float) -> None:
-        with self._lock:
-            old = self._ewma.get(deployment)
-            self._ewma[deployment] = seconds if old is None else old + self.alpha * (seconds - old)
+        """Fold one request's service time into the deployment's estimate (event loop only)."""
+        old = self._ewma.get(deployment)
+        self._ewma[deployment] = seconds if old is None else old + self.alpha * (seconds - old)
 
     def get(self, deployment: str) -> float | None:
         """The current estimate in seconds, or None before the first sample."""
