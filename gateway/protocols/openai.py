@@ -9,16 +9,17 @@ empty `choices` carries the usage. A stream that breaks after its first token en
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from backends.base import GenerateRequest, TokenEvent, Usage
+from backends.base import GenerateRequest, Usage
 from gateway import metrics
-from gateway.core import GatewayCore, Served
+from gateway.core import GatewayCore, GenerationStream, Served
 from gateway.errors import describe
 from gateway.http import Call, lower_headers, read_body
 from gateway.protocols.openai_schema import (
@@ -115,7 +116,7 @@ def _finish_reason(reason: str | None) -> str:
 
 
 async def _sse(
-    events: AsyncIterator[TokenEvent], shape: _Shape, include_usage: bool, call: Call, served: Served
+    events: GenerationStream, shape: _Shape, include_usage: bool, call: Call, served: Served
 ) -> AsyncIterator[bytes]:
     first = True
     usage = Usage()
@@ -151,6 +152,8 @@ async def _sse(
         )
     finally:
         call.done(status)
+        # a client that went away: abort the generation and settle what it was given
+        await events.aclose()
     yield b"data: [DONE]\n\n"
 
 
@@ -174,33 +177,59 @@ async def _generate(request: Request, chat: bool) -> Response[Any]:
         gen.tenant = principal.tenant
         prompt_tokens = core.estimate_prompt_tokens(plan, gen)
         events, served = await core.start_generation(principal, plan, gen, prompt_tokens)
-        dep = served.deployment
-        call.served_by(dep.name, dep.spec.backend, dep.device)
-        out_headers = {
-            **served.headers,
-            "x-fleetgate-deployment": dep.served_by(),
-            "x-request-id": call.request_id,
-        }
-        shape = _Shape(chat, body.model, call.request_id)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return Stream(
-                _sse(events, shape, include_usage, call, served),
-                media_type="text/event-stream",
-                headers={**out_headers, "cache-control": "no-cache"},
-            )
-        parts: list[str] = []
-        usage, finish = Usage(), "stop"
+        try:
+            return await _answer(events, served, body, call, chat)
+        except BaseException:
+            await events.aclose()
+            raise
+    except Exception as exc:  # noqa: BLE001
+        return call.fail(exc)
+
+
+async def _answer(
+    events: GenerationStream, served: Served, body: Any, call: Call, chat: bool
+) -> Response[Any]:
+    """The response for a started generation: an SSE stream, or the whole completion.
+
+    Every path ends with `events` iterated to its end or closed, so the queue slot and the
+    reservation are settled; for a stream, the response's background task closes it once the
+    body is done, even when the server stopped iterating it (client disconnect).
+    """
+    dep = served.deployment
+    call.served_by(dep.name, dep.spec.backend, dep.device)
+    out_headers = {
+        **served.headers,
+        "x-fleetgate-deployment": dep.served_by(),
+        "x-request-id": call.request_id,
+    }
+    shape = _Shape(chat, body.model, call.request_id)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        sse = _sse(events, shape, include_usage, call, served)
+        return Stream(
+            sse,
+            media_type="text/event-stream",
+            headers={**out_headers, "cache-control": "no-cache"},
+            background=BackgroundTask(_close_all, sse, events),
+        )
+    parts: list[str] = []
+    usage, finish = Usage(), "stop"
+    try:
         async for event in events:
             parts.append(event.text)
             if event.usage is not None:
                 usage = event.usage
             if event.finish_reason:
                 finish = _finish_reason(event.finish_reason)
-        call.done(200)
-        return _json(shape.whole("".join(parts), finish, usage), out_headers)
-    except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+    finally:
+        await events.aclose()
+    call.done(200)
+    return _json(shape.whole("".join(parts), finish, usage), out_headers)
+
+
+async def _close_all(sse: AsyncGenerator[bytes, None], events: GenerationStream) -> None:
+    await sse.aclose()
+    await events.aclose()
 
 
 @post("/v1/completions", status_code=200)

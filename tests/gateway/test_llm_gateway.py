@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from openai import OpenAI
 
+from backends.base import GenerateRequest
 from backends.torch_llm.demo import write_tiny_llama
 from gateway.app import create_app
 from gateway.config import parse_config
@@ -18,9 +22,12 @@ from tests.servers import serve_app
 
 
 @pytest.fixture(scope="module")
-def llm_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    folder = write_tiny_llama(tmp_path_factory.mktemp("llm") / "tiny-llama")
-    config = parse_config(
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("llm") / "tiny-llama")
+
+
+def _config(folder: Path):  # type: ignore[no-untyped-def]
+    return parse_config(
         f"""
 state: {{url: "memory://"}}
 tenants:
@@ -32,7 +39,11 @@ models:
 """,
         base_dir=Path("."),
     )
-    with serve_app(create_app(config)) as url:
+
+
+@pytest.fixture(scope="module")
+def llm_gateway(model_dir: Path) -> Iterator[tuple[str, str]]:
+    with serve_app(create_app(_config(model_dir))) as url:
         yield url, create_key(url, "acme")
 
 
@@ -104,3 +115,73 @@ def test_prompt_too_long_is_400(llm_gateway):
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+@asynccontextmanager
+async def _lifespan(app: Any) -> AsyncIterator[None]:
+    """Run the app's ASGI lifespan in this event loop (the app is then called directly)."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}}, inbox.get, outbox.put))
+    assert (await outbox.get())["type"] == "lifespan.startup.complete"
+    try:
+        yield
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await outbox.get()
+        await task
+
+
+async def test_stream_is_settled_when_the_client_leaves_during_a_blocked_send(model_dir: Path) -> None:
+    """The disconnect cancels the server while it waits on a full socket, not on the stream.
+
+    The transport is a double: its first body `send` blocks (a client that stopped reading) and
+    `receive` then reports the disconnect. The SSE generator is left suspended at a `yield`; the
+    response must still abort the generation and settle before the app call returns.
+    """
+    app = create_app(_config(model_dir))
+    async with _lifespan(app):
+        core = app.state.core
+        _, secret = await core.keys.create("acme")
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        sent_one, never = asyncio.Event(), asyncio.Event()
+        request = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+        chunks: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            if request:
+                return request.pop()
+            await sent_one.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                chunks.append(message["body"])
+                sent_one.set()
+                await never.wait()
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/completions",
+            "raw_path": b"/v1/completions",
+            "root_path": "",
+            "query_string": b"",
+            "headers": [
+                (b"authorization", f"Bearer {secret}".encode()),
+                (b"content-type", b"application/json"),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80),
+        }
+        await asyncio.wait_for(app(scope, receive, send), 60)
+        assert len(chunks) == 1 and chunks[0].startswith(b"data: {")
+        dep = core.deployments["llm"]
+        assert dep.queue.in_flight == 0  # settled by the response itself, not by garbage collection
+        prompt = dep.backend.count_prompt_tokens(GenerateRequest(request_id="n", prompt="hello"))
+        rows = [r for r in await core.admission.usage("acme") if len(r.period) == 10]
+        assert [(r.requests, r.tokens) for r in rows] == [(1, prompt + 1)]  # the one token it was sent

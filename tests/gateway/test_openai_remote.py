@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from openai import APIStatusError, AuthenticationError, BadRequestError, NotFoundError, OpenAI
 
+from gateway.core import estimate_text_tokens
+from tests.conftest import ADMIN_KEY
 from tests.openai_upstream import reply_words
 
 PROMPT = "one two three four five six"
@@ -126,3 +130,40 @@ def test_tensor_model_on_text_endpoint_is_400(client):
 def test_model_version_syntax(client):
     with pytest.raises(NotFoundError, match="no version"):
         client.completions.create(model="echo:7", prompt="x")
+
+
+def _echo_usage(gateway) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """(requests, tokens) of tenant acme on model echo today."""
+    r = httpx.get(
+        f"{gateway.url}/admin/usage",
+        params={"tenant": "acme"},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    )
+    rows = [u for u in r.json()["usage"] if u["model"] == "echo" and len(u["period"]) == 10]
+    return (rows[0]["requests"], rows[0]["tokens"]) if rows else (0, 0)
+
+
+def test_client_disconnecting_mid_stream_pays_what_it_was_sent(gateway):
+    """The upstream sends no token ids and its usage comes last: the gateway estimates from text."""
+    words = [f"w{i:04d}" for i in range(3000)]  # ~3 s of upstream stream, one word per event
+    prompt = " ".join(words)
+    requests, tokens = _echo_usage(gateway)
+    with httpx.stream(
+        "POST",
+        f"{gateway.url}/v1/completions",
+        json={"model": "echo", "prompt": prompt, "max_tokens": 3000, "stream": True},
+        headers=gateway.headers(),
+    ) as r:
+        lines = r.iter_lines()
+        received = [next(lines) for _ in range(6)]  # three events, then the client goes away
+    assert sum(line.startswith("data: {") for line in received) >= 3
+    deadline = time.monotonic() + 10
+    while _echo_usage(gateway)[0] == requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    new_requests, new_tokens = _echo_usage(gateway)
+    assert new_requests == requests + 1
+    # the prompt estimate (4 bytes per token) plus the estimate of the text that was sent, which is
+    # at least the three events read and far less than the whole answer
+    prompt_est = estimate_text_tokens(prompt)
+    assert prompt_est + estimate_text_tokens(" w2999 w2998") < new_tokens - tokens
+    assert new_tokens - tokens < prompt_est + estimate_text_tokens(prompt) // 2
