@@ -19,7 +19,7 @@ from litestar.response import Stream
 
 from backends.base import GenerateRequest, Usage
 from gateway import metrics
-from gateway.core import GatewayCore, GenerationStream, Served
+from gateway.core import GatewayCore, Served
 from gateway.errors import describe
 from gateway.http import Call, lower_headers, read_body
 from gateway.protocols.openai_schema import (
@@ -29,6 +29,7 @@ from gateway.protocols.openai_schema import (
     completion_request,
     decode,
 )
+from gateway.streams import GenerationStream
 from router.planner import split_model_name
 
 _encoder = msgspec.json.Encoder()

@@ -19,8 +19,9 @@ import pytest
 from backends.base import GenerateRequest, SamplingParams
 from backends.torch_llm.demo import write_tiny_llama
 from gateway.config import parse_config
-from gateway.core import GatewayCore, GenerationStream, estimate_text_tokens
+from gateway.core import GatewayCore
 from gateway.deployments import build_deployments, close_deployments, open_deployments
+from gateway.streams import GenerationStream, estimate_text_tokens
 from policies.admission import Admission
 from policies.errors import QuotaExceeded
 from policies.keys import KeyService

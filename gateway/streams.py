@@ -1,0 +1,177 @@
+"""A started generation as the caller sees it: its events, and exactly-once accounting at the end.
+
+`GatewayCore.start_generation` admits, queues and starts a generation, then hands its events over
+as a `GenerationStream`; everything that must happen while and after they are delivered (charging
+the fair queue per token, renewing the concurrency lease, settling queue and quotas once, mirroring
+to a shadow) lives here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from backends.base import GenerateRequest, TokenEvent, Usage
+from gateway import metrics
+from gateway.deployments import Deployment
+from policies.admission import Reservation
+from policies.fair_queue import Ticket
+from policies.principal import Principal
+from router.planner import Plan
+
+if TYPE_CHECKING:
+    from gateway.core import GatewayCore
+
+#: UTF-8 bytes per token assumed where no tokenizer counts (remote prompts, and output text of
+#: events without token ids): about right for English text and BPE vocabularies, high for code.
+BYTES_PER_TOKEN = 4
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens in `text` by the `BYTES_PER_TOKEN` rule, rounded up."""
+    return -(-len(text.encode()) // BYTES_PER_TOKEN)
+
+
+@dataclass
+class StreamJob:
+    """Who and what a started generation is accounted to."""
+
+    principal: Principal
+    plan: Plan
+    dep: Deployment
+    request: GenerateRequest
+    ticket: Ticket
+    reservation: Reservation
+    #: prompt tokens reserved at admission (exact where the backend has a tokenizer)
+    prompt_tokens: int
+
+
+class GenerationStream:
+    """The events of a started generation; settles its queue ticket and reservation exactly once.
+
+    Iterate it to its end, or `aclose()` it (a client that went away): closing aborts the backend's
+    work and settles, even when the stream was never iterated.
+
+    Accounting follows what was handed out. Output tokens are counted per event: its token ids
+    where it carries them, otherwise an estimate of its text (`BYTES_PER_TOKEN`). The fair queue
+    (VTC) is charged as service is delivered: the ticket is rebased from `prompt + max_tokens` to the
+    prompt tokens at the first event, then +2 per output token. At the end the ticket is released
+    at `prompt + 2 x output` (release charges only the difference to what was charged, so nothing
+    is counted twice) and the reservation reconciled at `prompt + output`, taken from the backend's
+    `usage` when it reported one, else from the prompt estimate and the tokens delivered.
+    """
+
+    def __init__(
+        self, core: GatewayCore, job: StreamJob, stream: AsyncIterator[TokenEvent], first: TokenEvent
+    ) -> None:
+        self._core = core
+        self.job = job
+        self._stream = stream
+        self._next: TokenEvent | None = first
+        #: output tokens handed out so far (exact or estimated, see the class docstring)
+        self.delivered = 0
+        self._text_bytes = 0
+        self._usage: Usage | None = None
+        self._final: TokenEvent | None = None
+        self._closed = False
+        self._settling: asyncio.Future[None] | None = None
+        # the completion, kept only when a shadow will compare it
+        self._texts: list[str] | None = [] if job.plan.shadows else None
+        self._token_ids: list[int] = []
+        queue, ticket = job.dep.queue, job.ticket
+        if not ticket.released:
+            queue.charge(ticket, job.prompt_tokens - ticket.charged)
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            event = self._next if self._next is not None else await anext(self._stream, None)
+            self._next = None
+            if event is not None:
+                # renews the concurrency lease of a long stream; its cut-off is not applied, as
+                # counts of remote streams are estimates
+                await self._core.admission.check_stream(
+                    self.job.reservation, self.job.prompt_tokens + self.delivered
+                )
+        except BaseException:
+            await self.aclose()
+            raise
+        if event is None:  # the backend ended without a finish event
+            await self.aclose()
+            raise StopAsyncIteration
+        self._count(event)
+        if event.finish_reason is not None:
+            self._final = event
+            await self.aclose()  # settle now: the caller may never ask for more
+        return event
+
+    async def aclose(self) -> None:
+        """Stop the stream (aborting the backend's work unless it finished) and settle. Idempotent.
+
+        The settling runs as its own task and is awaited through a shield: a caller cancelled by
+        a client disconnect (anyio cancels every await of a cancelled scope) cannot cut it short.
+        """
+        self._closed = True
+        if self._settling is None:
+            task = asyncio.ensure_future(self._settle())
+            self._core.settling.add(task)
+            task.add_done_callback(self._core.settling.discard)
+            self._settling = task
+        await asyncio.shield(self._settling)
+
+    def _count(self, event: TokenEvent) -> None:
+        if event.usage is not None:
+            self._usage = event.usage
+        if event.token_ids:
+            new = len(event.token_ids)
+        else:
+            before = -(-self._text_bytes // BYTES_PER_TOKEN)
+            self._text_bytes += len(event.text.encode())
+            new = -(-self._text_bytes // BYTES_PER_TOKEN) - before
+        self.delivered += new
+        ticket = self.job.ticket
+        if new and not ticket.released:
+            self.job.dep.queue.charge(ticket, 2.0 * new)
+        if self._texts is not None:
+            self._texts.append(event.text)
+            self._token_ids.extend(event.token_ids)
+
+    def used(self) -> Usage:
+        """Tokens to settle: the backend's usage when it reported any, else prompt + delivered."""
+        if self._usage is not None and self._usage.total_tokens > 0:
+            return self._usage
+        return Usage(prompt_tokens=self.job.prompt_tokens, completion_tokens=self.delivered)
+
+    async def _settle(self) -> None:
+        job, core = self.job, self._core
+        try:
+            if self._final is None:
+                await job.dep.backend.abort(job.request.request_id)
+                await _aclose(self._stream)
+        finally:
+            usage = self.used()
+            job.dep.queue.release(job.ticket, float(usage.prompt_tokens + 2 * usage.completion_tokens))
+            tenant, model = job.principal.tenant, job.plan.model
+            metrics.TOKENS.labels(tenant, model, "prompt").inc(usage.prompt_tokens)
+            metrics.TOKENS.labels(tenant, model, "completion").inc(usage.completion_tokens)
+            completed = self._final is not None and self._final.finish_reason in ("stop", "length")
+            if completed and self._texts is not None:
+                core.shadows.mirror_text(
+                    job.plan, job.dep, job.request, "".join(self._texts), self._token_ids
+                )
+            await core.admission.reconcile(job.reservation, usage.total_tokens)
+
+
+async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
