@@ -21,6 +21,7 @@ from gateway import metrics
 from gateway.config import Config
 from gateway.deployments import Deployment
 from gateway.outcomes import Outcomes
+from gateway.queue_hints import NO_HINTS, QueueHints
 from gateway.shadowing import Shadows
 from gateway.streams import GenerationStream, StreamJob, estimate_text_tokens
 from policies.admission import Admission, Reservation
@@ -152,9 +153,12 @@ class GatewayCore:
     # --- tensors ---------------------------------------------------------------------------
 
     async def infer(
-        self, principal: Principal, plan: Plan, request: TensorRequest
+        self, principal: Principal, plan: Plan, request: TensorRequest, hints: QueueHints = NO_HINTS
     ) -> tuple[TensorResponse, Served]:
-        """Admit, queue and run a tensor request, falling back along the plan on retryable errors."""
+        """Admit, queue and run a tensor request, falling back along the plan on retryable errors.
+
+        `hints` (priority, queue deadline) apply in each deployment's fair queue it waits in.
+        """
         candidates = self._candidates(plan, Capability.TENSOR)
         cost = request.batch_rows
         reservation = await self._admit(principal, plan.model, cost)
@@ -168,7 +172,7 @@ class GatewayCore:
                 started = time.perf_counter()
                 try:
                     response, service_s = await self._run_queued(
-                        principal, dep, cost, dep.backend.infer(request)
+                        principal, dep, cost, dep.backend.infer(request), hints
                     )
                 except RETRYABLE as exc:
                     self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
@@ -194,7 +198,7 @@ class GatewayCore:
             await self.admission.reconcile(reservation, used)
 
     async def _run_queued(
-        self, principal: Principal, dep: Deployment, cost: float, work: Any
+        self, principal: Principal, dep: Deployment, cost: float, work: Any, hints: QueueHints
     ) -> tuple[Any, float]:
         """Wait for a turn in the deployment's fair queue, then await `work` (a coroutine).
 
@@ -202,7 +206,9 @@ class GatewayCore:
         """
         queued_at = time.perf_counter()
         try:
-            ticket = await dep.queue.acquire(principal.tenant, cost)
+            ticket = await dep.queue.acquire(
+                principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
+            )
         except BaseException:
             work.close()  # never awaited: close it so Python does not warn
             raise
@@ -238,7 +244,12 @@ class GatewayCore:
         return max(1, estimate_text_tokens(text) + 4 * len(request.messages or []))
 
     async def start_generation(
-        self, principal: Principal, plan: Plan, request: GenerateRequest, prompt_tokens: int
+        self,
+        principal: Principal,
+        plan: Plan,
+        request: GenerateRequest,
+        prompt_tokens: int,
+        hints: QueueHints = NO_HINTS,
     ) -> tuple[GenerationStream, Served]:
         """Admit and start a generation; returns the stream once the first event is in hand.
 
@@ -257,7 +268,10 @@ class GatewayCore:
                 metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
             try:
                 ticket = await dep.queue.acquire(
-                    principal.tenant, prompt_tokens + request.sampling.max_tokens
+                    principal.tenant,
+                    prompt_tokens + request.sampling.max_tokens,
+                    priority=hints.priority,
+                    timeout_s=hints.timeout_s,
                 )
             except BaseException:
                 await self.admission.reconcile(reservation, 0)

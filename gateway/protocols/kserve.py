@@ -12,6 +12,7 @@ from gateway.core import GatewayCore
 from gateway.errors import GatewayError
 from gateway.http import Call, RawResponse, lower_headers, read_body
 from gateway.protocols.v2_codec import decode_infer, encode_infer
+from gateway.queue_hints import queue_hints
 
 _encoder = msgspec.json.Encoder()
 SERVER_NAME = "fleetgate"
@@ -120,7 +121,7 @@ async def _infer(request: Request, model: str, version: str | None) -> ASGIApp:
         body = await read_body(request, core.config.server.max_body_bytes, headers=headers)
         header_len = headers.get("inference-header-content-length")
         decoded = decode_infer(body, _parse_header_length(header_len), call.request_id)
-        response, served = await core.infer(principal, plan, decoded.request)
+        response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
         dep = served.deployment
         call.served_by(dep.name, dep.spec.backend, dep.device)
         payload, json_len = encode_infer(response, model, plan.version, decoded)

@@ -29,6 +29,7 @@ from gateway.protocols.openai_schema import (
     completion_request,
     decode,
 )
+from gateway.queue_hints import queue_hints
 from gateway.streams import GenerationStream
 from router.planner import split_model_name
 
@@ -177,7 +178,9 @@ async def _generate(request: Request, chat: bool) -> Response[Any]:
         )
         gen.tenant = principal.tenant
         prompt_tokens = core.estimate_prompt_tokens(plan, gen)
-        events, served = await core.start_generation(principal, plan, gen, prompt_tokens)
+        events, served = await core.start_generation(
+            principal, plan, gen, prompt_tokens, queue_hints(headers)
+        )
         try:
             return await _answer(events, served, body, call, chat)
         except BaseException:

@@ -21,6 +21,7 @@ from gateway.core import GatewayCore
 from gateway.errors import Protocol
 from gateway.http import Call, lower_headers, read_body
 from gateway.protocols.tfserving_codec import decode_predict, encode_predict, signature_def
+from gateway.queue_hints import queue_hints
 
 _encoder = msgspec.json.Encoder()
 VERBS = ("predict", "classify", "regress")
@@ -65,7 +66,7 @@ async def _predict(request: Request, model: str, segment: str, slot: str) -> Res
         body = await read_body(request, core.config.server.max_body_bytes)
         meta = core.deployments[plan.primary].backend.metadata()
         decoded = decode_predict(body, meta, call.request_id)
-        response, served = await core.infer(principal, plan, decoded.request)
+        response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
         dep = served.deployment
         call.served_by(dep.name, dep.spec.backend, dep.device)
         out = {**served.headers, "x-fleetgate-deployment": dep.served_by(), "x-request-id": call.request_id}
