@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -9,6 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+# triton's native library aborts the process when it is loaded after TensorFlow's (the other order
+# works); this suite loads both (TF Serving tests, the Triton kernel tests), so triton goes first.
+with contextlib.suppress(ImportError):
+    import triton  # noqa: F401
 
 from gateway.app import create_app
 from gateway.config import Config, parse_config

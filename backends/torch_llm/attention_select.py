@@ -10,6 +10,7 @@ import error (no triton), a compile or launch error, or a wrong answer logs one 
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Literal
 
 import structlog
@@ -40,6 +41,17 @@ def make_attention(
     fallback = TorchPagedAttention(*shape, block_size=block_size, device=device)
     want_triton = backend == "triton" or (backend == "auto" and device.type == "cuda")
     if not want_triton:
+        return fallback
+    if "tensorflow" in sys.modules and "triton" not in sys.modules:
+        # Loading triton's native library after TensorFlow's aborts the whole process (triton 3.9,
+        # TensorFlow 2.21; the other order works): a gateway that also serves a tfserving deployment
+        # keeps gather + SDPA rather than risk it.
+        log.warning(
+            "llm_attention_fallback",
+            backend="torch",
+            reason="TensorFlow is loaded in this process; importing triton after it aborts the process",
+            device=str(device),
+        )
         return fallback
     try:
         from backends.torch_llm.attention_triton import TritonPagedAttention
