@@ -17,11 +17,9 @@ import numpy as np
 import structlog
 
 from backends.base import (
-    V2_TO_NUMPY,
     Capability,
     GenerateRequest,
     ModelMetadata,
-    Tensor,
     TensorRequest,
     TensorResponse,
     TensorSpec,
@@ -30,7 +28,7 @@ from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
 from backends.lazy import require
 from backends.spec import DeploymentSpec, SpecBase
-from backends.validation import validate_request
+from backends.tensor_requests import serve_tensor_request, zero_inputs
 
 log = structlog.get_logger(__name__)
 
@@ -157,15 +155,7 @@ class OnnxRuntimeBackend:
 
     async def warmup(self) -> None:
         """Run one request of zeros so the first caller does not pay for lazy initialisation."""
-        meta = self.metadata()
-        feeds = {}
-        for spec in meta.inputs:
-            shape = tuple(1 if d == -1 else d for d in spec.shape)
-            if spec.datatype == "BYTES":
-                feeds[spec.name] = np.full(shape, b"", dtype=object)
-            else:
-                feeds[spec.name] = np.zeros(shape, V2_TO_NUMPY[spec.datatype])
-        await self._run_async(feeds, None)
+        await self._run_async(zero_inputs(self.metadata()), None)
         self._warm = True
 
     async def close(self) -> None:
@@ -177,14 +167,7 @@ class OnnxRuntimeBackend:
         self._warm = False
 
     async def infer(self, request: TensorRequest) -> TensorResponse:
-        meta = self.metadata()
-        arrays = validate_request(request, meta)
-        outputs = tuple(request.outputs) if request.outputs is not None else None
-        if self._batcher is not None:
-            result = await self._batcher.submit(arrays, outputs)
-        else:
-            result = await self._run_async(arrays, outputs)
-        return TensorResponse(id=request.id, outputs=[Tensor.from_array(n, a) for n, a in result.items()])
+        return await serve_tensor_request(request, self.metadata(), self._batcher, self._run_async)
 
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         if self._session is None or self._executor is None:

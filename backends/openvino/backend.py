@@ -6,15 +6,12 @@ import asyncio
 import os
 from typing import Any
 
-import numpy as np
 import structlog
 
 from backends.base import (
-    V2_TO_NUMPY,
     Capability,
     GenerateRequest,
     ModelMetadata,
-    Tensor,
     TensorRequest,
     TensorResponse,
 )
@@ -25,7 +22,7 @@ from backends.openvino.options import OpenVINOOptions
 from backends.openvino.ports import one_line, port_spec, read_tensor
 from backends.openvino.slots import Slots
 from backends.spec import DeploymentSpec
-from backends.validation import validate_request
+from backends.tensor_requests import serve_tensor_request, zero_inputs
 
 log = structlog.get_logger(__name__)
 
@@ -151,14 +148,7 @@ class OpenVINOBackend:
 
     async def warmup(self) -> None:
         """Run one request of zeros so the first caller does not pay for lazy initialisation."""
-        feeds: Arrays = {}
-        for s in self.metadata().inputs:
-            shape = tuple(1 if d == -1 else d for d in s.shape)
-            if s.datatype == "BYTES":
-                feeds[s.name] = np.full(shape, b"", dtype=object)
-            else:
-                feeds[s.name] = np.zeros(shape, V2_TO_NUMPY[s.datatype])
-        await self._run_async(feeds, None)
+        await self._run_async(zero_inputs(self.metadata()), None)
         self._warm = True
 
     async def close(self) -> None:
@@ -172,13 +162,7 @@ class OpenVINOBackend:
         self._compiled = None
 
     async def infer(self, request: TensorRequest) -> TensorResponse:
-        arrays = validate_request(request, self.metadata())
-        outputs = tuple(request.outputs) if request.outputs is not None else None
-        if self._batcher is not None:
-            result = await self._batcher.submit(arrays, outputs)
-        else:
-            result = await self._run_async(arrays, outputs)
-        return TensorResponse(id=request.id, outputs=[Tensor.from_array(n, a) for n, a in result.items()])
+        return await serve_tensor_request(request, self.metadata(), self._batcher, self._run_async)
 
     async def _acquire_idle(self) -> None:
         """Take a slot, then make sure OpenVINO's pool really has the idle request, without blocking."""

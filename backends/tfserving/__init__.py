@@ -18,10 +18,11 @@ from __future__ import annotations
 import msgspec
 
 from backends.spec import DeploymentSpec
+from backends.tensor_requests import zeros_for
 from backends.tfserving.backend import TFServingBackend
 from backends.tfserving.options import TFServingOptions
 from backends.tfserving.rpc import map_rpc_error
-from backends.tfserving.tensors import DT_TO_V2, V2_TO_DT, from_tensor_proto, to_tensor_proto, zeros_for
+from backends.tfserving.tensors import DT_TO_V2, V2_TO_DT, from_tensor_proto, to_tensor_proto
 
 __all__ = [
     "DT_TO_V2",

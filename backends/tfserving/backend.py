@@ -12,17 +12,16 @@ from backends.base import (
     Capability,
     GenerateRequest,
     ModelMetadata,
-    Tensor,
     TensorRequest,
     TensorResponse,
 )
 from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
 from backends.spec import DeploymentSpec
+from backends.tensor_requests import serve_tensor_request, zero_inputs
 from backends.tfserving.options import TFServingOptions
 from backends.tfserving.rpc import load_apis, map_rpc_error
-from backends.tfserving.tensors import from_tensor_proto, signature_spec, to_tensor_proto, zeros_for
-from backends.validation import validate_request
+from backends.tfserving.tensors import from_tensor_proto, signature_spec, to_tensor_proto
 
 log = structlog.get_logger(__name__)
 
@@ -206,8 +205,7 @@ class TFServingBackend:
         """One request of zeros: opens the connection and runs the model once."""
         if self._meta is None:  # not reached yet; the background connect will load the metadata
             return
-        feeds = {s.name: zeros_for(s) for s in self.metadata().inputs}
-        await self._run_async(feeds, None)
+        await self._run_async(zero_inputs(self.metadata()), None)
 
     async def close(self) -> None:
         if self._connect_task is not None:
@@ -221,13 +219,7 @@ class TFServingBackend:
             await channel.close()
 
     async def infer(self, request: TensorRequest) -> TensorResponse:
-        arrays = validate_request(request, self.metadata())
-        outputs = tuple(request.outputs) if request.outputs is not None else None
-        if self._batcher is not None:
-            result = await self._batcher.submit(arrays, outputs)
-        else:
-            result = await self._run_async(arrays, outputs)
-        return TensorResponse(id=request.id, outputs=[Tensor.from_array(n, a) for n, a in result.items()])
+        return await serve_tensor_request(request, self.metadata(), self._batcher, self._run_async)
 
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         apis = self._apis

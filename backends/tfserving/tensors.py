@@ -85,14 +85,6 @@ def from_tensor_proto(proto: Any) -> np.ndarray:
     return flat.reshape(shape)
 
 
-def zeros_for(spec: TensorSpec) -> np.ndarray:
-    """A zero tensor matching a spec, with dynamic dimensions set to 1 (for warm-up)."""
-    shape = tuple(1 if d == -1 else d for d in spec.shape)
-    if spec.datatype == "BYTES":
-        return np.full(shape, b"", dtype=object)
-    return np.zeros(shape, V2_TO_NUMPY[spec.datatype])
-
-
 def signature_spec(key: str, info: Any) -> TensorSpec:
     """A signature's TensorInfo as a v2 TensorSpec (-1 for unknown dimensions).
 
