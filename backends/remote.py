@@ -37,6 +37,7 @@ from backends.errors import (
     InvalidInput,
     ModelNotFound,
 )
+from backends.json_errors import JSON_DECODE_ERRORS
 from backends.spec import DeploymentSpec, SpecBase
 from backends.validation import validate_request
 
@@ -56,7 +57,7 @@ def _upstream_error(status: int, body: bytes) -> BackendError:
         payload = _json_decode.decode(body)
         err = payload.get("error", payload) if isinstance(payload, dict) else payload
         detail = err.get("message", "") if isinstance(err, dict) else str(err)
-    except (msgspec.DecodeError, AttributeError):
+    except (*JSON_DECODE_ERRORS, AttributeError):
         detail = ""
     detail = " ".join(str(detail).split())[:200]
     message = f"upstream answered {status}" + (f": {detail}" if detail else "")
@@ -153,7 +154,7 @@ class RemoteBackend:
             raise _upstream_error(response.status_code, response.content)
         try:
             return _json_decode.decode(response.content)
-        except msgspec.DecodeError:
+        except JSON_DECODE_ERRORS:
             raise BackendInternalError(f"upstream {self.name!r} sent a body that is not JSON") from None
 
     # --- Open Inference Protocol v2 ----------------------------------------------------------
@@ -269,7 +270,7 @@ class RemoteBackend:
                 break
             try:
                 chunk = _json_decode.decode(data)
-            except msgspec.DecodeError:
+            except JSON_DECODE_ERRORS:
                 raise BackendInternalError(f"upstream {self.name!r} sent a malformed stream event") from None
             if chunk.get("error"):
                 raise _upstream_error(502, _json_encode.encode(chunk))

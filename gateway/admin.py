@@ -17,6 +17,7 @@ import structlog
 from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
+from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from gateway.core import GatewayCore, extract_key
 from gateway.errors import GatewayError
 from gateway.http import Call, lower_headers, read_body
@@ -57,8 +58,8 @@ async def create_key(request: Request) -> Response[bytes]:
         raw = await read_body(request, 64 * 1024, allowed_types=("application/json", ""))
         try:
             body = msgspec.json.decode(raw, type=CreateKeyBody)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise InvalidInput(f"invalid request: {exc}") from None
+        except JSON_DECODE_ERRORS as exc:
+            raise InvalidInput(describe_decode_error(exc)) from None
         try:
             record, secret = await core.keys.create(body.tenant, body.models, body.expires_at, body.name)
         except ValueError as exc:

@@ -146,12 +146,26 @@ def _latency(labels: tuple[str, str, str]) -> Any:
 class Call:
     """One request's bookkeeping: id, timing, labels, and the single access-log line at the end."""
 
-    __slots__ = ("protocol", "request_id", "started", "model", "deployment", "backend", "device", "tenant")
+    __slots__ = (
+        "protocol",
+        "request_id",
+        "echo_id",
+        "started",
+        "model",
+        "deployment",
+        "backend",
+        "device",
+        "tenant",
+    )
 
     def __init__(self, protocol: Protocol, headers: Mapping[str, str]) -> None:
         self.protocol = protocol
-        # 128 random bits as 32 hex digits, like uuid4().hex without building a UUID object
-        self.request_id = headers.get("x-request-id") or os.urandom(16).hex()
+        # The gateway's own id keys the request everywhere inside (engine, aborts, shadows): a
+        # client-chosen id could collide with, reveal or abort another tenant's request. 128 random
+        # bits as 32 hex digits, like uuid4().hex without building a UUID object.
+        self.request_id = os.urandom(16).hex()
+        #: what the response's x-request-id carries: the client's own id when it sent a sane one
+        self.echo_id = _client_request_id(headers.get("x-request-id")) or self.request_id
         self.started = time.perf_counter()
         self.model = ""
         self.deployment = ""
@@ -171,6 +185,7 @@ class Call:
         log.info(
             "request",
             request_id=self.request_id,
+            client_request_id=self.echo_id if self.echo_id != self.request_id else None,
             protocol=self.protocol,
             tenant=self.tenant or None,
             model=self.model or None,
@@ -191,5 +206,15 @@ class Call:
         else:
             self.done(known[0], known[1])
         response = exception_response(self.protocol, exc)
-        response.headers["x-request-id"] = self.request_id
+        response.headers["x-request-id"] = self.echo_id
         return response
+
+
+#: a client's x-request-id is echoed and logged only when it is short and printable
+_MAX_CLIENT_ID = 128
+
+
+def _client_request_id(value: str | None) -> str | None:
+    if not value or len(value) > _MAX_CLIENT_ID or not value.isprintable() or not value.isascii():
+        return None
+    return value

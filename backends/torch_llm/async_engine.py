@@ -83,7 +83,7 @@ class AsyncLLMEngine:
                 self.engine.add_request(request_id, prompt_token_ids, params, cache_scope=cache_scope)
             except Exception as exc:  # noqa: BLE001 - reported on the request's own stream
                 log.warning("llm_add_failed", request_id=request_id, error=str(exc))
-                self._finish_stream(request_id, "error")
+                self._finish_stream(request_id, "error", f"the request was refused: {exc}")
 
         self._submit(command)
         return stream.queue
@@ -132,6 +132,8 @@ class AsyncLLMEngine:
             try:
                 outputs = self.engine.step()
             except Exception:  # noqa: BLE001 - a failed step fails its requests, not the thread
+                # The engine confines failures of requests to those requests (LLMEngine.step); what
+                # reaches here is the engine's own state failing, so nothing running can be trusted.
                 log.exception("llm_step_failed", deployment=self.name)
                 self._fail_all()
                 continue
@@ -157,10 +159,12 @@ class AsyncLLMEngine:
         for loop, items in by_loop.items():
             _post(loop, _put_all, items)
 
-    def _finish_stream(self, request_id: str, reason: str) -> None:
+    def _finish_stream(self, request_id: str, reason: str, error: str | None = None) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
-            final = RequestOutput(request_id=request_id, token_ids=[], text="", finish_reason=reason)
+            final = RequestOutput(
+                request_id=request_id, token_ids=[], text="", finish_reason=reason, error=error
+            )
             _post(stream.loop, stream.queue.put_nowait, final)
 
     def _fail_all(self) -> None:

@@ -24,8 +24,9 @@ from backends.base import (
     TokenEvent,
     Usage,
 )
-from backends.errors import BackendUnavailable, InvalidInput
+from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
 from backends.spec import DeploymentSpec
+from backends.torch_llm.engine_checks import check_prompt_ids, check_seed
 from backends.torch_llm.model_config import ModelConfig
 from backends.torch_llm.options import LLMOptions, decode_options
 
@@ -202,6 +203,9 @@ class TorchLLMBackend:
         try:
             while True:
                 out = await queue.get()
+                if out.finish_reason in _FAILED:
+                    finished = True  # the engine has already let go of it
+                    raise _failure(self.name, out.finish_reason, out.error)
                 completion += len(out.token_ids)
                 done = out.finish_reason is not None
                 yield TokenEvent(
@@ -226,8 +230,10 @@ class TorchLLMBackend:
         if request.prompt_token_ids is not None:
             ids = list(request.prompt_token_ids)
             vocab = self._parts.config.vocab_size if self._parts else None
-            if vocab is not None and any(not 0 <= t < vocab for t in ids):
-                raise InvalidInput(f"prompt_token_ids must be in [0, {vocab})")
+            try:
+                check_prompt_ids(ids, vocab)
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from None
         else:
             tok = self._tokenizer()
             if request.messages is not None:
@@ -259,3 +265,20 @@ def _check_sampling(p: SamplingParams) -> None:
     for name, ok, why in checks:
         if not ok:
             raise InvalidInput(f"{name} {why}")
+    try:
+        check_seed(p.seed)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+#: engine finish reasons that are not an answer: the client must see an error, never a normal stop
+_FAILED = frozenset({"error", "abort"})
+
+
+def _failure(deployment: str, reason: str, detail: str | None) -> Exception:
+    """The error a stream ended by the engine raises to its consumer."""
+    if reason == "abort":  # the engine is shutting down (a client's own abort has no consumer)
+        return BackendUnavailable(f"deployment {deployment!r} stopped before the generation finished")
+    return BackendInternalError(
+        f"the generation failed on deployment {deployment!r}" + (f": {detail}" if detail else "")
+    )

@@ -10,16 +10,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import structlog
+import torch
+
 from backends.base import SamplingParams
 from backends.torch_llm import metrics as m
 from backends.torch_llm.block_manager import BlockManager
 from backends.torch_llm.detokenizer import Decoder, IncrementalDetokenizer
+from backends.torch_llm.engine_checks import check_prompt_ids, check_seed
 from backends.torch_llm.kv_waste import KVWasteStats
 from backends.torch_llm.runner import ModelRunner
 from backends.torch_llm.sampler import SamplingState, sample
 from backends.torch_llm.scheduler import Scheduler, WaitingQueue
-from backends.torch_llm.sequence import Sequence
+from backends.torch_llm.sequence import Sequence, SequenceStatus
 
+log = structlog.get_logger(__name__)
 
 @dataclass
 class RequestOutput:
@@ -32,6 +37,8 @@ class RequestOutput:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: with finish_reason "error": what failed, in words safe to show the caller (no internals)
+    error: str | None = None
 
 
 @dataclass
@@ -49,6 +56,8 @@ class EngineConfig:
     eos_token_ids: frozenset[int]
     seed: int = 0
     deployment: str = "llm"
+    #: token ids a prompt may hold are in [0, vocab_size); None skips the range check
+    vocab_size: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -120,9 +129,19 @@ class LLMEngine:
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, cache_scope: str = ""
     ) -> None:
-        """Queue a request (validated by the caller: prompt shorter than max_model_len)."""
+        """Queue a request (the caller checks the prompt's length against max_model_len).
+
+        Everything a step will rely on is checked here, so that a malformed request is refused on
+        its own instead of failing inside a step that other requests share.
+
+        Raises:
+            ValueError: a duplicate id, a token id that is not an int in the vocabulary, or a seed
+                outside the 64-bit range.
+        """
         if request_id in self._seqs:
             raise ValueError(f"duplicate request id {request_id!r}")
+        check_prompt_ids(prompt_token_ids, self.config.vocab_size)
+        check_seed(params.seed)
         state = _Request(
             sampling=SamplingState.create(
                 params, self.runner.device, fallback_seed=self.config.seed + self._next_id
@@ -158,26 +177,105 @@ class LLMEngine:
         return True
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; returns an output for every request that got a token or finished."""
+        """Run one scheduled batch; returns an output for every request that got a token or finished.
+
+        A failure is confined to the requests it concerns: one in a request's own sampling or
+        detokenisation ends that request with finish_reason "error"; one in the shared forward pass
+        (which cannot be pinned on a request) ends only the requests scheduled in this step, and the
+        engine goes on with the others.
+        """
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
-        logits, sampled = self.runner.execute(out.scheduled)
-        for seq, n in out.scheduled:
+        try:
+            logits, sampled = self.runner.execute(out.scheduled)
+            scheduled, failed = out.scheduled, []
+        except Exception:  # noqa: BLE001 - find the request(s) at fault, the engine goes on
+            log.exception("llm_forward_failed", deployment=self._label, batch=len(out.scheduled))
+            logits, sampled, scheduled, failed = self._execute_one_by_one(out.scheduled)
+        for seq, n in scheduled:
             seq.num_computed_tokens += n
             self.block_manager.cache_full_blocks(seq)
         self._record_step(out.num_batched_tokens, len(out.preempted), out.prefix_queries, out.prefix_hits)
         if not sampled:
             self._update_gauges()
-            return []
-        states = [seq.data.sampling for seq in sampled]
-        tokens, logprobs = sample(logits, states)
+            return failed
+        picked = self._sample(logits, sampled)
         now = self.clock()
-        results = []
-        for i, (seq, token) in enumerate(zip(sampled, tokens, strict=True)):
-            results.append(self._append(seq, token, None if logprobs is None else logprobs[i], now))
+        results = failed
+        for seq, choice in zip(sampled, picked, strict=True):
+            if isinstance(choice, Exception):
+                results.append(self._fail(seq, choice))
+                continue
+            try:
+                results.append(self._append(seq, choice[0], choice[1], now))
+            except Exception as exc:  # noqa: BLE001 - this request's own failure (detokeniser, stop)
+                log.exception("llm_request_failed", deployment=self._label, request_id=seq.request_id)
+                results.append(self._fail(seq, exc))
         self._update_gauges()
         return results
+
+    def _execute_one_by_one(
+        self, scheduled: list[tuple[Sequence, int]]
+    ) -> tuple[torch.Tensor, list[Sequence], list[tuple[Sequence, int]], list[RequestOutput]]:
+        """Re-run a failed batch one request at a time: only the requests that fail alone fail.
+
+        Re-running is safe: a request's KV slots and positions do not change until the step is
+        accounted, so a retry writes the same cache entries again.
+
+        Returns:
+            (logits of the rows that ran, their sequences, what ran, outputs of the failed requests).
+        """
+        rows: list[torch.Tensor] = []
+        sampled: list[Sequence] = []
+        ran: list[tuple[Sequence, int]] = []
+        failed: list[RequestOutput] = []
+        for seq, n in scheduled:
+            try:
+                logits, seqs = self.runner.execute([(seq, n)])
+            except Exception as exc:  # noqa: BLE001 - this request's own failure
+                failed.append(self._fail(seq, exc))
+                continue
+            ran.append((seq, n))
+            rows.append(logits)
+            sampled.extend(seqs)
+        logits = torch.cat(rows) if rows else torch.empty(0)
+        return logits, sampled, ran, failed
+
+    def _sample(
+        self, logits: torch.Tensor, sampled: list[Sequence]
+    ) -> list[tuple[int, float | None] | Exception]:
+        """(token, logprob) per row; when the batched call fails, row by row so only bad rows fail."""
+        states = [seq.data.sampling for seq in sampled]
+        try:
+            tokens, logprobs = sample(logits, states)
+            return [(t, None if logprobs is None else logprobs[i]) for i, t in enumerate(tokens)]
+        except Exception:  # noqa: BLE001 - find the row(s) at fault
+            picked: list[tuple[int, float | None] | Exception] = []
+            for row, state in enumerate(states):
+                try:
+                    tokens, logprobs = sample(logits[row : row + 1], [state])
+                    picked.append((tokens[0], None if logprobs is None else logprobs[0]))
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("llm_sampling_failed", request_id=sampled[row].request_id)
+                    picked.append(exc)
+            return picked
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> RequestOutput:
+        """End `seq` with finish_reason "error" (its blocks are freed) and say so to its stream."""
+        if seq.status is not SequenceStatus.FINISHED:
+            self.scheduler.finish(seq, "error")
+        self._seqs.pop(seq.request_id, None)
+        m.REQUEST_SUCCESS.labels(self._label, "error").inc()
+        return RequestOutput(
+            request_id=seq.request_id,
+            token_ids=[],
+            text="",
+            finish_reason="error",
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            error=f"{type(exc).__name__} in the engine step",
+        )
 
     def _update_gauges(self) -> None:
         sched, label = self.scheduler, self._label

@@ -98,7 +98,11 @@ def build_engine(
         runner,
         tokenizer,
         EngineConfig(
-            max_model_len=max_len, eos_token_ids=frozenset(eos), seed=options.seed, deployment=deployment
+            max_model_len=max_len,
+            eos_token_ids=frozenset(eos),
+            seed=options.seed,
+            deployment=deployment,
+            vocab_size=cfg.vocab_size,
         ),
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,

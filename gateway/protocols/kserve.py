@@ -128,7 +128,7 @@ async def _infer(request: Request, model: str, version: str | None) -> ASGIApp:
         out_headers = {
             **served.headers,
             "x-fleetgate-deployment": dep.served_by(),
-            "x-request-id": call.request_id,
+            "x-request-id": call.echo_id,
         }
         if json_len is not None:
             out_headers["Inference-Header-Content-Length"] = str(json_len)

@@ -204,7 +204,7 @@ async def _answer(
     out_headers = {
         **served.headers,
         "x-fleetgate-deployment": dep.served_by(),
-        "x-request-id": call.request_id,
+        "x-request-id": call.echo_id,
     }
     shape = _Shape(chat, body.model, call.request_id)
     if body.stream:

@@ -12,8 +12,11 @@ import msgspec
 
 from backends.base import ChatMessage, GenerateRequest, SamplingParams
 from backends.errors import InvalidInput
+from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 
 DEFAULT_MAX_TOKENS = 256
+#: far above any context window: a bound so that reservations stay ordinary integers
+MAX_TOKENS_LIMIT = 2**31 - 1
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -37,7 +40,8 @@ class _Common(msgspec.Struct, kw_only=True):
 
 
 class CompletionBody(_Common, kw_only=True):
-    #: a string, a list of one string, token ids, or a list of one list of token ids
+    #: a string, a list of one string, token ids, or a list of one list of token ids; the element
+    #: types are checked in `completion_request` (msgspec cannot decode a union of list types)
     prompt: str | list[Any]
     logprobs: int | None = None
     echo: bool = False
@@ -69,10 +73,8 @@ chat_decoder = msgspec.json.Decoder(ChatBody)
 def decode(body: bytes, decoder: msgspec.json.Decoder) -> Any:
     try:
         return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise InvalidInput(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise InvalidInput(f"malformed JSON: {exc}") from None
+    except JSON_DECODE_ERRORS as exc:  # ValidationError is a DecodeError
+        raise InvalidInput(describe_decode_error(exc)) from None
 
 
 def _sampling(body: _Common, max_tokens: int | None, logprobs: bool) -> SamplingParams:
@@ -88,6 +90,10 @@ def _sampling(body: _Common, max_tokens: int | None, logprobs: bool) -> Sampling
         raise InvalidInput("`max_tokens` must be >= 1")
     if body.top_k is not None and body.top_k < 0:
         raise InvalidInput("`top_k` must be >= 0")
+    if body.seed is not None and not -(2**63) <= body.seed < 2**63:
+        raise InvalidInput("`seed` must be a 64-bit signed integer")
+    if max_tokens is not None and max_tokens > MAX_TOKENS_LIMIT:
+        raise InvalidInput(f"`max_tokens` must be <= {MAX_TOKENS_LIMIT}")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > 4:
         raise InvalidInput("`stop` takes at most 4 sequences")
@@ -101,6 +107,11 @@ def _sampling(body: _Common, max_tokens: int | None, logprobs: bool) -> Sampling
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
     )
+
+
+def _is_token_id(x: object) -> bool:
+    """A plain non-negative int (JSON 7.0 decodes as a float, true as a bool: both refused)."""
+    return type(x) is int and x >= 0
 
 
 def completion_request(body: CompletionBody, request_id: str) -> GenerateRequest:
@@ -117,12 +128,19 @@ def completion_request(body: CompletionBody, request_id: str) -> GenerateRequest
         if len(p) != 1:
             raise InvalidInput("`prompt` may hold one prompt per request")
         prompt = p[0]  # type: ignore[assignment]
-    elif p and all(isinstance(x, int) for x in p):
-        token_ids = list(p)  # type: ignore[arg-type]
+    elif p and all(_is_token_id(x) for x in p):
+        token_ids = list(p)
     elif p and len(p) == 1 and isinstance(p[0], list):
-        token_ids = list(p[0])  # type: ignore[arg-type]
+        if not p[0] or not all(_is_token_id(x) for x in p[0]):
+            raise InvalidInput("`prompt` token ids must be non-negative integers")
+        token_ids = list(p[0])
+    elif p and all(isinstance(x, list) for x in p):
+        raise InvalidInput("`prompt` may hold one prompt per request")
     else:
-        raise InvalidInput("`prompt` must be a string, a list of one string, or a list of token ids")
+        raise InvalidInput(
+            "`prompt` must be a string, a list of one string, a list of token ids (integers), "
+            "or a list of one list of token ids"
+        )
     return GenerateRequest(
         request_id=request_id,
         prompt=prompt,

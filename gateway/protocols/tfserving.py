@@ -69,7 +69,7 @@ async def _predict(request: Request, model: str, segment: str, slot: str) -> Res
         response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
         dep = served.deployment
         call.served_by(dep.name, dep.spec.backend, dep.device)
-        out = {**served.headers, "x-fleetgate-deployment": dep.served_by(), "x-request-id": call.request_id}
+        out = {**served.headers, "x-fleetgate-deployment": dep.served_by(), "x-request-id": call.echo_id}
         call.done(200)
         return Response(
             content=encode_predict(response, decoded.row_form), media_type="application/json", headers=out

@@ -16,6 +16,7 @@ import numpy as np
 
 from backends.base import V2_TO_NUMPY, ModelMetadata, Tensor, TensorRequest, TensorResponse, TensorSpec
 from backends.errors import InvalidInput
+from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -105,8 +106,8 @@ def _rows_to_columns(instances: list[Any], meta: ModelMetadata) -> dict[str, Any
 def decode_predict(body: bytes, meta: ModelMetadata, request_id: str) -> PredictRequest:
     try:
         payload = _decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise InvalidInput(f"malformed JSON: {exc}") from None
+    except JSON_DECODE_ERRORS as exc:
+        raise InvalidInput(describe_decode_error(exc)) from None
     if not isinstance(payload, dict):
         raise InvalidInput("the body must be a JSON object with `instances` or `inputs`")
     has_rows, has_cols = "instances" in payload, "inputs" in payload

@@ -7,7 +7,6 @@ order. BYTES elements travel as a 4-byte little-endian length followed by the by
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from backends.base import V2_TO_NUMPY, Tensor, TensorRequest, TensorResponse
 from backends.errors import InvalidInput
+from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 
 
 class _InputJSON(msgspec.Struct, kw_only=True):
@@ -51,10 +51,32 @@ class DecodedInfer(msgspec.Struct):
     binary_default: bool
 
 
+#: the most dimensions a tensor may have (numpy's own limit is 64; models use a handful)
+MAX_RANK = 32
+#: the largest single dimension, and the most elements of one tensor: far above what fits a body
+MAX_ELEMENTS = 2**40
+
+
 def _element_count(shape: list[int], name: str) -> int:
-    if any((not isinstance(d, int)) or d < 0 for d in shape):
-        raise InvalidInput(f"input {name!r}: shape {shape} must list non-negative integers")
-    return math.prod(shape)  # exact Python ints: a huge shape cannot wrap around
+    """Elements in `shape`, after checks that cost O(rank) with small numbers.
+
+    Rank and each dimension are capped before any arithmetic, so a body listing thousands of
+    huge dimensions cannot make the product (or a message quoting it) quadratic. A zero dimension
+    is refused: a tensor with no elements has nothing to infer, and its other dimensions would be
+    charged as rows by the fair queue.
+    """
+    if len(shape) > MAX_RANK:
+        raise InvalidInput(f"input {name!r}: shape has {len(shape)} dimensions; at most {MAX_RANK}")
+    count = 1
+    for d in shape:
+        if type(d) is not int or not 0 < d <= MAX_ELEMENTS:
+            raise InvalidInput(
+                f"input {name!r}: each shape dimension must be an integer in [1, {MAX_ELEMENTS}]"
+            )
+        count *= d
+        if count > MAX_ELEMENTS:
+            raise InvalidInput(f"input {name!r}: shape holds more than {MAX_ELEMENTS} elements")
+    return count
 
 
 def _bytes_from_binary(raw: memoryview, count: int, name: str) -> np.ndarray:
@@ -74,28 +96,35 @@ def _bytes_from_binary(raw: memoryview, count: int, name: str) -> np.ndarray:
     return np.array(items, dtype=object)
 
 
-def _flatten(data: Any) -> list[Any]:
-    """Flatten nested JSON lists (v2 allows both flat and nested tensor data)."""
+def _flatten(data: Any, shape: list[int], name: str) -> list[Any]:
+    """Row-major elements of v2 JSON data: flat, or nested exactly as `shape` says.
+
+    Nested data is walked level by level, each list's length checked against its dimension, so
+    ragged lists are refused even when their element count happens to match.
+    """
     if not isinstance(data, list):
         return [data]
     if not data or not isinstance(data[0], list):
         return data
-    out: list[Any] = []
-    stack = [data]
-    # iterative depth-first flatten that keeps row-major order
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(reversed(item))
-        else:
-            out.append(item)
-    return out
+    level: list[Any] = [data]
+    for depth, dim in enumerate(shape):
+        below: list[Any] = []
+        for item in level:
+            if not isinstance(item, list) or len(item) != dim:
+                raise InvalidInput(
+                    f"input {name!r}: nested data does not match shape {shape} at depth {depth}"
+                )
+            below.extend(item)
+        level = below
+    if level and isinstance(level[0], list):
+        raise InvalidInput(f"input {name!r}: nested data is deeper than shape {shape}")
+    return level
 
 
 def _array_from_json(inp: _InputJSON, count: int) -> np.ndarray:
     if inp.data is None:
         raise InvalidInput(f"input {inp.name!r} has neither `data` nor binary_data_size")
-    flat = _flatten(inp.data)
+    flat = _flatten(inp.data, inp.shape, inp.name)
     if len(flat) != count:
         raise InvalidInput(f"input {inp.name!r}: {len(flat)} elements given, shape {inp.shape} needs {count}")
     if inp.datatype == "BYTES":
@@ -110,9 +139,13 @@ def _array_from_json(inp: _InputJSON, count: int) -> np.ndarray:
     except msgspec.ValidationError:
         raise InvalidInput(f"input {inp.name!r}: data does not match datatype {inp.datatype}") from None
     try:
-        return np.array(values, dtype=dtype)
+        array = np.array(values, dtype=dtype)
     except (OverflowError, ValueError):
         raise InvalidInput(f"input {inp.name!r}: a value is out of range for {inp.datatype}") from None
+    # JSON numbers are finite: anything infinite here overflowed the datatype (3.5e38 as FP32)
+    if dtype.kind == "f" and not np.isfinite(array).all():
+        raise InvalidInput(f"input {inp.name!r}: a value is out of range for {inp.datatype}")
+    return array
 
 
 def _decode_input(inp: _InputJSON, blob: memoryview, offset: int) -> tuple[np.ndarray, int]:
@@ -123,7 +156,7 @@ def _decode_input(inp: _InputJSON, blob: memoryview, offset: int) -> tuple[np.nd
     size = inp.parameters.get("binary_data_size")
     if size is None:
         return _array_from_json(inp, count), offset
-    if not isinstance(size, int) or size < 0 or offset + size > len(blob):
+    if type(size) is not int or size < 0 or offset + size > len(blob):
         raise InvalidInput(f"input {inp.name!r}: binary_data_size {size} exceeds the binary data sent")
     raw = blob[offset : offset + size]
     if inp.datatype == "BYTES":
@@ -148,10 +181,8 @@ def decode_infer(body: bytes, header_length: int | None, request_id: str) -> Dec
         head, blob = body, memoryview(b"")
     try:
         parsed = _request_decoder.decode(head)
-    except msgspec.ValidationError as exc:
-        raise InvalidInput(f"invalid inference request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise InvalidInput(f"malformed JSON: {exc}") from None
+    except JSON_DECODE_ERRORS as exc:
+        raise InvalidInput(describe_decode_error(exc)) from None
     offset = 0
     tensors: list[Tensor] = []
     for inp in parsed.inputs:
