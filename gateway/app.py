@@ -13,15 +13,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import structlog
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway import metrics
+from gateway import probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.config import Config, ConfigError
 from gateway.core import GatewayCore
-from gateway.deployments import build_deployments, close_deployments, open_deployments
+from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
 from gateway.errors import Protocol, error_response
 from gateway.http import register_metric_models
 from gateway.protocols import kserve, openai, tfserving
@@ -35,44 +34,6 @@ from router.load import ServiceTimes
 from router.planner import Router
 
 log = structlog.get_logger(__name__)
-
-
-@get("/health/live", sync_to_thread=False)
-def health_live() -> dict[str, str]:
-    return {"status": "live"}
-
-
-@get("/health/ready", sync_to_thread=False)
-def health_ready(request: Request) -> Response[dict[str, object]]:
-    core: GatewayCore = request.app.state.core
-    deployments = {
-        name: {"ready": d.ready, "backend": d.spec.backend, "device": d.device, "error": d.load_error}
-        for name, d in core.deployments.items()
-    }
-    ok = core.all_ready()
-    return Response(
-        {"status": "ready" if ok else "not_ready", "deployments": deployments}, status_code=200 if ok else 503
-    )
-
-
-@get("/metrics", sync_to_thread=False)
-def metrics_endpoint(request: Request) -> Response[bytes]:
-    core: GatewayCore | None = getattr(request.app.state, "core", None)
-    if core is not None:
-        # Queue depths, load estimates and route weights are read when scraped rather than updated
-        # on every enqueue, dispatch and rollback.
-        for name, dep in core.deployments.items():
-            for tenant, stats in dep.queue.stats().tenants.items():
-                metrics.QUEUE_DEPTH.labels(name, tenant).set(stats.depth)
-            service_s = core.service_times.get(name)
-            if service_s is not None:
-                metrics.SERVICE_TIME.labels(name, dep.device, dep.hardware).set(service_s)
-            metrics.EXPECTED_WAIT.labels(name, dep.device, dep.hardware).set(core.expected_wait(name))
-        metrics.ROUTE_WEIGHT.clear()  # models and routes come and go with reloads
-        for model in core.router.names():
-            for deployment, weight in core.router.effective_weights(model).items():
-                metrics.ROUTE_WEIGHT.labels(model, deployment).set(weight)
-    return Response(content=generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _protocol_of(path: str) -> Protocol:
@@ -131,20 +92,21 @@ def create_app(
         app.state.store = store
         app.state.config_path = Path(config_path) if config_path is not None else None
         install_sighup(app)
-        await open_deployments(deployments)
+        retries = LoadRetries()
+        app.state.load_retries = retries
+        await open_deployments(deployments, retries)
         log.info("gateway_started", deployments=len(deployments), models=len(config.models))
         try:
             yield
         finally:
+            await retries.cancel()
             await app.state.core.shadows.close()
             await close_deployments(deployments)
             await store.close()
 
     return Litestar(
         route_handlers=[
-            health_live,
-            health_ready,
-            metrics_endpoint,
+            *probes.ROUTES,
             *kserve.ROUTES,
             *tfserving.ROUTES,
             *openai.ROUTES,

@@ -15,9 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from gateway.config import Config, ConfigError, load_config
+from gateway.config import Config, ConfigError, load_config, with_listen_overrides
 from policies.errors import StoreUnavailable
 
 EXIT_USAGE = 2
@@ -51,15 +49,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.logs import configure_logging
 
-    config = _load(args.config)
-    server = config.server
-    if args.host:
-        server = msgspec.structs.replace(server, host=args.host)
-    if args.port is not None:
-        server = msgspec.structs.replace(server, port=args.port)
-    config = msgspec.structs.replace(config, server=server)
+    listen = {k: v for k, v in (("host", args.host or None), ("port", args.port)) if v is not None}
+    config = with_listen_overrides(_load(args.config), listen)
     configure_logging(config.server.log_level)
     app = create_app(config, config_path=args.config)
+    app.state.listen_overrides = listen  # a reload re-applies them: they are not config changes
     uvicorn.run(
         app,
         host=config.server.host,
@@ -94,6 +88,12 @@ async def _with_store(config: Config, work: Callable[[Any, Any], Awaitable[int]]
     from policies.keys import KeyService
     from policies.stores import open_store
 
+    if config.state.url.startswith("memory://"):
+        raise ConfigError(
+            "the state is memory:// (it lives inside the server process), so nothing written here "
+            "would reach a server: create keys through the running server's admin API "
+            "(POST /admin/keys with the admin key), or use `state: {url: sqlite:///...}`"
+        )
     store = await open_store(config.state.url)
     try:
         keys = KeyService(store, time.time, tenants=list(config.tenants))

@@ -34,6 +34,9 @@ class ServerConfig(SpecBase):
     max_body_bytes: int = 16 * 1024 * 1024
     request_timeout_s: float = 120.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: when /health/ready and /v2/health/ready answer 200: `any` deployment can serve (the default:
+    #: one broken upstream must not take the whole gateway out of a load balancer), or `all` are loaded
+    readiness: Literal["any", "all"] = "any"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -59,6 +62,10 @@ class StateConfig(SpecBase):
 class AdminConfig(SpecBase):
     #: environment variable holding the admin API bearer key; no variable set = admin API off
     key_env: str = "FLEETGATE_ADMIN_KEY"
+    #: environment variable holding a key that reads /metrics and readiness detail (and nothing else)
+    metrics_key_env: str = "FLEETGATE_METRICS_KEY"
+    #: serve /metrics without a key: only where the port is reachable by the operator alone
+    public_metrics: bool = False
 
 
 class DeploymentConfig(DeploymentSpec):
@@ -75,6 +82,13 @@ class Config(SpecBase):
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
     #: circuit breakers of every deployment (changeable by reload)
     breakers: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
+
+
+def with_listen_overrides(config: Config, listen: Mapping[str, Any]) -> Config:
+    """`config` with `server.host` / `server.port` replaced by command-line values (`serve --host/--port`)."""
+    if not listen:
+        return config
+    return msgspec.structs.replace(config, server=msgspec.structs.replace(config.server, **listen))
 
 
 # --- loading -----------------------------------------------------------------------------------

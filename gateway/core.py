@@ -107,9 +107,23 @@ class GatewayCore:
         if not self.can_see(principal, model):
             raise ModelNotFound(f"model {model!r} does not exist")
 
-    def all_ready(self) -> bool:
-        """Ready only when every deployment is loaded and warmed up."""
-        return all(d.ready for d in self.deployments.values())
+    def ready(self) -> bool:
+        """Whether probes should send traffic here (`server.readiness`).
+
+        `any`: at least one deployment is loaded and warmed up (a gateway with no deployments, an
+        admin-only front, is ready); `all`: every deployment is.
+        """
+        states = [d.ready for d in self.deployments.values()]
+        if self.config.server.readiness == "all" or not states:
+            return all(states)
+        return any(states)
+
+    def deployment_status(self) -> dict[str, dict[str, object]]:
+        """Per deployment: ready, backend, device and its load error (operators only: names tenants' models)."""
+        return {
+            name: {"ready": d.ready, "backend": d.spec.backend, "device": d.device, "error": d.load_error}
+            for name, d in self.deployments.items()
+        }
 
     def is_healthy(self, deployment: str) -> bool:
         """Loaded, warmed up, and its circuit breaker lets requests through."""

@@ -87,7 +87,13 @@ def build_deployments(config: Config, weights: Mapping[str, float]) -> dict[str,
     return out
 
 
-async def _open_one(dep: Deployment) -> None:
+#: first wait before a deployment that failed to load is tried again; doubled up to the cap
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+async def _open_one(dep: Deployment) -> bool:
+    """Load and warm one deployment; False (with `load_error` set) when it failed."""
     started = time.perf_counter()
     try:
         await dep.backend.load()
@@ -97,7 +103,12 @@ async def _open_one(dep: Deployment) -> None:
         log.error(
             "deployment_load_failed", deployment=dep.name, backend=dep.spec.backend, error=dep.load_error
         )
-        return
+        try:  # free what a half-done load holds before the next try
+            await dep.backend.close()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        return False
+    dep.load_error = None
     # Tensor backends with a batcher report batch sizes to the metrics.
     if hasattr(dep.backend, "batch_observer"):
         name = dep.name
@@ -116,11 +127,49 @@ async def _open_one(dep: Deployment) -> None:
         hardware=dep.hardware,
         load_s=round(time.perf_counter() - started, 3),
     )
+    return True
 
 
-async def open_deployments(deployments: Mapping[str, Deployment]) -> None:
-    """Load and warm every deployment concurrently; failures are recorded, not raised."""
-    await asyncio.gather(*(_open_one(d) for d in deployments.values()))
+async def _retry_until_loaded(dep: Deployment, first_s: float, max_s: float) -> None:
+    """Try a failed deployment again with exponential backoff until it loads (or is cancelled)."""
+    wait = first_s
+    while True:
+        await asyncio.sleep(wait)
+        if await _open_one(dep):
+            return
+        wait = min(max_s, wait * 2)
+
+
+class LoadRetries:
+    """Background retries of the deployments that failed to load; cancelled when the gateway stops."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, dep: Deployment, first_s: float = RETRY_FIRST_S, max_s: float = RETRY_MAX_S) -> None:
+        task = asyncio.create_task(_retry_until_loaded(dep, first_s, max_s), name=f"load-retry-{dep.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def open_deployments(deployments: Mapping[str, Deployment], retries: LoadRetries | None = None) -> None:
+    """Load and warm every deployment concurrently; failures are recorded, not raised.
+
+    With `retries`, each deployment that failed is tried again in the background (backoff from
+    RETRY_FIRST_S to RETRY_MAX_S), so an upstream that is down at start-up is served once it is up.
+    """
+    deps = list(deployments.values())
+    loaded = await asyncio.gather(*(_open_one(d) for d in deps))
+    if retries is not None:
+        for dep, ok in zip(deps, loaded, strict=True):
+            if not ok:
+                retries.start(dep)
 
 
 async def close_deployments(deployments: Mapping[str, Deployment]) -> None:

@@ -21,7 +21,7 @@ import structlog
 from litestar import Litestar, Request, Response, post
 
 from gateway.admin import require_admin
-from gateway.config import Config, ConfigError, load_config
+from gateway.config import Config, ConfigError, load_config, with_listen_overrides
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError
 from gateway.http import Call, lower_headers, register_metric_models
@@ -68,7 +68,7 @@ def reload_from_file(app: Litestar) -> Config:
     path: Path | None = getattr(app.state, "config_path", None)
     if path is None:
         raise ConfigError("this gateway was not started from a config file; nothing to reload")
-    new = load_config(path)
+    new = with_listen_overrides(load_config(path), getattr(app.state, "listen_overrides", {}))
     apply_config(app.state.core, new)
     return new
 

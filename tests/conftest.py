@@ -23,6 +23,7 @@ from tests.openai_upstream import create_upstream
 from tests.servers import serve_app
 
 ADMIN_KEY = "test-admin-key-0123456789"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
 UPSTREAM_KEY = "upstream-secret"
 
 

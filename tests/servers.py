@@ -19,9 +19,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_app(app: Any, *, timeout_s: float = 60.0) -> Iterator[str]:
+def serve_app(app: Any, *, timeout_s: float = 60.0, port: int | None = None) -> Iterator[str]:
     """Serve `app` with uvicorn in a thread; yields its base URL; stops it (lifespan shutdown) after."""
-    port = free_port()
+    port = port or free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
     )

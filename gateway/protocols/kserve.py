@@ -42,7 +42,7 @@ def live() -> Response[bytes]:
 
 @get("/v2/health/ready", sync_to_thread=False)
 def ready(request: Request) -> Response[bytes]:
-    ok = _core(request).all_ready()
+    ok = _core(request).ready()
     return _json({"ready": ok}, 200 if ok else 503)
 
 

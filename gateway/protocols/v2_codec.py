@@ -139,7 +139,8 @@ def _array_from_json(inp: _InputJSON, count: int) -> np.ndarray:
     except msgspec.ValidationError:
         raise InvalidInput(f"input {inp.name!r}: data does not match datatype {inp.datatype}") from None
     try:
-        array = np.array(values, dtype=dtype)
+        with np.errstate(over="ignore"):  # overflow is checked just below, as a 400
+            array = np.array(values, dtype=dtype)
     except (OverflowError, ValueError):
         raise InvalidInput(f"input {inp.name!r}: a value is out of range for {inp.datatype}") from None
     # JSON numbers are finite: anything infinite here overflowed the datatype (3.5e38 as FP32)

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.errors import BackendInternalError, BackendUnavailable
 from gateway.app import create_app
 from gateway.config import load_config
-from tests.conftest import ADMIN_KEY, create_key
+from tests.conftest import ADMIN_HEADERS, ADMIN_KEY, create_key
 from tests.servers import serve_app
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -85,7 +85,7 @@ class Canary:
         return client.post(f"{self.url}/v1/models/digits:predict", json=BODY)
 
     def metric(self, name: str, **labels: str) -> float | None:
-        text = httpx.get(f"{self.url}/metrics").text
+        text = httpx.get(f"{self.url}/metrics", headers=ADMIN_HEADERS).text
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):

@@ -11,7 +11,7 @@ import pytest
 from backends.errors import BackendUnavailable
 from gateway.app import create_app
 from gateway.config import parse_config
-from tests.conftest import create_key
+from tests.conftest import ADMIN_HEADERS, create_key
 from tests.servers import serve_app
 
 
@@ -57,5 +57,5 @@ def test_all_requests_succeed_when_one_route_goes_away(fallback_gateway, digits)
             served.add(r.headers["x-fleetgate-deployment"].split(";")[0])
     assert served == {"healthy", "also-healthy"}
     assert core.breakers.state("healthy") == "open"
-    metrics = httpx.get(f"{url}/metrics").text
+    metrics = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS).text
     assert 'fleetgate_circuit_opened_total{deployment="healthy"} 1.0' in metrics

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.config import parse_config
-from tests.conftest import create_key
+from tests.conftest import ADMIN_HEADERS, create_key
 from tests.servers import serve_app
 
 log = structlog.get_logger(__name__)
@@ -87,7 +87,10 @@ def test_idle_replica_takes_the_load_of_a_saturated_one(pool):
     sticky = Counter(h.split(";")[0] for h in _load(url, key, "sticky", n=16))
     assert len(sticky) == 1, sticky
 
-    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS).text)
+    }
     service = {s.labels["deployment"]: s for s in families["fleetgate_service_time_seconds"].samples}
     assert service["busy"].labels["hardware"] == "gpu-sim" and service["idle"].labels["hardware"] == "xeon"
     assert service["busy"].value >= BUSY_SERVICE_S > service["idle"].value

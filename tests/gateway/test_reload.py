@@ -73,12 +73,13 @@ def test_admin_reload_applies_and_refuses_bad_configs(tmp_path, digits):
 
 
 def test_sighup_reloads_a_running_server(tmp_path, digits):
-    port = free_port()
+    """Started with --port other than the file's (as `make run PORT=...` does): not a config change."""
+    port, file_port = free_port(), free_port()
     path = tmp_path / "gw.yaml"
-    path.write_text(_config(digits.onnx_path, ONE, port))
+    path.write_text(_config(digits.onnx_path, ONE, file_port))
     env = {**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -96,7 +97,7 @@ def test_sighup_reloads_a_running_server(tmp_path, digits):
             time.sleep(0.2)
         key = create_key(url, "t")
         assert _models(url, key) == {"digits"}
-        path.write_text(_config(digits.onnx_path, TWO, port))
+        path.write_text(_config(digits.onnx_path, TWO, file_port))
         proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 10
         while _models(url, key) != {"digits", "digits-v2"}:

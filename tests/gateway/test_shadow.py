@@ -26,7 +26,7 @@ from backends.base import Tensor, TensorResponse, TokenEvent
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.demo_models import digits_split
-from tests.conftest import create_key
+from tests.conftest import ADMIN_HEADERS, create_key
 from tests.servers import serve_app
 
 log = structlog.get_logger(__name__)
@@ -66,7 +66,9 @@ class Env:
         return httpx.Client(headers={"Authorization": f"Bearer {self.key}"}, timeout=30)
 
     def metric(self, name: str, **labels: str) -> float | None:
-        for family in text_string_to_metric_families(httpx.get(f"{self.url}/metrics").text):
+        for family in text_string_to_metric_families(
+            httpx.get(f"{self.url}/metrics", headers=ADMIN_HEADERS).text
+        ):
             for sample in family.samples:
                 if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                     return sample.value

@@ -12,7 +12,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from gateway.demo_models import digits_split
-from tests.conftest import Gateway
+from tests.conftest import ADMIN_HEADERS, Gateway
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ def test_metrics_count_requests_without_secrets(gateway, rows):
     inp = triton.InferInput("input", list(rows.shape), "FP32")
     inp.set_data_from_numpy(rows)
     client.infer("digits", [inp], headers=gateway.headers())
-    text = httpx.get(f"{gateway.url}/metrics").text
+    text = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS).text
     assert (
         'fleetgate_requests_total{deployment="digits-ort",model="digits",protocol="v2",status="200",tenant="acme"}'
         in text
@@ -234,7 +234,7 @@ def test_made_up_model_names_do_not_become_metric_labels(gateway, rows):
         httpx.post(
             f"{gateway.url}/v2/models/junk-auth-{i}/infer", json={"inputs": []}, headers=gateway.headers()
         )
-    text = httpx.get(f"{gateway.url}/metrics").text
+    text = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS).text
     assert "junk-" not in text
     assert 'model="unknown",protocol="v2",status="401"' in text
     assert 'model="unknown",protocol="v2",status="404"' in text

@@ -100,6 +100,14 @@ def test_bad_input_is_one_line_and_exit_2(config: Path, args: list[str], needle:
     assert "\ta\t" not in fleetgate("keys", "list", "--config", str(config)).stdout
 
 
+@pytest.mark.parametrize("command", [["keys", "create", "--tenant", "a"], ["keys", "list"], ["usage"]])
+def test_state_commands_refuse_a_memory_state(tmp_path: Path, command: list[str]) -> None:
+    """A key written to a memory:// state would live only in this command's process: refuse, say why."""
+    config = write_config(tmp_path / "mem.yaml", 'state: {url: "memory://"}\ntenants:\n  a: {}\n')
+    result = fleetgate(*command[:2], "--config", str(config), *command[2:])
+    assert_one_line_error(result, 2, "admin API")
+
+
 def test_invalid_limit_spec_in_config_names_the_field(tmp_path: Path) -> None:
     bad = write_config(tmp_path / "bad.yaml", "tenants:\n  a: {limits: {requests_per_minute: 0}}\n")
     assert_one_line_error(

@@ -1,0 +1,86 @@
+"""Liveness, readiness and /metrics: what probes and scrapers see, and what they need to see it.
+
+Unauthenticated callers (a load balancer, a Kubernetes probe) learn only whether the process is
+live and ready: never a tenant, model or deployment name. The per-deployment detail of readiness
+and the whole of /metrics (tenant names, usage per model) need the admin key or the metrics key,
+unless `admin.public_metrics` says the metrics port is private to the operator's network.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+
+from litestar import Request, Response, get
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway import metrics
+from gateway.core import GatewayCore, extract_key
+from gateway.errors import GatewayError, exception_response
+from gateway.http import lower_headers
+
+
+def _presented_key_matches(request: Request, env_names: tuple[str, ...]) -> bool:
+    """True when the request's bearer key equals the value of one of these variables (constant time)."""
+    presented = (extract_key(lower_headers(request)) or "").encode()
+    matched = False
+    for name in env_names:
+        expected = os.environ.get(name, "")
+        if expected and hmac.compare_digest(presented, expected.encode()):
+            matched = True
+    return matched
+
+
+def _operator(request: Request, core: GatewayCore) -> bool:
+    admin = core.config.admin
+    return _presented_key_matches(request, (admin.key_env, admin.metrics_key_env))
+
+
+@get("/health/live", sync_to_thread=False)
+def health_live() -> dict[str, str]:
+    return {"status": "live"}
+
+
+@get("/health/ready", sync_to_thread=False)
+def health_ready(request: Request) -> Response[dict[str, object]]:
+    """200 when the gateway can serve (`server.readiness`), else 503; detail for the operator only."""
+    core: GatewayCore = request.app.state.core
+    ok = core.ready()
+    body: dict[str, object] = {"status": "ready" if ok else "not_ready"}
+    if _operator(request, core):
+        body["deployments"] = core.deployment_status()
+    return Response(body, status_code=200 if ok else 503)
+
+
+@get("/metrics", sync_to_thread=False)
+def metrics_endpoint(request: Request) -> Response[bytes]:
+    core: GatewayCore = request.app.state.core
+    admin = core.config.admin
+    if not admin.public_metrics and not _operator(request, core):
+        if not any(os.environ.get(n) for n in (admin.key_env, admin.metrics_key_env)):
+            error = GatewayError(
+                403,
+                "metrics_disabled",
+                f"/metrics needs a key: set {admin.metrics_key_env} (or {admin.key_env}), "
+                "or `admin.public_metrics: true` where the port is private",
+            )
+        else:
+            error = GatewayError(401, "invalid_metrics_key", "missing or invalid metrics key")
+        return exception_response("plain", error)
+    # Queue depths, load estimates and route weights are read when scraped rather than updated
+    # on every enqueue, dispatch and rollback.
+    for name, dep in core.deployments.items():
+        for tenant, stats in dep.queue.stats().tenants.items():
+            metrics.QUEUE_DEPTH.labels(name, tenant).set(stats.depth)
+        service_s = core.service_times.get(name)
+        if service_s is not None:
+            metrics.SERVICE_TIME.labels(name, dep.device, dep.hardware).set(service_s)
+        metrics.EXPECTED_WAIT.labels(name, dep.device, dep.hardware).set(core.expected_wait(name))
+    metrics.ROUTE_WEIGHT.clear()  # models and routes come and go with reloads
+    for model in core.router.names():
+        for deployment, weight in core.router.effective_weights(model).items():
+            metrics.ROUTE_WEIGHT.labels(model, deployment).set(weight)
+    return Response(content=generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+ROUTES = [health_live, health_ready, metrics_endpoint]

@@ -1,0 +1,105 @@
+"""Hostile or malformed requests get a clear 4xx in the caller's protocol, fast; probes leak nothing."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_HEADERS, Gateway
+
+V2_INFER = "/v2/models/digits/infer"
+
+
+def _v2(shape: list[int], data: object, datatype: str = "FP32") -> dict[str, object]:
+    return {"inputs": [{"name": "input", "shape": shape, "datatype": datatype, "data": data}]}
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (_v2([2**60, 0], []), "shape dimension"),
+        (_v2([1, 0], []), "shape dimension"),
+        (_v2([2**40, 2**40], [0.0]), "more than"),
+        (_v2([1] * 33, [0.0]), "dimensions"),
+        (_v2([2, 32], [[0.0] * 32, [0.0] * 30, [0.0, 0.0]]), "nested data does not match"),
+        (_v2([1, 64], [[3.5e38] + [0.0] * 63]), "out of range"),
+        (_v2([1, 64], [[None] * 64]), "does not match datatype"),
+    ],
+)
+def test_v2_bad_shapes_and_data_are_400(gateway: Gateway, body, needle) -> None:
+    r = httpx.post(f"{gateway.url}{V2_INFER}", json=body, headers=gateway.headers())
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]
+
+
+def test_a_shape_of_thousands_of_huge_dimensions_is_refused_at_once(gateway: Gateway) -> None:
+    # ~780 KiB of dimensions: the product and its message used to grow with the square of the body
+    body = _v2([2**63 - 1] * 40_000, [0.0])
+    started = time.perf_counter()
+    r = httpx.post(
+        f"{gateway.url}{V2_INFER}", json=body, headers=gateway.headers(), timeout=30
+    )
+    assert r.status_code in (400, 413), r.text
+    assert time.perf_counter() - started < 10  # a loose bound: it used to stall the loop for seconds
+
+
+def test_binary_data_size_must_be_an_integer(gateway: Gateway) -> None:
+    body = {
+        "inputs": [
+            {"name": "input", "shape": [1, 64], "datatype": "FP32", "parameters": {"binary_data_size": True}}
+        ]
+    }
+    r = httpx.post(f"{gateway.url}{V2_INFER}", json=body, headers=gateway.headers())
+    assert r.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("path", "protocol"),
+    [
+        (V2_INFER, "v2"),
+        ("/v1/models/digits:predict", "tfserving"),
+        ("/v1/chat/completions", "openai"),
+        ("/v1/completions", "openai"),
+    ],
+)
+@pytest.mark.parametrize("raw", [b'{"model": "\xff\xfe"}', b"[" * 5000 + b"]" * 5000])
+def test_undecodable_json_is_400_in_the_callers_envelope(gateway: Gateway, path, protocol, raw) -> None:
+    r = httpx.post(
+        f"{gateway.url}{path}",
+        content=raw,
+        headers={**gateway.headers(), "content-type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    message = error["message"] if protocol == "openai" else error
+    assert "malformed JSON" in message or "invalid request" in message
+    assert "Traceback" not in r.text
+
+
+def test_admin_key_body_with_invalid_utf8_is_400(gateway: Gateway) -> None:
+    r = httpx.post(
+        f"{gateway.url}/admin/keys",
+        content=b'{"tenant": "\xff"}',
+        headers={**ADMIN_HEADERS, "content-type": "application/json"},
+    )
+    assert r.status_code == 400
+
+
+def test_metrics_need_a_key_and_probes_name_nothing(gateway: Gateway) -> None:
+    # traffic so that /metrics holds tenant and model names
+    httpx.post(f"{gateway.url}{V2_INFER}", json=_v2([1, 64], [0.0] * 64), headers=gateway.headers())
+    anonymous = httpx.get(f"{gateway.url}/metrics")
+    assert anonymous.status_code == 401 and "acme" not in anonymous.text
+    tenant = httpx.get(f"{gateway.url}/metrics", headers=gateway.headers())
+    assert tenant.status_code == 401  # a tenant's API key is not an operator's
+    operator = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS)
+    assert operator.status_code == 200 and 'tenant="acme"' in operator.text
+    for path in ("/health/ready", "/v2/health/ready", "/health/live", "/v2/health/live"):
+        r = httpx.get(f"{gateway.url}{path}")
+        assert r.status_code in (200, 503)
+        for name in ("digits", "echo", "acme", "remote", "onnx"):
+            assert name not in r.text, (path, r.text)
+    detail = httpx.get(f"{gateway.url}/health/ready", headers=ADMIN_HEADERS).json()
+    assert detail["deployments"]["digits-ort"]["ready"] is True

@@ -1,0 +1,89 @@
+"""Partial faults stay partial: an upstream down at start-up is served around, then served once it is up."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from gateway.demo_models import DigitsModel
+from tests.conftest import ADMIN_HEADERS, create_key
+from tests.servers import free_port, serve_app
+
+ROW = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+
+
+def _edge_config(digits: DigitsModel, state: Path):  # type: ignore[no-untyped-def]
+    return parse_config(
+        f"""
+state: {{url: "sqlite:///{state}"}}
+tenants: {{front: {{}}}}
+deployments: {{digits: {{backend: onnxruntime, model: {digits.onnx_path}}}}}
+models: {{digits: {{routes: [{{deployment: digits}}]}}}}
+""",
+        base_dir=Path("."),
+    )
+
+
+def _front_config(digits: DigitsModel, edge_port: int, readiness: str):  # type: ignore[no-untyped-def]
+    return parse_config(
+        f"""
+server: {{readiness: {readiness}}}
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  local: {{backend: onnxruntime, model: {digits.onnx_path}}}
+  edge: {{backend: remote, url: "http://127.0.0.1:{edge_port}", protocol: kserve_v2, model_name: digits,
+          api_key_env: TEST_EDGE_KEY}}
+models:
+  digits: {{routes: [{{deployment: local}}]}}
+  edge-digits: {{routes: [{{deployment: edge}}], fallback: [local]}}
+  edge-only: {{routes: [{{deployment: edge}}]}}
+""",
+        base_dir=Path("."),
+    )
+
+
+def _wait_for(check, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_upstream_down_at_start_is_served_around_then_served_when_up(digits, tmp_path) -> None:
+    edge_port, state = free_port(), tmp_path / "edge.db"
+    with serve_app(create_app(_edge_config(digits, state)), port=edge_port) as edge_url:
+        os.environ["TEST_EDGE_KEY"] = create_key(edge_url, "front")  # kept in the edge's SQLite state
+    # the edge is down now; the front starts anyway
+    with serve_app(create_app(_front_config(digits, edge_port, "any"))) as url:
+        key = create_key(url, "acme")
+        auth = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(f"{url}/health/ready").status_code == 200
+        detail = httpx.get(f"{url}/health/ready", headers=ADMIN_HEADERS).json()
+        assert detail["deployments"]["edge"]["ready"] is False and detail["deployments"]["edge"]["error"]
+        assert httpx.post(f"{url}/v2/models/digits/infer", json=ROW, headers=auth).status_code == 200
+        fallback = httpx.post(f"{url}/v2/models/edge-digits/infer", json=ROW, headers=auth)
+        assert fallback.status_code == 200 and fallback.headers["x-fleetgate-deployment"].startswith("local")
+        assert httpx.post(f"{url}/v2/models/edge-only/infer", json=ROW, headers=auth).status_code == 503
+        with serve_app(create_app(_edge_config(digits, state)), port=edge_port):
+            # retried with backoff in the background: no restart, no reload
+            assert _wait_for(
+                lambda: httpx.get(f"{url}/health/ready", headers=ADMIN_HEADERS).json()["deployments"]["edge"][
+                    "ready"
+                ]
+            )
+            served = httpx.post(f"{url}/v2/models/edge-only/infer", json=ROW, headers=auth)
+            assert served.status_code == 200 and served.headers["x-fleetgate-deployment"].startswith("edge")
+
+
+def test_readiness_all_waits_for_every_deployment(digits) -> None:
+    with serve_app(create_app(_front_config(digits, free_port(), "all"))) as url:
+        assert httpx.get(f"{url}/health/ready").status_code == 503
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 503
