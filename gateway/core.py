@@ -17,6 +17,7 @@ import structlog
 
 from backends.base import Capability, GenerateRequest, TensorRequest, TensorResponse, TokenEvent, Usage
 from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput, ModelNotFound
+from backends.validation import validate_request
 from gateway import metrics
 from gateway.config import Config
 from gateway.deployments import Deployment
@@ -199,7 +200,10 @@ class GatewayCore:
                     )
                     continue
                 except BaseException as exc:
-                    self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
+                    blame = isinstance(exc, InvalidInput) and self._refused_by_every_route(plan, dep, request)
+                    self.outcomes.record(
+                        plan.model, dep, exc, time.perf_counter() - started, caller_fault=blame
+                    )
                     raise
                 self.outcomes.record(plan.model, dep, None, time.perf_counter() - started, service_s)
                 used = cost
@@ -209,7 +213,36 @@ class GatewayCore:
             assert last_error is not None
             raise last_error
         finally:
-            await self.admission.reconcile(reservation, used)
+            # a request that got no answer costs no usage and no request quota (README: what a
+            # failure costs); its rate-limit slot stays spent, so failures cannot flood for free
+            await self.admission.reconcile(reservation, used, failed=used == 0)
+
+    def _refused_by_every_route(self, plan: Plan, refused_by: Deployment, request: TensorRequest) -> bool:
+        """Whether the other routes of the model would refuse `request` too (the caller's mistake).
+
+        Routes with the same input signature would refuse it the same way. A route whose signature
+        differs (a canary with a new model) is asked: when it accepts the request, or when its input
+        names differ so the request cannot be put to it, the refusal may be the deployment's own
+        difference and counts against the refusing deployment.
+        """
+        model = self.config.models.get(plan.model)
+        others = {r.deployment for r in model.routes} - {refused_by.name} if model else set()
+        mine = refused_by.backend.metadata().inputs
+        for name in others:
+            dep = self.deployments.get(name)
+            if dep is None or not dep.ready or Capability.TENSOR not in dep.backend.capabilities:
+                continue
+            meta = dep.backend.metadata()
+            if meta.inputs == mine:
+                continue
+            if {s.name for s in meta.inputs} != {s.name for s in mine}:
+                return False
+            try:
+                validate_request(request, meta)
+            except InvalidInput:
+                continue
+            return False
+        return True
 
     async def _run_queued(
         self, principal: Principal, dep: Deployment, cost: float, work: Any, hints: QueueHints
@@ -288,7 +321,7 @@ class GatewayCore:
                     timeout_s=hints.timeout_s,
                 )
             except BaseException:
-                await self.admission.reconcile(reservation, 0)
+                await self.admission.reconcile(reservation, 0, failed=True)
                 raise
             self.breakers.on_attempt(dep.name)
             started = time.perf_counter()
@@ -304,9 +337,13 @@ class GatewayCore:
                 log.warning("deployment_failed", deployment=dep.name, error=str(exc))
                 continue
             except BaseException as exc:
-                self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
+                # a prompt cannot be checked against another route cheaply: a generation's 4xx is
+                # taken as the caller's own and never counts against a canary
+                self.outcomes.record(
+                    plan.model, dep, exc, time.perf_counter() - started, caller_fault=True
+                )
                 dep.queue.release(ticket, 0)
-                await self.admission.reconcile(reservation, 0)
+                await self.admission.reconcile(reservation, 0, failed=True)
                 raise
             # A stream's latency and service time are its time to first event: the rest of it runs
             # at the pace the client reads, which says nothing about the deployment's load.
@@ -315,6 +352,6 @@ class GatewayCore:
             served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
             job = StreamJob(principal, plan, dep, request, ticket, reservation, prompt_tokens)
             return GenerationStream(self, job, stream, first), served
-        await self.admission.reconcile(reservation, 0)
+        await self.admission.reconcile(reservation, 0, failed=True)
         assert last_error is not None
         raise last_error

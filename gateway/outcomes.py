@@ -41,6 +41,8 @@ class Outcomes:
         error: BaseException | None,
         latency_s: float,
         service_s: float | None = None,
+        *,
+        caller_fault: bool = False,
     ) -> None:
         """Record one attempt.
 
@@ -50,6 +52,9 @@ class Outcomes:
             error: what it raised, or None.
             latency_s: the attempt as the caller saw it (queue wait included; first event for streams).
             service_s: the backend's own time, for the load estimate (successes only).
+            caller_fault: the refusal (4xx) was the caller's own mistake, one every route of the
+                model would make too: it says nothing about this deployment, so the canary watch
+                does not see it (one tenant's bad requests must not roll a canary back for all).
         """
         fault = isinstance(error, DEPLOYMENT_FAULTS)
         answered = error is None or isinstance(error, CALLER_ERRORS)
@@ -58,6 +63,8 @@ class Outcomes:
             self.service_times.observe(dep.name, service_s)
         # Anything else (queue full, queue deadline, the caller left) never reached the deployment
         # or got no answer from it: it says nothing about the canary either way.
+        if caller_fault and isinstance(error, CALLER_ERRORS):
+            return
         if (answered or fault) and self.router.canaries.watches(model):
             rollback = self.router.canaries.record(
                 model, dep.name, not fault, latency_s, caller_error=error is not None and not fault

@@ -76,6 +76,8 @@ class GenerationStream:
         self._usage: Usage | None = None
         self._final: TokenEvent | None = None
         self._closed = False
+        #: the backend's stream raised: the generation failed (not a client that went away)
+        self._errored = False
         self._settling: asyncio.Future[None] | None = None
         # the completion, kept only when a shadow will compare it
         self._texts: list[str] | None = [] if job.plan.shadows else None
@@ -99,7 +101,8 @@ class GenerationStream:
                 await self._core.admission.check_stream(
                     self.job.reservation, self.job.prompt_tokens + self.delivered
                 )
-        except BaseException:
+        except BaseException as exc:
+            self._errored = isinstance(exc, Exception)  # not a cancellation (the client left)
             await self.aclose()
             raise
         if event is None:  # the backend ended without a finish event
@@ -165,7 +168,10 @@ class GenerationStream:
                 core.shadows.mirror_text(
                     job.plan, job.dep, job.request, "".join(self._texts), self._token_ids
                 )
-            await core.admission.reconcile(job.reservation, usage.total_tokens)
+            # failed before anything was delivered: no answer, so no request is counted (its prompt's
+            # tokens were computed and stay charged)
+            failed = self._errored and self.delivered == 0
+            await core.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

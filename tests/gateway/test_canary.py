@@ -265,3 +265,18 @@ def test_a_canary_that_refuses_every_request_is_rolled_back(digits, tmp_path):  
         assert status["rollback"]["reason"] == reason and status["window_caller_errors"] == MIN_REQUESTS
         assert status["rollback"]["canary_caller_error_rate"] == 1.0
         assert status["rollback"]["baseline_caller_error_rate"] == 0.0
+
+
+def test_one_callers_wrong_shapes_never_roll_a_canary_back(fresh: Canary):
+    """Requests every route refuses (63 features for a 64-feature model) are the caller's own
+    mistake: they get their 400 but are not counted against the canary, however many there are."""
+    wrong = {"instances": [[0.0] * 63]}
+    with httpx.Client(headers={"Authorization": f"Bearer {fresh.key}"}) as client:
+        for _ in range(6 * MIN_REQUESTS):
+            r = client.post(f"{fresh.url}/v1/models/digits:predict", json=wrong)
+            assert r.status_code == 400
+        assert fresh.injector.attempts > MIN_REQUESTS  # the candidate refused plenty of them
+        assert not fresh.core.router.canaries.rolled_back("digits", "candidate")
+        assert all(fresh.predict(client).status_code == 200 for _ in range(20))
+    status = httpx.get(f"{fresh.url}/admin/canary", headers=ADMIN).json()["canaries"][0]
+    assert status["rollback"] is None and status["window_caller_errors"] == 0

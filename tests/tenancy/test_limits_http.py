@@ -38,6 +38,7 @@ tenants:
   metered: {{models: ["digits", "chat"], key_limits: {{requests_per_minute: {RPM}}}}}
   shared: {{models: ["digits"], limits: {{requests_per_minute: 4}}}}
   budget: {{models: ["digits", "chat"], quotas: {{requests_per_day: 3}}}}
+  clumsy: {{models: ["digits"], quotas: {{requests_per_day: 2}}}}
   free: {{}}
 {deployments_yaml(digits, upstream_url)}
 {models_yaml(["digits"], ["chat"])}
@@ -129,6 +130,20 @@ def test_requests_per_day_quota(url: str) -> None:
     rows = httpx.get(f"{url}/admin/usage", params={"tenant": "budget"}, headers=ADMIN_HEADERS).json()["usage"]
     days = [r for r in rows if len(r["period"]) == 10]
     assert sum(r["requests"] for r in days) == 3, rows
+
+
+def test_requests_that_fail_cost_no_usage_and_no_request_quota(url: str) -> None:
+    """A backend 400 (wrong shape) is answered but not charged: README, "What a failure costs"."""
+    key, _ = admin_create_key(url, "clumsy")
+    wrong = {"inputs": [{"name": "input", "shape": [1, 63], "datatype": "FP32", "data": [0.0] * 63}]}
+    for _ in range(5):
+        r = httpx.post(f"{url}/v2/models/digits/infer", json=wrong, headers=bearer(key), timeout=30)
+        assert r.status_code == 400, r.text
+    for _ in range(2):  # the whole daily quota of 2 is still there
+        assert _post(url, "v2", key).status_code == 200
+    assert _post(url, "v2", key).status_code == 429
+    rows = httpx.get(f"{url}/admin/usage", params={"tenant": "clumsy"}, headers=ADMIN_HEADERS).json()["usage"]
+    assert sum(r["requests"] for r in rows if len(r["period"]) == 10) == 2, rows
 
 
 def test_revoked_key_gets_401_within_one_second(url: str) -> None:
