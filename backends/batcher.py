@@ -49,9 +49,13 @@ class _Pending:
 
 
 class DynamicBatcher:
-    """Collects requests for up to `max_delay_ms` or `max_batch_size` rows, then runs them together.
+    """Merges concurrent requests into batches of up to `max_batch_size` rows.
 
-    A lone caller is not made to wait: the delay applies once requests have been seen overlapping
+    With `wait_for_company=False` (the `continuous` mode) it never waits on a timer: a request that
+    finds a free slot runs at once, and requests arriving while every slot is busy gather in the
+    queue and run together when a slot frees. With `wait_for_company=True` (the `delay` mode) the
+    first request of a batch may also wait up to `max_delay_ms` for company. In that mode a lone
+    caller is not made to wait either: the delay applies once requests have been seen overlapping
     (the previous batch merged several, or several are queued now), and it ends early once as many
     requests are queued as the last batch held. Requests that arrive while every slot is busy
     gather in the queue; when several slots are free, the queued rows are shared out over them.
@@ -63,6 +67,7 @@ class DynamicBatcher:
         max_queue: requests waiting beyond this are refused with BackendUnavailable.
         observer: optional callback for metrics.
         max_in_flight: batches that may run at the same time (the runtime's parallel slots).
+        wait_for_company: the `delay` mode (see above); False is the `continuous` mode.
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class DynamicBatcher:
         max_queue: int,
         observer: BatchObserver | None = None,
         max_in_flight: int = 1,
+        wait_for_company: bool = True,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -82,6 +88,7 @@ class DynamicBatcher:
         self.max_delay_s = max_delay_ms / 1000.0
         self.max_queue = max_queue
         self.max_in_flight = max_in_flight
+        self.wait_for_company = wait_for_company
         self._observer = observer
         self._queue: list[_Pending] = []
         self._wakeup = asyncio.Event()
@@ -176,7 +183,8 @@ class DynamicBatcher:
             # With several slots free and company already queued, start now: the rows are split
             # over the free slots below, and waiting would only idle them.
             spread = free > 1 and len(self._queue) > 1
-            wait = not spread and (self._last_batch_requests > 1 or len(self._queue) > 1)
+            overlapping = self._last_batch_requests > 1 or len(self._queue) > 1
+            wait = self.wait_for_company and not spread and overlapping
             deadline = asyncio.get_running_loop().time() + (self.max_delay_s if wait else 0.0)
             # ...and only until as many requests are back as the last batch held: closed-loop
             # callers return together, and waiting longer for them would idle the runtime.
@@ -293,4 +301,5 @@ def batcher_for(
         max_queue=batching.max_queue,
         observer=observe,
         max_in_flight=max_in_flight,
+        wait_for_company=batching.mode == "delay",
     )

@@ -23,6 +23,12 @@ class BatchingSpec(SpecBase):
     max_batch_size: int = 32
     max_delay_ms: float = 2.0
     max_queue: int = 1024
+    #: `continuous` (the default): a request that finds a free runtime slot runs at once, and the
+    #: requests that arrive while every slot is busy are merged into the next batch, so a lone
+    #: request never waits on a timer and a busy runtime still gets full batches. `delay`: when
+    #: callers overlap, the first request of a batch waits up to `max_delay_ms` for company (for
+    #: runtimes where a fuller batch pays for the wait, such as GPUs).
+    mode: Literal["continuous", "delay"] = "continuous"
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

@@ -200,3 +200,39 @@ async def test_the_wait_for_company_ends_when_the_last_batch_s_callers_are_back(
     assert run.batches == [4, 4, 4]
     assert asyncio.get_running_loop().time() - started < 1.0  # not 2 x 2 s of waiting
     await batcher.close()
+
+
+class Gated:
+    """x * 2 per row; each batch waits for the test to open its gate, so overlap is exact."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.gate = asyncio.Event()
+
+    async def __call__(self, inputs, outputs):  # type: ignore[no-untyped-def]
+        self.batches.append(inputs["x"].shape[0])
+        await self.gate.wait()
+        return {"y": inputs["x"] * 2}
+
+
+async def test_continuous_mode_runs_an_idle_request_at_once_and_merges_what_arrives_while_busy():
+    run = Gated()
+    # a delay far above the test's run time: waiting on the timer even once would show
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=5_000, max_queue=100, wait_for_company=False)
+    first = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2), np.float32)}, None))
+    await asyncio.sleep(0.05)
+    assert run.batches == [1]  # the runtime was idle: it started without waiting for company
+    later = [
+        asyncio.ensure_future(batcher.submit({"x": np.full((1, 2), i, np.float32)}, None)) for i in range(5)
+    ]
+    await asyncio.sleep(0.05)
+    assert run.batches == [1]  # the runtime is busy: they gather
+    run.gate.set()
+    results = await asyncio.wait_for(asyncio.gather(first, *later), timeout=2.0)
+    assert run.batches == [1, 5]  # one merged batch as soon as the slot freed, no timer
+    np.testing.assert_array_equal(results[3]["y"], np.full((1, 2), 4.0))
+    started = asyncio.get_running_loop().time()
+    await asyncio.wait_for(batcher.submit({"x": np.ones((1, 2), np.float32)}, None), timeout=2.0)
+    # a lone request after a merged batch: the delay mode would wait up to 5 s for company here
+    assert asyncio.get_running_loop().time() - started < 2.0 and run.batches == [1, 5, 1]
+    await batcher.close()
