@@ -47,7 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from bench_gateway import _load, start_gateway, summarize, v2_request  # noqa: E402
+from bench_gateway import ADMIN_KEY, _load, start_gateway, summarize, v2_request  # noqa: E402
 
 from backends.model_exports import write_openvino_ir  # noqa: E402
 from gateway.demo_models import write_digits  # noqa: E402
@@ -245,7 +245,7 @@ def batch_rows_metric(port: int, deployment: str) -> tuple[float, float]:
     """(sum, count) of the gateway's `fleetgate_batch_size_rows` histogram for one deployment."""
     import httpx
 
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
     values = {"sum": 0.0, "count": 0.0}
     for kind in values:
         prefix = f'fleetgate_batch_size_rows_{kind}{{deployment="{deployment}"}} '

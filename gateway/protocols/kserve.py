@@ -9,6 +9,7 @@ from litestar import Request, Response, get, post
 from litestar.types import ASGIApp
 
 from gateway.core import GatewayCore
+from gateway.deadline import Deadline
 from gateway.errors import GatewayError
 from gateway.http import Call, RawResponse, lower_headers, read_body
 from gateway.protocols.v2_codec import decode_infer, encode_infer
@@ -118,10 +119,11 @@ async def _infer(request: Request, model: str, version: str | None) -> ASGIApp:
         principal = await core.authenticate(headers)
         call.tenant = principal.tenant
         plan = core.plan(principal, model, version, None, headers)
-        body = await read_body(request, core.config.server.max_body_bytes, headers=headers)
-        header_len = headers.get("inference-header-content-length")
-        decoded = decode_infer(body, _parse_header_length(header_len), call.request_id)
-        response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
+        async with Deadline(core.config.server.request_timeout_s, call.started).scope():
+            body = await read_body(request, core.config.server.max_body_bytes, headers=headers)
+            header_len = headers.get("inference-header-content-length")
+            decoded = decode_infer(body, _parse_header_length(header_len), call.request_id)
+            response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
         dep = served.deployment
         call.served_by(dep.name, dep.spec.backend, dep.device)
         payload, json_len = encode_infer(response, model, plan.version, decoded)

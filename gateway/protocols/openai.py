@@ -20,6 +20,7 @@ from litestar.response import Stream
 from backends.base import GenerateRequest, Usage
 from gateway import metrics
 from gateway.core import GatewayCore, Served
+from gateway.deadline import Deadline
 from gateway.errors import describe
 from gateway.http import Call, lower_headers, read_body
 from gateway.protocols.openai_schema import (
@@ -118,7 +119,12 @@ def _finish_reason(reason: str | None) -> str:
 
 
 async def _sse(
-    events: GenerationStream, shape: _Shape, include_usage: bool, call: Call, served: Served
+    events: GenerationStream,
+    shape: _Shape,
+    include_usage: bool,
+    call: Call,
+    served: Served,
+    deadline: Deadline,
 ) -> AsyncIterator[bytes]:
     first = True
     usage = Usage()
@@ -126,7 +132,12 @@ async def _sse(
     labels = (call.model, served.deployment.name)
     status = 200
     try:
-        async for event in events:
+        while True:
+            # the deadline covers the wait for each event, never the yield to the client below
+            async with deadline.scope():
+                event = await anext(events, None)
+            if event is None:
+                break
             now = time.perf_counter()
             if event.text:
                 if first:
@@ -166,9 +177,11 @@ async def _generate(request: Request, chat: bool) -> Response[Any]:
         core: GatewayCore = request.app.state.core
         principal = await core.authenticate(headers)
         call.tenant = principal.tenant
-        body_bytes = await read_body(
-            request, core.config.server.max_body_bytes, allowed_types=("application/json", "")
-        )
+        deadline = Deadline(core.config.server.request_timeout_s, call.started)
+        async with deadline.scope():
+            body_bytes = await read_body(
+                request, core.config.server.max_body_bytes, allowed_types=("application/json", "")
+            )
         body = decode(body_bytes, chat_decoder if chat else completion_decoder)
         model, version, label = split_model_name(body.model)
         call.model = model
@@ -178,11 +191,12 @@ async def _generate(request: Request, chat: bool) -> Response[Any]:
         )
         gen.tenant = principal.tenant
         prompt_tokens = core.estimate_prompt_tokens(plan, gen)
-        events, served = await core.start_generation(
-            principal, plan, gen, prompt_tokens, queue_hints(headers)
-        )
+        async with deadline.scope():
+            events, served = await core.start_generation(
+                principal, plan, gen, prompt_tokens, queue_hints(headers)
+            )
         try:
-            return await _answer(events, served, body, call, chat)
+            return await _answer(events, served, body, call, chat, deadline)
         except BaseException:
             await events.aclose()
             raise
@@ -191,7 +205,7 @@ async def _generate(request: Request, chat: bool) -> Response[Any]:
 
 
 async def _answer(
-    events: GenerationStream, served: Served, body: Any, call: Call, chat: bool
+    events: GenerationStream, served: Served, body: Any, call: Call, chat: bool, deadline: Deadline
 ) -> Response[Any]:
     """The response for a started generation: an SSE stream, or the whole completion.
 
@@ -209,7 +223,7 @@ async def _answer(
     shape = _Shape(chat, body.model, call.request_id)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        sse = _sse(events, shape, include_usage, call, served)
+        sse = _sse(events, shape, include_usage, call, served, deadline)
         return Stream(
             sse,
             media_type="text/event-stream",
@@ -219,12 +233,13 @@ async def _answer(
     parts: list[str] = []
     usage, finish = Usage(), "stop"
     try:
-        async for event in events:
-            parts.append(event.text)
-            if event.usage is not None:
-                usage = event.usage
-            if event.finish_reason:
-                finish = _finish_reason(event.finish_reason)
+        async with deadline.scope():
+            async for event in events:
+                parts.append(event.text)
+                if event.usage is not None:
+                    usage = event.usage
+                if event.finish_reason:
+                    finish = _finish_reason(event.finish_reason)
     finally:
         await events.aclose()
     call.done(200)

@@ -18,6 +18,7 @@ from litestar import Request, Response, get, post
 
 from backends.errors import InvalidInput, ModelNotFound
 from gateway.core import GatewayCore
+from gateway.deadline import Deadline
 from gateway.errors import Protocol
 from gateway.http import Call, lower_headers, read_body
 from gateway.protocols.tfserving_codec import decode_predict, encode_predict, signature_def
@@ -63,10 +64,11 @@ async def _predict(request: Request, model: str, segment: str, slot: str) -> Res
         principal = await core.authenticate(headers)
         call.tenant = principal.tenant
         plan = core.plan(principal, model, version, label, headers)
-        body = await read_body(request, core.config.server.max_body_bytes)
-        meta = core.deployments[plan.primary].backend.metadata()
-        decoded = decode_predict(body, meta, call.request_id)
-        response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
+        async with Deadline(core.config.server.request_timeout_s, call.started).scope():
+            body = await read_body(request, core.config.server.max_body_bytes)
+            meta = core.deployments[plan.primary].backend.metadata()
+            decoded = decode_predict(body, meta, call.request_id)
+            response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
         dep = served.deployment
         call.served_by(dep.name, dep.spec.backend, dep.device)
         out = {**served.headers, "x-fleetgate-deployment": dep.served_by(), "x-request-id": call.echo_id}
