@@ -97,6 +97,8 @@ class DynamicBatcher:
         self._running: set[asyncio.Task[None]] = set()
         #: requests in the last batch started; 1 means callers are not overlapping right now
         self._last_batch_requests = 1
+        #: event-loop time when the last batch finished (its callers come back soon after)
+        self._last_finished = float("-inf")
 
     @property
     def depth(self) -> int:
@@ -183,7 +185,12 @@ class DynamicBatcher:
             # With several slots free and company already queued, start now: the rows are split
             # over the free slots below, and waiting would only idle them.
             spread = free > 1 and len(self._queue) > 1
-            overlapping = self._last_batch_requests > 1 or len(self._queue) > 1
+            # Callers overlap when several are queued now, or when the last batch merged several
+            # and ended just now (closed-loop callers are on their way back). A request arriving
+            # after a burst ended finds the runtime idle for longer than max_delay and runs at once.
+            now = asyncio.get_running_loop().time()
+            returning = self._last_batch_requests > 1 and now - self._last_finished <= self.max_delay_s
+            overlapping = returning or len(self._queue) > 1
             wait = self.wait_for_company and not spread and overlapping
             deadline = asyncio.get_running_loop().time() + (self.max_delay_s if wait else 0.0)
             # ...and only until as many requests are back as the last batch held: closed-loop
@@ -221,6 +228,7 @@ class DynamicBatcher:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self._last_finished = asyncio.get_running_loop().time()
         self._wakeup.set()  # a slot is free
         if task.cancelled():  # close(): nobody will answer these callers otherwise
             return

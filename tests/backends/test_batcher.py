@@ -236,3 +236,19 @@ async def test_continuous_mode_runs_an_idle_request_at_once_and_merges_what_arri
     # a lone request after a merged batch: the delay mode would wait up to 5 s for company here
     assert asyncio.get_running_loop().time() - started < 2.0 and run.batches == [1, 5, 1]
     await batcher.close()
+
+
+async def test_delay_mode_does_not_make_a_request_after_a_burst_wait_for_company():
+    run = Gated()
+    run.gate.set()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=400, max_queue=100)
+    await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}, None) for _ in range(5)))
+    assert run.batches == [5]
+    await asyncio.sleep(0.6)  # the burst is over: its callers are not coming back
+    run.gate.clear()
+    lone = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2), np.float32)}, None))
+    await asyncio.sleep(0.1)
+    assert run.batches == [5, 1]  # started at once, not after waiting 400 ms for company
+    run.gate.set()
+    await lone
+    await batcher.close()
