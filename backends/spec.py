@@ -27,8 +27,8 @@ class BatchingSpec(SpecBase):
     #: of a batch waits up to `max_delay_ms` for company only while callers overlap (several queued,
     #: or the last batch merged several and ended less than `max_delay_ms` ago), and no longer than
     #: until as many are back as the last batch held. `continuous`: never waits on a timer; requests
-    #: arriving while every slot is busy are merged into the next batch. bench_batching_modes.py:
-    #: on a 2-core CPU the delay mode served 1.1-1.2x the requests of continuous at c=8-32.
+    #: arriving while every slot is busy are merged into the next batch. bench_batching_modes.py on
+    #: a 2-core CPU: the two within noise at c=1 (no wait either way), delay 1.1-1.2x at c=8.
     mode: Literal["continuous", "delay"] = "delay"
 
     def __post_init__(self) -> None:

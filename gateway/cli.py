@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc))
     except StoreUnavailable as exc:
         # Not the user's input: the state store is down or the URL points nowhere. One line, no traceback.
-        print(f"fleetgate: {exc.message}", file=sys.stderr)
+        print(f"fleetgate: state store unavailable ({exc.detail})", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         return 130

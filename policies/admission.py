@@ -173,12 +173,12 @@ class Admission:
             if self._down_since is None:
                 self._down_since = now
             if self._fail_open_s > 0 and now - self._down_since <= self._fail_open_s:
-                log.warning("state_store_down_failing_open", error=exc.message, down_s=now - self._down_since)
+                log.warning("state_store_down_failing_open", error=exc.detail, down_s=now - self._down_since)
                 result = await self._local.acquire(**kwargs)
                 self.stats["fail_open"] += result.ok
                 return result, True
             self.stats["store_unavailable"] += 1
-            log.error("state_store_down_failing_closed", error=exc.message)
+            log.error("state_store_down_failing_closed", error=exc.detail)
             raise
         self._down_since = None
         if self._pending:
@@ -202,8 +202,11 @@ class Admission:
                 self.stats["quota_exceeded"] += 1
                 reset = datetime.fromtimestamp(c.resets_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 used = result.counters[d.index]
+                # the counter holds what was used before this request: when it is under the limit,
+                # only this request's own reservation does not fit what is left
+                state = "is spent" if used >= c.limit else f"has {c.limit - used} {c.unit} left, too few for this request"
                 raise QuotaExceeded(
-                    f"{c.name} quota of tenant {tenant!r} is spent "
+                    f"{c.name} quota of tenant {tenant!r} {state} "
                     f"({used} of {c.limit} {c.unit} used); it resets at {reset}",
                     retry_after_s=c.resets_at - now,
                     headers=headers,
@@ -270,7 +273,7 @@ class Admission:
         except StoreUnavailable as exc:
             self.stats["reconcile_deferred"] += 1
             self._pending.append(settle)
-            log.error("reconcile_deferred", error=exc.message, reservation=r.id, pending=len(self._pending))
+            log.error("reconcile_deferred", error=exc.detail, reservation=r.id, pending=len(self._pending))
             return
         if self._pending:
             await self._flush_pending()
@@ -281,7 +284,7 @@ class Admission:
                 await self._store.settle(**self._pending[0])  # idempotent by settle id
                 self._pending.pop(0)
         except StoreUnavailable as exc:
-            log.error("reconcile_retry_failed", error=exc.message, pending=len(self._pending))
+            log.error("reconcile_retry_failed", error=exc.detail, pending=len(self._pending))
 
     async def check_stream(self, reservation: Reservation, tokens_so_far: int) -> bool:
         """Whether a stream may go on: False once it passes its reservation (cut it, then reconcile).
@@ -300,7 +303,7 @@ class Admission:
                     lease_id=reservation.id, keys=reservation.lease_keys, ttl_s=self._lease_ttl_s, now=now
                 )
             except StoreUnavailable as exc:
-                log.warning("lease_renew_failed", error=exc.message, reservation=reservation.id)
+                log.warning("lease_renew_failed", error=exc.detail, reservation=reservation.id)
         return tokens_so_far <= reservation.cost_tokens
 
     def headers(self, reservation: Reservation) -> dict[str, str]:

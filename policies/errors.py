@@ -55,7 +55,15 @@ class QuotaExceeded(PolicyError):
 
 
 class StoreUnavailable(PolicyError):
-    """The state store cannot be reached, so limits cannot be enforced (fail closed)."""
+    """The state store cannot be reached, so limits cannot be enforced (fail closed).
+
+    `message` is what clients see (no file paths, hosts or driver errors); `detail` says where and
+    why, for the operator's log and the CLI.
+    """
 
     status = 503
     code = "state_store_unavailable"
+
+    def __init__(self, detail: str, *, retry_after_s: float | None = 1.0) -> None:
+        super().__init__("the state store is unavailable; try again shortly", retry_after_s=retry_after_s)
+        self.detail = detail

@@ -8,6 +8,7 @@ for at most `cache_ttl_s` (default 0.5 s) so a revocation reaches every replica 
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import hashlib
 import hmac
@@ -72,6 +73,11 @@ class KeyService:
         self._ttl = cache_ttl_s
         self._stale_ttl = stale_if_error_s
         self._cache: OrderedDict[str, tuple[float, KeyRecord, str]] = OrderedDict()
+        #: ids the store did not know, with when it said so: a client repeating a wrong key is
+        #: answered from here for `cache_ttl_s` (bounded LRU, so guesses cannot fill memory)
+        self._unknown: OrderedDict[str, float] = OrderedDict()
+        #: store lookups in flight by id: concurrent requests with one key share one store call
+        self._inflight: dict[str, asyncio.Future[tuple[KeyRecord, str] | None]] = {}
 
     def update_tenants(self, tenants: Collection[str] | None) -> None:
         """Replace the set of configured tenants (config reload)."""
@@ -108,6 +114,7 @@ class KeyService:
                 expires_at=from_epoch(to_epoch(expires_at)),
             )
             if await self._store.put_key(record, hash_secret(key_id, secret)):
+                self._unknown.pop(key_id, None)
                 break  # else: a 48-bit id collided; draw again
         log.info("api_key_created", tenant=tenant, key_id=key_id)
         return record, f"{KEY_PREFIX}-{key_id}-{secret}"
@@ -158,6 +165,22 @@ class KeyService:
         cached = self._cache.get(key_id)
         if cached is not None and now - cached[0] < self._ttl:
             return cached[1], cached[2]
+        unknown_at = self._unknown.get(key_id)
+        if unknown_at is not None and now - unknown_at < self._ttl:
+            return None
+        pending = self._inflight.get(key_id)
+        if pending is None:
+            # its own task: a caller that goes away does not cancel the lookup the others wait on
+            pending = asyncio.ensure_future(self._fetch(key_id, now, cached))
+            self._inflight[key_id] = pending
+            pending.add_done_callback(
+                lambda done: self._inflight.pop(key_id) if self._inflight.get(key_id) is done else None
+            )
+        return await asyncio.shield(pending)
+
+    async def _fetch(
+        self, key_id: str, now: float, cached: tuple[float, KeyRecord, str] | None
+    ) -> tuple[KeyRecord, str] | None:
         try:
             found = await self._store.get_key(key_id)
         except StoreUnavailable:
@@ -167,7 +190,11 @@ class KeyService:
             raise
         if found is None:
             self._cache.pop(key_id, None)
-            return None  # unknown ids are not cached: a flood of guesses cannot fill memory
+            self._unknown[key_id] = now
+            self._unknown.move_to_end(key_id)
+            if len(self._unknown) > _MAX_CACHE:
+                self._unknown.popitem(last=False)
+            return None
         self._cache[key_id] = (now, found[0], found[1])
         self._cache.move_to_end(key_id)
         if len(self._cache) > _MAX_CACHE:

@@ -89,9 +89,7 @@ class RedisStore(StateStore):
         try:
             return await aw
         except self._errors as exc:
-            raise StoreUnavailable(
-                f"state store unavailable (redis {self._where}): {type(exc).__name__}"
-            ) from exc
+            raise StoreUnavailable(f"redis {self._where}: {type(exc).__name__}") from exc
 
     async def acquire(
         self,

@@ -155,9 +155,9 @@ class SqliteStore(StateStore):
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
         except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            raise StoreUnavailable(f"state store unavailable (sqlite {self.path}): {exc}") from exc
+            raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
         except RuntimeError as exc:  # executor shut down: the store was closed
-            raise StoreUnavailable(f"state store unavailable (sqlite {self.path}): closed") from exc
+            raise StoreUnavailable(f"sqlite {self.path}: closed") from exc
 
     async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def run() -> T:

@@ -143,3 +143,33 @@ async def test_store_down_fails_closed_unless_stale_allowed(tmp_path, clock) -> 
     clock.advance(30)
     with pytest.raises(StoreUnavailable):
         await lenient.authenticate(secret)
+
+
+class CountingStore:
+    """The real store, counting key lookups (a spy: the answers are the store's own)."""
+
+    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
+        self._store = store
+        self.lookups = 0
+
+    async def get_key(self, key_id: str):  # type: ignore[no-untyped-def]
+        self.lookups += 1
+        await asyncio.sleep(0.01)  # a store round trip, so concurrent lookups overlap
+        return await self._store.get_key(key_id)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._store, name)
+
+
+async def test_unknown_and_concurrent_lookups_reach_the_store_once(store, clock) -> None:
+    counting = CountingStore(store)
+    keys = KeyService(counting, clock)  # type: ignore[arg-type]
+    unknown = "fg-0123456789ab-" + "A" * 43
+    for _ in range(20):
+        with pytest.raises(Unauthenticated):
+            await keys.authenticate(unknown)
+    assert counting.lookups == 1  # a repeated wrong key is answered from the negative cache
+    _, secret = await keys.create("acme")
+    before = counting.lookups
+    principals = await asyncio.gather(*(keys.authenticate(secret) for _ in range(16)))
+    assert {p.tenant for p in principals} == {"acme"} and counting.lookups == before + 1
