@@ -2,6 +2,10 @@
 
 Every check-and-update is one Lua script (see `redis_lua.py`), so limits do not multiply by the number
 of replicas and no Python-side lock is involved. `redis` is imported only when this store is opened.
+
+Pipelined: the scripts of admissions and settlements queued while a round trip is out are sent
+together as one pipeline (each script still atomic on the server), so under load many requests
+share one round trip and one wake-up instead of each holding a connection.
 The URL may carry `?prefix=...` (default `fg:`) to share one Redis database between deployments.
 """
 
@@ -61,6 +65,12 @@ class RedisStore(StateStore):
         self._renew = client.register_script(redis_lua.RENEW)
         self._put_key = client.register_script(redis_lua.PUT_KEY)
         self._revoke_key = client.register_script(redis_lua.REVOKE_KEY)
+        #: scripts waiting for the next pipeline: (script, keys, args, the caller's future)
+        self._queued: list[tuple[Any, list[str], list[Any], asyncio.Future[Any]]] = []
+        self._sender: asyncio.Task[None] | None = None
+        #: pipelines sent and scripts they held (bench and tests read these)
+        self.pipelines = 0
+        self.pipelined_ops = 0
 
     @classmethod
     async def open(cls, url: str, *, timeout_s: float = 2.0, max_connections: int = 64) -> RedisStore:
@@ -91,6 +101,51 @@ class RedisStore(StateStore):
         except self._errors as exc:
             raise StoreUnavailable(f"redis {self._where}: {type(exc).__name__}") from exc
 
+    async def _pipelined(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run `script` in the next pipeline; its result, or StoreUnavailable."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queued.append((script, keys, args, future))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_all(), name="redis-pipeline")
+        return await future
+
+    async def _send_all(self) -> None:
+        """Send queued scripts as pipelines, one round trip at a time, until none are left."""
+        while self._queued:
+            group, self._queued = self._queued, []
+            pipe = self._client.pipeline(transaction=False)
+            for script, keys, args, _ in group:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except Exception as exc:  # noqa: BLE001 - every caller of the group gets the failure
+                error = self._failure(exc)
+                results = [error] * len(group)
+            self.pipelines += 1
+            self.pipelined_ops += len(group)
+            missing = {id(s): s for (s, *_), r in zip(group, results, strict=True) if _no_script(r)}
+            if missing:  # Redis was restarted or flushed: load the scripts, send those again
+                try:
+                    for script in missing.values():
+                        await self._client.script_load(script.script)
+                except Exception as exc:  # noqa: BLE001
+                    results = [self._failure(exc) if _no_script(r) else r for r in results]
+                else:
+                    self._queued[:0] = [op for op, r in zip(group, results, strict=True) if _no_script(r)]
+            for (_, _, _, future), result in zip(group, results, strict=True):
+                if future.done() or _no_script(result):  # its caller went away, or it is resent
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(self._failure(result))
+                else:
+                    future.set_result(result)
+
+    def _failure(self, exc: Exception) -> Exception:
+        """A store failure (or a script error, which fails closed too) as StoreUnavailable."""
+        if isinstance(exc, StoreUnavailable):
+            return exc
+        return StoreUnavailable(f"redis {self._where}: {type(exc).__name__}: {str(exc)[:200]}")
+
     async def acquire(
         self,
         *,
@@ -109,7 +164,7 @@ class RedisStore(StateStore):
         args += [x.limit for x in leases]
         for c in counters:
             args += [-1 if c.limit is None else c.limit, c.cost, repr(max(1.0, c.expires_at - now))]
-        out = await self._call(self._acquire(keys=keys, args=args))
+        out = await self._pipelined(self._acquire, keys, args)
         ok, i = out[0] == "1", 1
         views = []
         for _ in buckets:
@@ -147,12 +202,12 @@ class RedisStore(StateStore):
             args += [c.cost, repr(max(1.0, c.expires_at - now))]
         for u, m in zip(usage, members, strict=True):
             args += [u.requests, u.tokens, m]
-        return await self._call(self._settle(keys=keys, args=args)) == 1
+        return await self._pipelined(self._settle, keys, args) == 1
 
     async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:
         if keys:
             args = [lease_id, repr(now + ttl_s), repr(ttl_s)]
-            await self._call(self._renew(keys=[self._p + k for k in keys], args=args))
+            await self._pipelined(self._renew, [self._p + k for k in keys], args)
 
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
         members = await self._call(self._client.smembers(self._p + "usage_index"))
@@ -209,6 +264,11 @@ class RedisStore(StateStore):
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _no_script(result: object) -> bool:
+    """Whether a pipelined EVALSHA failed because Redis does not hold the script (NOSCRIPT)."""
+    return type(result).__name__ == "NoScriptError"  # redis.exceptions, imported only when used
 
 
 def _key_from_hash(key_id: str, h: dict[str, str]) -> KeyRecord:
