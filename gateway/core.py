@@ -152,6 +152,16 @@ class GatewayCore:
         self.check_visible(principal, model)
         return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
 
+    def check_room(self, principal: Principal, plan: Plan) -> None:
+        """Refuse now (429/503) when the plan's first deployment has no queue room for this tenant.
+
+        Called before the body is read: a flooding tenant whose queue is full costs the header
+        parse and a cached key check, not the read, decode and admission of its body.
+        """
+        dep = self.deployments.get(plan.primary)
+        if dep is not None:
+            dep.queue.check_room(principal.tenant)
+
     def _candidates(self, plan: Plan, capability: Capability) -> list[Deployment]:
         chain = [self.deployments[d] for d in (plan.primary, *plan.fallbacks) if d in self.deployments]
         chain = [d for d in chain if capability in d.backend.capabilities]
@@ -275,7 +285,7 @@ class GatewayCore:
 
     # --- text generation -------------------------------------------------------------------
 
-    def estimate_prompt_tokens(self, plan: Plan, request: GenerateRequest) -> int:
+    async def estimate_prompt_tokens(self, plan: Plan, request: GenerateRequest) -> int:
         """Prompt tokens to reserve at admission: exact where the backend has a tokenizer.
 
         Remote upstreams tokenize on their side, so a conservative estimate (about four bytes per
@@ -284,7 +294,7 @@ class GatewayCore:
         dep = self.deployments.get(plan.primary)
         counter = getattr(dep.backend, "count_prompt_tokens", None) if dep else None
         if counter is not None:
-            return int(counter(request))
+            return int(await counter(request))
         if request.prompt_token_ids is not None:
             return len(request.prompt_token_ids)
         text = request.prompt or "".join(m.content for m in request.messages or [])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,14 @@ if TYPE_CHECKING:
     from backends.torch_llm.scheduler import WaitingQueue
 
 log = structlog.get_logger(__name__)
+
+#: a token holds at most this many characters in any tokenizer we serve (English averages ~4):
+#: a longer prompt cannot fit max_model_len, and is refused before tokenizing it
+_MAX_CHARS_PER_TOKEN = 32
+#: prompts up to this many characters are tokenized on the event loop (a thread hop costs more)
+_INLINE_TOKENIZE_CHARS = 16_384
+#: counted prompts kept for their `generate` call
+_MAX_TOKENIZED = 4096
 
 
 def create(name: str, spec: DeploymentSpec) -> TorchLLMBackend:
@@ -91,6 +100,8 @@ class TorchLLMBackend:
         self._waiting = waiting
         self._parts: EngineParts | None = None
         self._engine: AsyncLLMEngine | None = None
+        #: prompt ids counted at admission, by request id, waiting for `generate`
+        self._tokenized: OrderedDict[str, tuple[GenerateRequest, list[int]]] = OrderedDict()
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -167,9 +178,29 @@ class TorchLLMBackend:
         """(free sequence slots, free KV blocks) as of the engine's last step; (0, 0) before load."""
         return self._engine.capacity if self._engine is not None else (0, 0)
 
-    def count_prompt_tokens(self, request: GenerateRequest) -> int:
-        """Prompt tokens `request` will use (after the chat template), for reservations."""
-        return len(self._prompt_ids(request))
+    async def count_prompt_tokens(self, request: GenerateRequest) -> int:
+        """Prompt tokens `request` will use (after the chat template), for reservations.
+
+        The ids are kept for `generate` of the same request id, so a prompt is tokenized once.
+        """
+        ids = await self._tokenize(request)
+        self._tokenized[request.request_id] = (request, ids)
+        if len(self._tokenized) > _MAX_TOKENIZED:
+            self._tokenized.popitem(last=False)  # admitted requests take theirs within moments
+        return len(ids)
+
+    async def _tokenize(self, request: GenerateRequest) -> list[int]:
+        """`_prompt_ids`, refusing an oversized prompt before any tokenizing, large ones off the loop."""
+        text_bytes = len(request.prompt or "") + sum(len(m.content) for m in request.messages or [])
+        max_len = self._parts.max_model_len if self._parts else None
+        if max_len is not None and text_bytes > max_len * _MAX_CHARS_PER_TOKEN:
+            raise InvalidInput(
+                f"the prompt has {text_bytes} characters, far more than this deployment's "
+                f"max_model_len of {max_len} tokens can hold"
+            )
+        if text_bytes > _INLINE_TOKENIZE_CHARS:  # milliseconds of work: keep the event loop free
+            return await asyncio.to_thread(self._prompt_ids, request)
+        return self._prompt_ids(request)
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:
@@ -185,7 +216,8 @@ class TorchLLMBackend:
         engine = self._engine
         if engine is None or self._parts is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
-        ids = self._prompt_ids(request)
+        counted = self._tokenized.pop(request.request_id, None)
+        ids = counted[1] if counted and counted[0] is request else await self._tokenize(request)
         _check_sampling(request.sampling)
         max_len = self._parts.max_model_len
         if len(ids) >= max_len:

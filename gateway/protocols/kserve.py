@@ -119,6 +119,7 @@ async def _infer(request: Request, model: str, version: str | None) -> ASGIApp:
         principal = await core.authenticate(headers)
         call.tenant = principal.tenant
         plan = core.plan(principal, model, version, None, headers)
+        core.check_room(principal, plan)
         async with Deadline(core.config.server.request_timeout_s, call.started).scope():
             body = await read_body(request, core.config.server.max_body_bytes, headers=headers)
             header_len = headers.get("inference-header-content-length")

@@ -178,7 +178,7 @@ async def _generate(request: Request, chat: bool) -> Response[Any]:
         principal = await core.authenticate(headers)
         call.tenant = principal.tenant
         deadline = Deadline(core.config.server.request_timeout_s, call.started)
-        async with deadline.scope():
+        async with deadline.scope():  # the model is in the body: the queue's room is checked after
             body_bytes = await read_body(
                 request, core.config.server.max_body_bytes, allowed_types=("application/json", "")
             )
@@ -186,12 +186,13 @@ async def _generate(request: Request, chat: bool) -> Response[Any]:
         model, version, label = split_model_name(body.model)
         call.model = model
         plan = core.plan(principal, model, version, label, headers)
+        core.check_room(principal, plan)  # before tokenizing: a full queue refuses cheaply
         gen: GenerateRequest = (
             chat_request(body, call.request_id) if chat else completion_request(body, call.request_id)
         )
         gen.tenant = principal.tenant
-        prompt_tokens = core.estimate_prompt_tokens(plan, gen)
         async with deadline.scope():
+            prompt_tokens = await core.estimate_prompt_tokens(plan, gen)
             events, served = await core.start_generation(
                 principal, plan, gen, prompt_tokens, queue_hints(headers)
             )

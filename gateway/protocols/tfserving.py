@@ -64,6 +64,7 @@ async def _predict(request: Request, model: str, segment: str, slot: str) -> Res
         principal = await core.authenticate(headers)
         call.tenant = principal.tenant
         plan = core.plan(principal, model, version, label, headers)
+        core.check_room(principal, plan)
         async with Deadline(core.config.server.request_timeout_s, call.started).scope():
             body = await read_body(request, core.config.server.max_body_bytes)
             meta = core.deployments[plan.primary].backend.metadata()

@@ -182,6 +182,6 @@ async def test_stream_is_settled_when_the_client_leaves_during_a_blocked_send(mo
         assert len(chunks) == 1 and chunks[0].startswith(b"data: {")
         dep = core.deployments["llm"]
         assert dep.queue.in_flight == 0  # settled by the response itself, not by garbage collection
-        prompt = dep.backend.count_prompt_tokens(GenerateRequest(request_id="n", prompt="hello"))
+        prompt = await dep.backend.count_prompt_tokens(GenerateRequest(request_id="n", prompt="hello"))
         rows = [r for r in await core.admission.usage("acme") if len(r.period) == 10]
         assert [(r.requests, r.tokens) for r in rows] == [(1, prompt + 1)]  # the one token it was sent

@@ -88,7 +88,7 @@ def llm_request(rid: str, max_tokens: int) -> GenerateRequest:
 
 async def start(core: GatewayCore, model: str, request: GenerateRequest) -> GenerationStream:
     plan = core.plan(ACME, model, None, None, {})
-    events, _ = await core.start_generation(ACME, plan, request, core.estimate_prompt_tokens(plan, request))
+    events, _ = await core.start_generation(ACME, plan, request, await core.estimate_prompt_tokens(plan, request))
     return events
 
 

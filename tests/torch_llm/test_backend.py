@@ -68,11 +68,11 @@ async def test_generate_prompt_and_chat_with_usage(backend) -> None:
     last = events[-1]
     assert last.finish_reason == "length" and last.usage is not None
     assert last.usage.completion_tokens == 7 == sum(len(e.token_ids) for e in events)
-    assert last.usage.prompt_tokens == backend.count_prompt_tokens(
+    assert last.usage.prompt_tokens == await backend.count_prompt_tokens(
         GenerateRequest(request_id="q", prompt="the cat")
     )
     chat = GenerateRequest(request_id="c", messages=[ChatMessage(role="user", content="hello")])
-    n_chat = backend.count_prompt_tokens(chat)
+    n_chat = await backend.count_prompt_tokens(chat)
     events = await collect(backend, chat)
     assert events[-1].usage.prompt_tokens == n_chat
     md = backend.metadata()
