@@ -45,6 +45,43 @@ from backends.validation import validate_request
 class RemoteOptions(SpecBase):
     max_connections: int = 64
     connect_timeout_s: float = 5.0
+    #: the most bytes read of one upstream answer (and of one stream line): a larger one is a 502,
+    #: so a broken or hostile upstream cannot make the gateway buffer without bound
+    max_response_bytes: int = 64 * 1024 * 1024
+
+
+class UpstreamTooLarge(BackendInternalError):
+    """The upstream's answer passed `max_response_bytes` (a fault of the deployment)."""
+
+    status = 502
+    code = "upstream_too_large"
+
+
+async def _read_bounded(response: httpx.Response, limit: int, name: str) -> bytes:
+    """The whole body of a streamed response, refusing it once it passes `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamTooLarge(f"upstream {name!r} answered more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _lines_bounded(response: httpx.Response, limit: int, name: str) -> AsyncIterator[str]:
+    """The lines of a streamed response, refusing a line longer than `limit` bytes."""
+    pending = bytearray()
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if len(pending) > limit:
+            raise UpstreamTooLarge(f"upstream {name!r} sent a stream line over {limit} bytes")
+    if pending:
+        yield bytes(pending).rstrip(b"\r").decode("utf-8", "replace")
 
 
 _json_decode = msgspec.json.Decoder()
@@ -137,23 +174,22 @@ class RemoteBackend:
     async def _request(self, method: str, path: str, body: Any = None) -> Any:
         assert self._client is not None, "load() first"
         content = _json_encode.encode(body) if body is not None else None
+        headers = {"content-type": "application/json"} if content else None
+        limit = self.options.max_response_bytes
         try:
-            response = await self._client.request(
-                method,
-                path,
-                content=content,
-                headers={"content-type": "application/json"} if content else None,
-            )
+            async with self._client.stream(method, path, content=content, headers=headers) as response:
+                status = response.status_code
+                raw = await _read_bounded(response, limit, self.name)
         except httpx.TimeoutException:
             raise BackendTimeout(
                 f"upstream {self.name!r} did not answer in {self.spec.timeout_s:g}s"
             ) from None
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"upstream {self.name!r} unreachable: {type(exc).__name__}") from None
-        if response.status_code >= 400:
-            raise _upstream_error(response.status_code, response.content)
+        if status >= 400:
+            raise _upstream_error(status, raw)
         try:
-            return _json_decode.decode(response.content)
+            return _json_decode.decode(raw)
         except JSON_DECODE_ERRORS:
             raise BackendInternalError(f"upstream {self.name!r} sent a body that is not JSON") from None
 
@@ -247,7 +283,8 @@ class RemoteBackend:
         try:
             async with self._client.stream("POST", path, content=_json_encode.encode(body)) as response:
                 if response.status_code >= 400:
-                    raise _upstream_error(response.status_code, await response.aread())
+                    limit = self.options.max_response_bytes
+                    raise _upstream_error(response.status_code, await _read_bounded(response, limit, self.name))
                 async for event in self._parse_sse(request.request_id, response):
                     yield event
         except httpx.TimeoutException:
@@ -261,7 +298,7 @@ class RemoteBackend:
         finish: str | None = None
         usage: Usage | None = None
         done = False
-        async for line in response.aiter_lines():
+        async for line in _lines_bounded(response, self.options.max_response_bytes, self.name):
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()

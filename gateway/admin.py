@@ -18,6 +18,7 @@ from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
 from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
+from gateway.admin_guard import AdminAttempts
 from gateway.core import GatewayCore, extract_key
 from gateway.errors import GatewayError
 from gateway.http import Call, lower_headers, read_body
@@ -40,8 +41,12 @@ def require_admin(request: Request) -> GatewayCore:
         raise GatewayError(
             403, "admin_disabled", f"the admin API is off: set {core.config.admin.key_env} to enable it"
         )
+    attempts: AdminAttempts = request.app.state.admin_attempts
+    address = request.client.host if request.client else "unknown"
+    attempts.check(address)
     presented = extract_key(lower_headers(request)) or ""
     if not hmac.compare_digest(presented.encode(), expected.encode()):
+        attempts.failed(address)
         raise GatewayError(401, "invalid_admin_key", "missing or invalid admin key")
     return core
 

@@ -18,6 +18,7 @@ from litestar.exceptions import HTTPException
 
 from gateway import probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
+from gateway.admin_guard import AdminAttempts
 from gateway.config import Config, ConfigError
 from gateway.core import GatewayCore
 from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
@@ -90,6 +91,7 @@ def create_app(
         )
         register_metric_models(config.models)
         app.state.store = store
+        app.state.admin_attempts = AdminAttempts(config.admin.max_failures_per_minute)
         app.state.config_path = Path(config_path) if config_path is not None else None
         install_sighup(app)
         retries = LoadRetries()

@@ -66,6 +66,12 @@ class AdminConfig(SpecBase):
     metrics_key_env: str = "FLEETGATE_METRICS_KEY"
     #: serve /metrics without a key: only where the port is reachable by the operator alone
     public_metrics: bool = False
+    #: wrong admin keys one client address may present per minute; beyond, its admin calls get 429
+    max_failures_per_minute: int = 30
+
+    def __post_init__(self) -> None:
+        if self.max_failures_per_minute < 1:
+            raise ValueError("max_failures_per_minute must be >= 1")
 
 
 class DeploymentConfig(DeploymentSpec):

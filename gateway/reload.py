@@ -70,6 +70,7 @@ def reload_from_file(app: Litestar) -> Config:
         raise ConfigError("this gateway was not started from a config file; nothing to reload")
     new = with_listen_overrides(load_config(path), getattr(app.state, "listen_overrides", {}))
     apply_config(app.state.core, new)
+    app.state.admin_attempts.max_failures = new.admin.max_failures_per_minute
     return new
 
 

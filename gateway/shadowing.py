@@ -34,9 +34,14 @@ class Shadows:
         max_in_flight: shadow requests allowed at once.
     """
 
-    def __init__(self, deployments: Mapping[str, Deployment], max_in_flight: int = 64) -> None:
+    def __init__(
+        self, deployments: Mapping[str, Deployment], max_in_flight: int = 64, timeout_s: float = 30.0
+    ) -> None:
         self._deployments = deployments
         self.max_in_flight = max_in_flight
+        #: a shadow still running after this is cancelled (counted as an error): a hung shadow
+        #: deployment cannot pin every shadow slot
+        self.timeout_s = timeout_s
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _targets(self, plan: Plan, served: Deployment, capability: Capability) -> list[Deployment]:
@@ -76,7 +81,8 @@ class Shadows:
     ) -> None:
         labels = (model, primary, dep.name)
         try:
-            theirs = await dep.backend.infer(request)
+            async with asyncio.timeout(self.timeout_s):
+                theirs = await dep.backend.infer(request)
             diff = await asyncio.to_thread(compare_tensors, answer.outputs, theirs.outputs)
         except Exception as exc:  # noqa: BLE001 - a shadow never affects anyone
             metrics.SHADOW_REQUESTS.labels(*labels, "error").inc()
@@ -103,12 +109,13 @@ class Shadows:
         parts: list[str] = []
         ids: list[int] = []
         try:
-            async for event in dep.backend.generate(request):
-                parts.append(event.text)
-                ids.extend(event.token_ids)
-                if event.finish_reason == "error":
-                    raise RuntimeError("the shadow's stream ended with an error")
-        except Exception as exc:  # noqa: BLE001 - a shadow never affects anyone
+            async with asyncio.timeout(self.timeout_s):
+                async for event in dep.backend.generate(request):
+                    parts.append(event.text)
+                    ids.extend(event.token_ids)
+                    if event.finish_reason == "error":
+                        raise RuntimeError("the shadow's stream ended with an error")
+        except Exception as exc:  # noqa: BLE001 - a shadow never affects anyone (TimeoutError too)
             metrics.SHADOW_REQUESTS.labels(*labels, "error").inc()
             log.info("shadow_failed", model=model, primary=primary, shadow=dep.name, error=str(exc))
             return

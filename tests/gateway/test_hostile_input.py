@@ -103,3 +103,28 @@ def test_metrics_need_a_key_and_probes_name_nothing(gateway: Gateway) -> None:
             assert name not in r.text, (path, r.text)
     detail = httpx.get(f"{gateway.url}/health/ready", headers=ADMIN_HEADERS).json()
     assert detail["deployments"]["digits-ort"]["ready"] is True
+
+
+def test_admin_key_guessing_is_slowed_down(digits) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from gateway.app import create_app
+    from gateway.config import parse_config
+    from tests.servers import serve_app
+
+    config = parse_config(
+        f"""
+admin: {{max_failures_per_minute: 10}}
+state: {{url: "memory://"}}
+tenants: {{t: {{}}}}
+deployments: {{digits: {{backend: onnxruntime, model: {digits.onnx_path}}}}}
+models: {{digits: {{routes: [{{deployment: digits}}]}}}}
+""",
+        base_dir=Path("."),
+    )
+    with serve_app(create_app(config)) as url:
+        wrong = {"Authorization": "Bearer not-the-admin-key"}
+        statuses = [httpx.get(f"{url}/admin/keys", headers=wrong).status_code for _ in range(12)]
+        assert statuses[:10] == [401] * 10 and statuses[10:] == [429, 429]
+        refused = httpx.get(f"{url}/admin/keys", headers=ADMIN_HEADERS)  # even the right key, for now
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1

@@ -87,3 +87,32 @@ def test_readiness_all_waits_for_every_deployment(digits) -> None:
     with serve_app(create_app(_front_config(digits, free_port(), "all"))) as url:
         assert httpx.get(f"{url}/health/ready").status_code == 503
         assert httpx.get(f"{url}/v2/health/ready").status_code == 503
+
+
+def test_an_upstream_answer_over_max_response_bytes_is_a_502_not_a_buffer(upstream_url) -> None:
+    """The echo upstream answers the prompt's words: one 200 kB word makes a 200 kB stream line."""
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  echo: {{backend: remote, url: "{upstream_url}", protocol: openai, model_name: echo-upstream,
+          api_key_env: TEST_UPSTREAM_KEY, options: {{max_response_bytes: 100000}}}}
+models: {{echo: {{routes: [{{deployment: echo}}]}}}}
+""",
+        base_dir=Path("."),
+    )
+    with serve_app(create_app(config)) as url:
+        auth = {"Authorization": f"Bearer {create_key(url, 'acme')}"}
+        small = httpx.post(
+            f"{url}/v1/completions", json={"model": "echo", "prompt": "a b c", "max_tokens": 3}, headers=auth
+        )
+        assert small.status_code == 200 and small.json()["choices"][0]["text"] == "c b a"
+        huge = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": "echo", "prompt": "x" * 200_000, "max_tokens": 3},
+            headers=auth,
+            timeout=30,
+        )
+        assert huge.status_code == 502, huge.text
+        assert huge.json()["error"]["code"] == "upstream_too_large"

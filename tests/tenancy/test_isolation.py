@@ -55,7 +55,9 @@ UNAUTHENTICATED = ["none", "malformed", "unknown", "revoked", "wrong_secret"]
 @pytest.fixture(scope="module")
 def world(digits, upstream_url, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:  # type: ignore[no-untyped-def]
     state = tmp_path_factory.mktemp("isolation") / "state.db"
+    # these tests try every tenant key on every admin route: more failures than the default allows
     text = f"""
+admin: {{max_failures_per_minute: 1000}}
 state: {{url: "sqlite:///{state}"}}
 tenants:
   a: {{models: ["digits-a*", "chat-a"]}}
