@@ -16,7 +16,7 @@ import structlog
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 
-from gateway import probes
+from gateway import openapi, probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin_guard import AdminAttempts
 from gateway.config import Config, ConfigError
@@ -109,6 +109,7 @@ def create_app(
     return Litestar(
         route_handlers=[
             *probes.ROUTES,
+            *openapi.ROUTES,
             *kserve.ROUTES,
             *tfserving.ROUTES,
             *openai.ROUTES,

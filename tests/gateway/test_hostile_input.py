@@ -128,3 +128,19 @@ models: {{digits: {{routes: [{{deployment: digits}}]}}}}
         assert statuses[:10] == [401] * 10 and statuses[10:] == [429, 429]
         refused = httpx.get(f"{url}/admin/keys", headers=ADMIN_HEADERS)  # even the right key, for now
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+
+
+def test_openapi_documents_every_client_route_and_keeps_admin_apart(gateway: Gateway) -> None:
+    doc = httpx.get(f"{gateway.url}/openapi.json").json()
+    paths = doc["paths"]
+    for path in ("/v1/chat/completions", "/v2/models/{model}/infer", "/v1/models/{segment}", "/metrics"):
+        assert path in paths, path
+    chat = paths["/v1/chat/completions"]["post"]
+    assert "requestBody" in chat and {"400", "401", "404", "429", "503"} <= set(chat["responses"])
+    assert "ChatBody" in doc["components"]["schemas"]
+    assert not any(p.startswith("/admin") for p in paths)
+    assert "acme" not in str(doc) and "digits-ort" not in str(doc)  # no tenant or deployment names
+    assert httpx.get(f"{gateway.url}/admin/openapi.json").status_code == 401
+    admin = httpx.get(f"{gateway.url}/admin/openapi.json", headers=ADMIN_HEADERS).json()
+    assert "/admin/keys" in admin["paths"] and "requestBody" in admin["paths"]["/admin/keys"]["post"]
+    assert httpx.get(f"{gateway.url}/docs").headers["content-type"].startswith("text/html")
