@@ -37,6 +37,12 @@ class ServerConfig(SpecBase):
     #: when /health/ready and /v2/health/ready answer 200: `any` deployment can serve (the default:
     #: one broken upstream must not take the whole gateway out of a load balancer), or `all` are loaded
     readiness: Literal["any", "all"] = "any"
+    #: gateway processes on this port (see gateway/workers.py); > 1 needs a shared (sqlite/redis) state
+    workers: int = 1
+    #: open connections beyond this get 503 at once (a flood of idle or slow clients cannot pile up)
+    max_connections: int = 2048
+    #: after SIGTERM, connections still open after this long are closed (slow clients included)
+    graceful_shutdown_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -45,6 +51,12 @@ class ServerConfig(SpecBase):
             raise ValueError("max_body_bytes must be >= 1024")
         if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
             raise ValueError("request_timeout_s must be a finite number > 0")
+        if not 1 <= self.workers <= 256:
+            raise ValueError("workers must be in 1..256")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        if not (math.isfinite(self.graceful_shutdown_s) and self.graceful_shutdown_s >= 0):
+            raise ValueError("graceful_shutdown_s must be a finite number >= 0")
 
 
 class StateConfig(SpecBase):
@@ -222,6 +234,11 @@ def parse_config(text: str, *, base_dir: Path, env: dict[str, str] | None = None
         raise ConfigError(str(exc)) from None
     config = _resolve_paths(config, base_dir)
     _check_references(config)
+    if config.server.workers > 1 and config.state.url.startswith("memory://"):
+        raise ConfigError(
+            "server.workers > 1 needs a shared state (sqlite:/// or redis://): with memory:// each "
+            "worker would keep its own keys and limits - at `$.state.url`"
+        )
     return config
 
 

@@ -18,6 +18,7 @@ from gateway import metrics
 from gateway.core import GatewayCore, extract_key
 from gateway.errors import GatewayError, exception_response
 from gateway.http import lower_headers
+from gateway.workers import multiprocess_metrics
 
 
 def _presented_key_matches(request: Request, env_names: tuple[str, ...]) -> bool:
@@ -80,7 +81,8 @@ def metrics_endpoint(request: Request) -> Response[bytes]:
     for model in core.router.names():
         for deployment, weight in core.router.effective_weights(model).items():
             metrics.ROUTE_WEIGHT.labels(model, deployment).set(weight)
-    return Response(content=generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    merged = multiprocess_metrics()  # server.workers > 1: every worker's series, summed
+    return Response(content=merged if merged is not None else generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 ROUTES = [health_live, health_ready, metrics_endpoint]

@@ -1,0 +1,66 @@
+"""`server.workers: N`: N gateway processes on one port, sharing keys, limits and quotas.
+
+uvicorn's supervisor binds the port once and starts N worker processes that accept on it. Each
+worker is a whole gateway: it loads its own copy of every model (memory and runtime threads times
+N), runs its own fair queues and circuit breakers, and reaches the shared state store, so keys,
+limits, quotas and usage are exact across workers exactly as across replicas (a `memory://` state
+is refused: it would be one private state per worker). `/metrics` sums the workers' counters and
+histograms through Prometheus' multiprocess mode (gauges carry a `pid` label).
+
+Sizing: on CPU, N x (the runtimes' threads per worker) should not exceed the cores; one worker per
+two cores with `intra_op_threads: 2` (ONNX Runtime) is a good start. On one GPU, keep one worker:
+each would load the model again into GPU memory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from litestar import Litestar
+
+#: read by each worker process: the config file and the command line's host/port
+CONFIG_ENV = "FLEETGATE_WORKER_CONFIG"
+LISTEN_ENV = "FLEETGATE_WORKER_LISTEN"
+#: prometheus_client reads this at import: every worker writes its metrics to files there
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def prepare_environment(config_path: str, listen: dict[str, object]) -> None:
+    """In the supervisor, before workers start: where they find the config and share metrics."""
+    import json
+
+    os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
+    os.environ[LISTEN_ENV] = json.dumps(listen)
+    if not os.environ.get(METRICS_DIR_ENV):
+        os.environ[METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="fleetgate-metrics-")
+
+
+def create_worker_app() -> Litestar:
+    """The app factory each worker process calls (uvicorn `factory=True`)."""
+    import json
+
+    from gateway.app import create_app
+    from gateway.config import load_config, with_listen_overrides
+    from gateway.logs import configure_logging
+
+    path = os.environ[CONFIG_ENV]
+    listen = json.loads(os.environ.get(LISTEN_ENV, "{}"))
+    config = with_listen_overrides(load_config(path), listen)
+    configure_logging(config.server.log_level)
+    app = create_app(config, config_path=path)
+    app.state.listen_overrides = listen
+    return app
+
+
+def multiprocess_metrics() -> bytes | None:
+    """The exposition of every worker's metrics summed, or None outside multiprocess mode."""
+    directory = os.environ.get(METRICS_DIR_ENV)
+    if not directory:
+        return None
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    return generate_latest(registry)
