@@ -33,7 +33,7 @@ from backends.torch_llm.demo import write_tiny_llama  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
 from gateway.demo_models import write_digits  # noqa: E402
-from tests.gateway.test_schema_fuzz import fuzz_config  # noqa: E402
+from tests.gateway.test_schema_fuzz import fuzz_config, steer  # noqa: E402
 from tests.openai_upstream import create_upstream  # noqa: E402
 from tests.servers import serve_app  # noqa: E402
 
@@ -46,6 +46,7 @@ def _exerciser(operation, url: str, key: str, examples: int, statuses: Counter[i
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(case=operation.as_strategy())
     def exercise(case) -> None:  # type: ignore[no-untyped-def]
+        steer(case)
         response = case.call(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
         statuses[response.status_code] += 1
         if response.status_code >= 500 or "Traceback" in response.text:
