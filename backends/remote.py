@@ -299,12 +299,14 @@ class RemoteBackend:
         usage: Usage | None = None
         done = False
         async for line in _lines_bounded(response, self.options.max_response_bytes, self.name):
-            if not line.startswith("data:"):
+            # after [DONE] the rest is read (and ignored): a response read to its end returns its
+            # connection to the pool, one left unread would cost a new connection per request
+            if done or not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
                 done = True
-                break
+                continue
             try:
                 chunk = _json_decode.decode(data)
             except JSON_DECODE_ERRORS:

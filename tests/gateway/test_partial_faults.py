@@ -116,3 +116,30 @@ models: {{echo: {{routes: [{{deployment: echo}}]}}}}
         )
         assert huge.status_code == 502, huge.text
         assert huge.json()["error"]["code"] == "upstream_too_large"
+
+
+def test_remote_streams_reuse_their_upstream_connection(upstream_url) -> None:
+    """Each answer is read to its end, so the pool keeps one connection instead of opening one per request."""
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  echo: {{backend: remote, url: "{upstream_url}", protocol: openai, model_name: echo-upstream,
+          api_key_env: TEST_UPSTREAM_KEY}}
+models: {{echo: {{routes: [{{deployment: echo}}]}}}}
+""",
+        base_dir=Path("."),
+    )
+    app = create_app(config)
+    with serve_app(app) as url:
+        auth = {"Authorization": f"Bearer {create_key(url, 'acme')}"}
+        for stream in (False, True, False, True, False):
+            r = httpx.post(
+                f"{url}/v1/completions",
+                json={"model": "echo", "prompt": "a b c", "max_tokens": 3, "stream": stream},
+                headers=auth,
+            )
+            assert r.status_code == 200
+        pool = app.state.core.deployments["echo"].backend._client._transport._pool
+        assert len(pool.connections) == 1, pool.connections
