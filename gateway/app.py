@@ -16,7 +16,7 @@ import structlog
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 
-from gateway import openapi, probes
+from gateway import liveness, openapi, probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin_guard import AdminAttempts
 from gateway.config import Config, ConfigError
@@ -94,6 +94,7 @@ def create_app(
         app.state.admin_attempts = AdminAttempts(config.admin.max_failures_per_minute)
         app.state.config_path = Path(config_path) if config_path is not None else None
         install_sighup(app)
+        beating = await liveness.start(admission)
         retries = LoadRetries()
         app.state.load_retries = retries
         await open_deployments(deployments, retries)
@@ -102,6 +103,7 @@ def create_app(
             yield
         finally:
             await retries.cancel()
+            await liveness.stop(beating)
             await app.state.core.shadows.close()
             await close_deployments(deployments)
             await store.close()

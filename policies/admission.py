@@ -19,7 +19,7 @@ from policies import quotas as q
 from policies import ratelimit as rl
 from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable, Unauthenticated
 from policies.principal import Principal
-from policies.stores.base import AcquireResult, CounterOp, StateStore, UsageDelta
+from policies.stores.base import AcquireResult, CounterOp, Journal, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
 from policies.types import TenantSpec, UsageRow
 
@@ -79,7 +79,10 @@ class Admission:
         *,
         fail_open_s: float = 0.0,
         lease_ttl_s: float = 300.0,
+        instance: str | None = None,
     ) -> None:
+        #: this process, as its reservations' journals and its heartbeat name it
+        self.instance = instance or secrets.token_hex(8)
         self._store = store
         self._tenants = dict(tenants)
         self._clock = clock
@@ -132,7 +135,9 @@ class Admission:
         buckets, leases = t_buckets + k_buckets, t_leases + k_leases
         quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
         counters = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
-        lease_id = secrets.token_hex(16)
+        lease_id = f"{self.instance}.{secrets.token_hex(12)}"
+        # what to give back should this process die before settling (see `recover`)
+        journal = Journal(self.instance, [c.op.key for c in leases], counters) if leases or counters else None
         kwargs = dict(
             lease_id=lease_id,
             lease_ttl_s=self._lease_ttl_s,
@@ -140,6 +145,7 @@ class Admission:
             leases=[c.op for c in leases],
             counters=counters,
             now=now,
+            journal=journal,
         )
         result, degraded = await self._acquire(kwargs, now)
         headers = rl.ratelimit_headers(buckets, result.buckets)
@@ -174,7 +180,7 @@ class Admission:
                 self._down_since = now
             if self._fail_open_s > 0 and now - self._down_since <= self._fail_open_s:
                 log.warning("state_store_down_failing_open", error=exc.detail, down_s=now - self._down_since)
-                result = await self._local.acquire(**kwargs)
+                result = await self._local.acquire(**{**kwargs, "journal": None})
                 self.stats["fail_open"] += result.ok
                 return result, True
             self.stats["store_unavailable"] += 1
@@ -277,6 +283,34 @@ class Admission:
             return
         if self._pending:
             await self._flush_pending()
+
+    async def heartbeat(self, ttl_s: float) -> None:
+        """Tell the store this process is alive for `ttl_s` more seconds (its reservations are not orphans)."""
+        await self._store.heartbeat(self.instance, self._clock() + ttl_s)
+
+    async def recover(self) -> int:
+        """Give back what processes that died left reserved; returns how many reservations.
+
+        A reservation whose process has no live heartbeat is settled as a failure: its leases are
+        released and its quota reservations refunded; no usage is recorded (nothing of it was
+        acknowledged by a settle). Its settle id is the reservation's, so should that process come
+        back and settle it after all, the second settle is a no-op.
+        """
+        now = self._clock()
+        orphans = await self._store.orphans(now)
+        for rid, journal in orphans:
+            await self._store.settle(
+                settle_id=rid,
+                lease_id=rid,
+                buckets=[],
+                release=journal.leases,
+                counters=[CounterOp(c.key, None, -c.cost, c.expires_at) for c in journal.counters],
+                usage=[],
+                now=now,
+            )
+        if orphans:
+            log.warning("orphaned_reservations_released", count=len(orphans))
+        return len(orphans)
 
     async def _flush_pending(self) -> None:
         try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import msgspec
+
 from policies import limits
 from policies.stores.base import (
     AcquireResult,
@@ -15,6 +17,7 @@ from policies.stores.base import (
     BucketView,
     CounterOp,
     Denial,
+    Journal,
     LeaseOp,
     UsageDelta,
 )
@@ -32,6 +35,8 @@ class Txn(Protocol):
     def add_counter(self, key: str, delta: int, expires_at: float) -> int: ...
     def add_usage(self, usage: UsageDelta) -> None: ...
     def mark_settled(self, settle_id: str, now: float) -> bool: ...  # False if already there
+    def put_journal(self, reservation_id: str, instance: str, payload: str) -> None: ...
+    def drop_journal(self, reservation_id: str) -> None: ...
 
 
 def acquire(
@@ -43,6 +48,7 @@ def acquire(
     leases: list[LeaseOp],
     counters: list[CounterOp],
     now: float,
+    journal: Journal | None = None,
 ) -> AcquireResult:
     """Check every op, then apply all of them or none (see `StateStore.acquire`)."""
     denials: list[Denial] = []
@@ -73,7 +79,17 @@ def acquire(
     for lease in leases:
         txn.add_lease(lease.key, lease_id, now + lease_ttl_s)
     after = [txn.add_counter(c.key, c.cost, c.expires_at) for c in counters]
+    if journal is not None:
+        txn.put_journal(lease_id, journal.instance, encode_journal(journal))
     return AcquireResult(True, views, after, [])
+
+
+def encode_journal(journal: Journal) -> str:
+    return msgspec.json.encode(journal).decode()
+
+
+def decode_journal(payload: str | bytes) -> Journal:
+    return msgspec.json.decode(payload, type=Journal)
 
 
 def settle(
@@ -90,6 +106,7 @@ def settle(
     """Apply a reconciliation once per settle_id (see `StateStore.settle`)."""
     if not txn.mark_settled(settle_id, now):
         return False
+    txn.drop_journal(settle_id)
     for op in buckets:
         state = txn.get_bucket(op.key)
         level = limits.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0

@@ -48,6 +48,17 @@ class CounterOp(msgspec.Struct, frozen=True):
     expires_at: float
 
 
+class Journal(msgspec.Struct, frozen=True):
+    """What an admitted request holds, recorded with it so that it can be given back if the
+    process that admitted it dies before settling: its leases, and its period-counter reservations.
+    """
+
+    #: the gateway process that admitted it (its heartbeat says whether it is alive)
+    instance: str
+    leases: list[str]
+    counters: list[CounterOp]
+
+
 class UsageDelta(msgspec.Struct, frozen=True):
     """Add to the usage row of (tenant, model, period)."""
 
@@ -92,8 +103,10 @@ class AcquireResult(msgspec.Struct, frozen=True):
     denials: list[Denial]
 
 
-#: How long a settle id is remembered so that a repeated settle is a no-op.
-SETTLE_MEMORY_S = 2 * 86400.0
+#: How long a settle id is remembered so that a repeated settle is a no-op. A settle is repeated
+#: only by the process that deferred it while the store was down; an hour bounds the table at
+#: (requests/s x 3600) rows, where two days grew it without bound with the request rate.
+SETTLE_MEMORY_S = 3600.0
 
 
 class StateStore(abc.ABC):
@@ -109,8 +122,13 @@ class StateStore(abc.ABC):
         leases: list[LeaseOp],
         counters: list[CounterOp],
         now: float,
+        journal: Journal | None = None,
     ) -> AcquireResult:
-        """Apply every op, or none of them if any one refuses. Expired leases are dropped first."""
+        """Apply every op, or none of them if any one refuses. Expired leases are dropped first.
+
+        With `journal`, an admission that passes also records it under `lease_id` (same atomic step);
+        the settle of that id removes it.
+        """
 
     @abc.abstractmethod
     async def settle(
@@ -129,6 +147,14 @@ class StateStore(abc.ABC):
         Returns:
             False when this settle_id was already applied (nothing is done again).
         """
+
+    @abc.abstractmethod
+    async def heartbeat(self, instance: str, expires_at: float) -> None:
+        """Say that process `instance` is alive until `expires_at` (epoch s)."""
+
+    @abc.abstractmethod
+    async def orphans(self, now: float) -> list[tuple[str, Journal]]:
+        """(reservation id, journal) of the open reservations whose process has no live heartbeat."""
 
     @abc.abstractmethod
     async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:

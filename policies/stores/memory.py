@@ -15,6 +15,7 @@ from policies.stores.base import (
     AcquireResult,
     BucketOp,
     CounterOp,
+    Journal,
     LeaseOp,
     StateStore,
     UsageDelta,
@@ -65,6 +66,12 @@ class _MemoryTxn:
         self.s.settled[settle_id] = now
         return True
 
+    def put_journal(self, reservation_id: str, instance: str, payload: str) -> None:
+        self.s.journal[reservation_id] = (instance, payload)
+
+    def drop_journal(self, reservation_id: str) -> None:
+        self.s.journal.pop(reservation_id, None)
+
 
 class MemoryStore(StateStore):
     """State in dicts of this process."""
@@ -76,6 +83,9 @@ class MemoryStore(StateStore):
         self.usage_rows: dict[tuple[str, str, str], tuple[int, int]] = {}
         self.settled: dict[str, float] = {}
         self.keys: dict[str, tuple[KeyRecord, str]] = {}
+        #: open reservations: id -> (instance, encoded Journal); instance -> heartbeat expiry
+        self.journal: dict[str, tuple[str, str]] = {}
+        self.instances: dict[str, float] = {}
         self._ops = 0
 
     def _gc(self, now: float) -> None:
@@ -95,6 +105,7 @@ class MemoryStore(StateStore):
         leases: list[LeaseOp],
         counters: list[CounterOp],
         now: float,
+        journal: Journal | None = None,
     ) -> AcquireResult:
         self._gc(now)
         return _engine.acquire(
@@ -105,7 +116,18 @@ class MemoryStore(StateStore):
             leases=leases,
             counters=counters,
             now=now,
+            journal=journal,
         )
+
+    async def heartbeat(self, instance: str, expires_at: float) -> None:
+        self.instances[instance] = expires_at
+
+    async def orphans(self, now: float) -> list[tuple[str, Journal]]:
+        return [
+            (rid, _engine.decode_journal(payload))
+            for rid, (instance, payload) in list(self.journal.items())
+            if self.instances.get(instance, 0.0) <= now
+        ]
 
     async def settle(
         self,

@@ -32,9 +32,9 @@ local function extend(key, ms)
 end
 """
 
-# KEYS: bucket keys (nb), lease keys (nl), counter keys (nc)
+# KEYS: bucket keys (nb), lease keys (nl), counter keys (nc), journal hash
 # ARGV: now, lease_id, lease_ttl_s, nb, nl, nc, [capacity, rate, cost] * nb, [limit] * nl,
-#       [limit (-1: none), cost, ttl_s] * nc
+#       [limit (-1: none), cost, ttl_s] * nc, journal payload ('' = none)
 # Returns: ok, [remaining, reset_s] * nb, [counter value] * nc, [kind, index, retry (-1: none)] * denials
 ACQUIRE = (
     _COMMON
@@ -98,21 +98,25 @@ for k = 1, nc do
   end
   table.insert(out, fmt(used[k]))
 end
+if ok and ARGV[a] ~= '' then redis.call('HSET', KEYS[nb + nl + nc + 1], lease_id, ARGV[a]) end
 for _, v in ipairs(denials) do table.insert(out, v) end
 return out
 """
 )
 
-# KEYS: settle marker, bucket keys (nb), lease keys (nl), counter keys (nc), usage keys (nu), usage index
+# KEYS: settle marker, bucket keys (nb), lease keys (nl), counter keys (nc), usage keys (nu), usage
+#       index, journal hash
 # ARGV: now, lease_id, marker_ttl_s, nb, nl, nc, nu, [capacity, rate, delta] * nb, [delta, ttl_s] * nc,
 #       [requests, tokens, index member] * nu
 # Returns: 1 when applied, 0 when this settle id was applied before.
+# The marker is written last: Redis does not roll back a script that fails half-way, and a marker
+# written first would make the retry of such a settle a no-op with its work half done.
 SETTLE = (
     _COMMON
     + """
 local now, lease_id, marker_ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local nb, nl, nc, nu = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', math.ceil(marker_ttl * 1000)) then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local a = 8
 for i = 1, nb do
   local key, rate, delta = KEYS[1 + i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -139,6 +143,8 @@ for u = 1, nu do
   redis.call('SADD', index, ARGV[a + 2])
   a = a + 3
 end
+redis.call('HDEL', KEYS[3 + nb + nl + nc + nu], lease_id)
+redis.call('SET', KEYS[1], '1', 'PX', math.ceil(marker_ttl * 1000))
 return 1
 """
 )

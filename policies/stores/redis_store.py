@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from policies.errors import StoreUnavailable
-from policies.stores import redis_lua
+from policies.stores import _engine, redis_lua
 from policies.stores.base import (
     SETTLE_MEMORY_S,
     AcquireResult,
@@ -26,6 +26,7 @@ from policies.stores.base import (
     BucketView,
     CounterOp,
     Denial,
+    Journal,
     LeaseOp,
     StateStore,
     UsageDelta,
@@ -155,15 +156,17 @@ class RedisStore(StateStore):
         leases: list[LeaseOp],
         counters: list[CounterOp],
         now: float,
+        journal: Journal | None = None,
     ) -> AcquireResult:
         keys = [self._p + b.key for b in buckets] + [self._p + x.key for x in leases]
-        keys += [self._p + c.key for c in counters]
+        keys += [self._p + c.key for c in counters] + [self._p + "journal"]
         args: list[Any] = [repr(now), lease_id, repr(lease_ttl_s), len(buckets), len(leases), len(counters)]
         for b in buckets:
             args += [repr(float(b.capacity)), repr(float(b.rate_per_s)), repr(float(b.cost))]
         args += [x.limit for x in leases]
         for c in counters:
             args += [-1 if c.limit is None else c.limit, c.cost, repr(max(1.0, c.expires_at - now))]
+        args.append(_engine.encode_journal(journal) if journal is not None else "")
         out = await self._pipelined(self._acquire, keys, args)
         ok, i = out[0] == "1", 1
         views = []
@@ -193,7 +196,7 @@ class RedisStore(StateStore):
         members = [json.dumps([u.tenant, u.model, u.period]) for u in usage]
         keys = [self._p + "settled:" + settle_id] + [self._p + b.key for b in buckets]
         keys += [self._p + k for k in release] + [self._p + c.key for c in counters]
-        keys += [self._p + "usage:" + m for m in members] + [self._p + "usage_index"]
+        keys += [self._p + "usage:" + m for m in members] + [self._p + "usage_index", self._p + "journal"]
         args: list[Any] = [repr(now), lease_id, repr(SETTLE_MEMORY_S)]
         args += [len(buckets), len(release), len(counters), len(usage)]
         for b in buckets:
@@ -203,6 +206,21 @@ class RedisStore(StateStore):
         for u, m in zip(usage, members, strict=True):
             args += [u.requests, u.tokens, m]
         return await self._pipelined(self._settle, keys, args) == 1
+
+    async def heartbeat(self, instance: str, expires_at: float) -> None:
+        await self._call(self._client.hset(self._p + "instances", instance, repr(expires_at)))
+
+    async def orphans(self, now: float) -> list[tuple[str, Journal]]:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hgetall(self._p + "journal")
+        pipe.hgetall(self._p + "instances")
+        journal, instances = await self._call(pipe.execute())
+        out = []
+        for rid, payload in journal.items():
+            entry = _engine.decode_journal(payload)
+            if float(instances.get(entry.instance, "0")) <= now:
+                out.append((rid, entry))
+        return out
 
     async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:
         if keys:

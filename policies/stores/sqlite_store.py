@@ -21,6 +21,7 @@ import asyncio
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,6 +35,7 @@ from policies.stores.base import (
     AcquireResult,
     BucketOp,
     CounterOp,
+    Journal,
     LeaseOp,
     StateStore,
     UsageDelta,
@@ -52,6 +54,8 @@ CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, used INTEGER NOT NULL
 CREATE TABLE IF NOT EXISTS usage (tenant TEXT NOT NULL, model TEXT NOT NULL, period TEXT NOT NULL,
     requests INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (tenant, model, period));
 CREATE TABLE IF NOT EXISTS settled (id TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS journal (id TEXT PRIMARY KEY, instance TEXT NOT NULL, payload TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, hash TEXT NOT NULL,
     models TEXT NOT NULL, name TEXT, created_at REAL NOT NULL, expires_at REAL, revoked_at REAL);
 """
@@ -106,6 +110,12 @@ class _SqliteTxn:
     def mark_settled(self, settle_id: str, now: float) -> bool:
         cur = self.c.execute("INSERT OR IGNORE INTO settled (id, at) VALUES (?, ?)", (settle_id, now))
         return cur.rowcount == 1
+
+    def put_journal(self, reservation_id: str, instance: str, payload: str) -> None:
+        self.c.execute("INSERT OR REPLACE INTO journal VALUES (?, ?, ?)", (reservation_id, instance, payload))
+
+    def drop_journal(self, reservation_id: str) -> None:
+        self.c.execute("DELETE FROM journal WHERE id = ?", (reservation_id,))
 
 
 def _answer_all(answers: list[tuple[asyncio.Future, bool, object]]) -> None:
@@ -177,9 +187,18 @@ class SqliteStore(StateStore):
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout_ms / 1000)
         conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-        conn.executescript(_SCHEMA)
+        # Switching a new file to WAL takes an exclusive lock without waiting on the busy timeout:
+        # two processes opening the same new file at once retry instead of failing.
+        for attempt in range(50):
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+                conn.executescript(_SCHEMA)
+                break
+            except sqlite3.OperationalError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.02)
         self._conn = conn
 
     def _connection(self) -> sqlite3.Connection:
@@ -266,6 +285,7 @@ class SqliteStore(StateStore):
         leases: list[LeaseOp],
         counters: list[CounterOp],
         now: float,
+        journal: Journal | None = None,
     ) -> AcquireResult:
         return await self._tx(
             lambda c: _engine.acquire(
@@ -276,8 +296,25 @@ class SqliteStore(StateStore):
                 leases=leases,
                 counters=counters,
                 now=now,
+                journal=journal,
             )
         )
+
+    async def heartbeat(self, instance: str, expires_at: float) -> None:
+        await self._tx(
+            lambda c: c.execute("INSERT OR REPLACE INTO instances VALUES (?, ?)", (instance, expires_at))
+        )
+
+    async def orphans(self, now: float) -> list[tuple[str, Journal]]:
+        def run(c: sqlite3.Connection) -> list[tuple[str, str]]:
+            c.execute("DELETE FROM instances WHERE expires_at <= ?", (now - 86400,))  # long gone
+            return c.execute(
+                "SELECT j.id, j.payload FROM journal j LEFT JOIN instances i ON i.id = j.instance "
+                "WHERE i.expires_at IS NULL OR i.expires_at <= ?",
+                (now,),
+            ).fetchall()
+
+        return [(rid, _engine.decode_journal(payload)) for rid, payload in await self._tx(run)]
 
     async def settle(
         self,

@@ -115,3 +115,71 @@ tenants:
     assert day >= answered and month >= answered and cli_day == day
     # Requests in flight at the kill may have been recorded without being answered, no more than that.
     assert day <= answered + WORKERS
+
+
+def test_reservations_of_a_killed_gateway_come_back_within_seconds(digits, upstream_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two streams hold the tenant's two slots and their quota reservations when the gateway is
+    killed; a new gateway on the same state gives them back once the dead one's heartbeat lapses,
+    not after the 300 s lease TTL."""
+    import time
+
+    from gateway.liveness import HEARTBEAT_TTL_S, RECOVER_EVERY_S
+
+    config = write_config(
+        tmp_path / "gw.yaml",
+        f"""
+state: {{url: "sqlite:///{tmp_path / 'state.db'}"}}
+tenants: {{t: {{limits: {{max_concurrency: 2}}, quotas: {{tokens_per_day: 30000}}}}}}
+{deployments_yaml(digits, upstream_url)}
+{models_yaml([], ["chat"])}
+""",
+    )
+    long_prompt = " ".join(f"w{i}" for i in range(5000))  # the echo upstream streams a word a millisecond
+    body = {"model": "chat", "prompt": long_prompt, "max_tokens": 5000, "stream": True}
+    first = start_gateway(config, tmp_path / "first.log")
+    wait_ready(first)
+    key, _ = admin_create_key(first.url, "t")
+
+    async def hold_two_streams_then_kill() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            started = asyncio.Event()
+            seen = 0
+
+            async def stream() -> None:
+                nonlocal seen
+                try:
+                    async with client.stream("POST", f"{first.url}/v1/completions", json=body, headers=bearer(key)) as r:
+                        assert r.status_code == 200
+                        async for _ in r.aiter_bytes():
+                            seen += 1
+                            if seen >= 4:
+                                started.set()
+                except httpx.TransportError:
+                    pass  # cut by the kill
+
+            tasks = [asyncio.create_task(stream()) for _ in range(2)]
+            await asyncio.wait_for(started.wait(), 30)
+            first.proc.send_signal(signal.SIGKILL)
+            await asyncio.gather(*tasks)
+
+    asyncio.run(hold_two_streams_then_kill())
+    first.proc.wait(timeout=10)
+    killed_at = time.monotonic()
+    second = start_gateway(config, tmp_path / "second.log")
+    try:
+        wait_ready(second)
+        short = {"model": "chat", "prompt": "a b", "max_tokens": 2}
+        deadline = killed_at + HEARTBEAT_TTL_S + RECOVER_EVERY_S + 20  # far below the 300 s lease TTL
+        while True:
+            r = httpx.post(f"{second.url}/v1/completions", json=short, headers=bearer(key), timeout=10)
+            if r.status_code == 200:
+                break
+            assert r.status_code == 429, r.text  # the dead gateway's slots are still held
+            assert time.monotonic() < deadline, "the killed gateway's reservations were not given back"
+            time.sleep(0.5)
+        rows = httpx.get(f"{second.url}/admin/usage", params={"tenant": "t"}, headers=ADMIN_HEADERS).json()["usage"]
+        day_tokens = sum(int(row["tokens"]) for row in rows if len(str(row["period"])) == 10)
+        assert day_tokens < 100  # the killed streams' reservations (~2 x 5,000+ tokens) are not charged
+        assert "orphaned_reservations_released" in second.log.read_text()
+    finally:
+        second.kill(signal.SIGTERM)

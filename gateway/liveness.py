@@ -1,0 +1,59 @@
+"""This process's heartbeat in the state store, and the release of what dead processes left reserved.
+
+Every admitted request's leases and quota reservations are journaled with the id of the process
+that admitted them (policies.admission). This task renews that process's heartbeat and, every few
+seconds (and once at start-up), settles the journaled reservations of processes whose heartbeat
+has lapsed: after a `kill -9`, the tenant's concurrency slots and reserved quota come back within
+about `HEARTBEAT_TTL_S + RECOVER_EVERY_S` seconds, on whichever replica notices first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from policies.admission import Admission
+from policies.errors import StoreUnavailable
+
+log = structlog.get_logger(__name__)
+
+#: how often the heartbeat is renewed, and how long one lasts without renewal
+HEARTBEAT_EVERY_S = 2.0
+HEARTBEAT_TTL_S = 8.0
+#: how often orphaned reservations are looked for
+RECOVER_EVERY_S = 4.0
+
+
+async def start(admission: Admission) -> asyncio.Task[None]:
+    """Beat once, release what dead processes left, then keep both going in a background task."""
+    try:
+        await admission.heartbeat(HEARTBEAT_TTL_S)
+        await admission.recover()
+    except StoreUnavailable as exc:
+        log.error("liveness_start_failed", error=exc.detail)
+    return asyncio.create_task(_run(admission), name="fleetgate-liveness")
+
+
+async def _run(admission: Admission) -> None:
+    since_recover = 0.0
+    while True:
+        await asyncio.sleep(HEARTBEAT_EVERY_S)
+        since_recover += HEARTBEAT_EVERY_S
+        try:
+            await admission.heartbeat(HEARTBEAT_TTL_S)
+            if since_recover >= RECOVER_EVERY_S:
+                since_recover = 0.0
+                await admission.recover()
+        except StoreUnavailable as exc:
+            log.warning("liveness_store_unavailable", error=exc.detail)
+        except Exception:  # noqa: BLE001 - the task must outlive any one failure
+            log.exception("liveness_failed")
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
