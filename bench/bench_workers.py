@@ -1,0 +1,121 @@
+"""`server.workers`: one gateway process against two on the same port, side by side in one run.
+
+Two `fleetgate serve` processes are started from the same config except `server.workers` (1 and 2),
+with SQLite state (shared by the workers), a tenant without limits, and two ONNX Runtime models from
+bench_gateway.py: `light` (256 -> 1024 -> 10, per-request overhead dominates) and `heavy` (512 -> 4096
+-> 4096 -> 10), each with `intra_op_threads: 1` and batching. wrk (one thread, 32 connections) posts
+one-row JSON v2 bodies for `--seconds`; the two gateways alternate within each round, and the ratio
+workers=2 / workers=1 is taken within a round. The load generator shares the machine's cores with the
+gateway: on 2 cores, a second worker competes with wrk for the second core.
+
+Writes bench/results/workers.json. Run: `.venv/bin/python bench/bench_workers.py [--seconds 5 --rounds 3]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+from bench_gateway import build_model, start_gateway  # noqa: E402
+
+MODELS = {"light": (256, 1024), "heavy": (512, 4096)}
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def config(port: int, workers: int, tmp: Path) -> str:
+    lines = [
+        f"server: {{port: {port}, log_level: warning, workers: {workers}}}",
+        f'state: {{url: "sqlite:///{tmp}/state-{workers}.db"}}',
+        "tenants: {bench: {}}",
+        "deployments:",
+    ]
+    for name in MODELS:
+        lines.append(
+            f"  {name}: {{backend: onnxruntime, model: {tmp / name}.onnx, options: {{intra_op_threads: 1}}, "
+            "batching: {max_batch_size: 64, max_delay_ms: 2}, queue: {max_concurrency: 64}}"
+        )
+    lines.append("models:")
+    lines += [f"  {n}: {{routes: [{{deployment: {n}}}]}}" for n in MODELS]
+    return "\n".join(lines) + "\n"
+
+
+def wrk(port: int, key: str, model: str, d_in: int, seconds: float, tmp: Path) -> dict[str, float]:
+    row = np.random.default_rng(1).standard_normal(d_in).round(4).tolist()
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, d_in], "datatype": "FP32", "data": row}]})
+    script = tmp / f"{model}.lua"
+    script.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(body)}\n"
+        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+    url = f"http://127.0.0.1:{port}/v2/models/{model}/infer"
+    subprocess.run(["wrk", "-t1", "-c32", "-d1s", "-s", str(script), url], capture_output=True)  # warm-up
+    out = subprocess.run(
+        ["wrk", "-t1", "-c32", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(r"Requests/sec:\s+([\d.]+)", out.stdout)
+    if found is None:
+        raise RuntimeError(f"wrk failed: {out.stdout[-500:]} {out.stderr[-500:]}")
+    rps = float(found.group(1))
+    out = out.stdout
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
+    scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+    p50_ms = float(p50.group(1)) * scale[p50.group(2)] if p50 else float("nan")
+    return {"rps": rps, "p50_ms": p50_ms, "non_2xx": int(non2xx.group(1)) if non2xx else 0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        for model, (d_in, hidden) in MODELS.items():
+            build_model(tmp / f"{model}.onnx", d_in, hidden)
+        gateways = {w: start_gateway(tmp, lambda p, w=w: config(p, w, tmp)) for w in (1, 2)}
+        rounds = []
+        try:
+            for r in range(args.rounds):
+                point: dict[str, dict] = {}
+                for model, (d_in, _) in MODELS.items():
+                    order = (1, 2) if r % 2 == 0 else (2, 1)
+                    point[model] = {f"workers_{w}": wrk(gateways[w][1], gateways[w][2], model, d_in, args.seconds, tmp) for w in order}
+                    point[model]["ratio"] = point[model]["workers_2"]["rps"] / point[model]["workers_1"]["rps"]
+                print(json.dumps(point), flush=True)
+                rounds.append(point)
+        finally:
+            for proc, _, _ in gateways.values():
+                proc.terminate()
+                proc.wait(timeout=30)
+    median = {
+        model: {
+            **{
+                f"workers_{w}_rps": statistics.median(p[model][f"workers_{w}"]["rps"] for p in rounds) for w in (1, 2)
+            },
+            "ratio_2_over_1": statistics.median(p[model]["ratio"] for p in rounds),
+        }
+        for model in MODELS
+    }
+    RESULTS.mkdir(exist_ok=True)
+    report = {"seconds": args.seconds, "rounds": rounds, "median": median, "cores": 2}
+    (RESULTS / "workers.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(median, indent=1))
+
+
+if __name__ == "__main__":
+    main()
