@@ -9,11 +9,11 @@ single-line message.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import msgspec
 import numpy as np
 
@@ -39,6 +39,7 @@ from backends.errors import (
 )
 from backends.json_errors import JSON_DECODE_ERRORS
 from backends.spec import DeploymentSpec, SpecBase
+from backends.upstream_http import UpstreamPool, UpstreamTooLong, UpstreamUnreachable
 from backends.validation import validate_request
 
 
@@ -55,33 +56,6 @@ class UpstreamTooLarge(BackendInternalError):
 
     status = 502
     code = "upstream_too_large"
-
-
-async def _read_bounded(response: httpx.Response, limit: int, name: str) -> bytes:
-    """The whole body of a streamed response, refusing it once it passes `limit` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise UpstreamTooLarge(f"upstream {name!r} answered more than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _lines_bounded(response: httpx.Response, limit: int, name: str) -> AsyncIterator[str]:
-    """The lines of a streamed response, refusing a line longer than `limit` bytes."""
-    pending = bytearray()
-    async for chunk in response.aiter_bytes():
-        pending += chunk
-        while (end := pending.find(b"\n")) >= 0:
-            line = bytes(pending[:end])
-            del pending[: end + 1]
-            yield line.rstrip(b"\r").decode("utf-8", "replace")
-        if len(pending) > limit:
-            raise UpstreamTooLarge(f"upstream {name!r} sent a stream line over {limit} bytes")
-    if pending:
-        yield bytes(pending).rstrip(b"\r").decode("utf-8", "replace")
 
 
 _json_decode = msgspec.json.Decoder()
@@ -121,7 +95,7 @@ class RemoteBackend:
             {Capability.GENERATE} if self.protocol == "openai" else {Capability.TENSOR}
         )
         self._api_key = api_key
-        self._client: httpx.AsyncClient | None = None
+        self._client: UpstreamPool | None = None
         self._meta: ModelMetadata | None = None
         self._upstream_model = spec.model_name or name
 
@@ -136,14 +110,11 @@ class RemoteBackend:
 
     async def load(self) -> None:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=(self.spec.url or "").rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(self.spec.timeout_s, connect=self.options.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=self.options.max_connections,
-                max_keepalive_connections=self.options.max_connections,
-            ),
+        self._client = UpstreamPool(
+            self.spec.url or "",
+            headers,
+            max_connections=self.options.max_connections,
+            connect_timeout_s=self.options.connect_timeout_s,
         )
         if self.protocol == "kserve_v2":
             self._meta = await self._fetch_v2_metadata()
@@ -175,17 +146,21 @@ class RemoteBackend:
         assert self._client is not None, "load() first"
         content = _json_encode.encode(body) if body is not None else None
         headers = {"content-type": "application/json"} if content else None
-        limit = self.options.max_response_bytes
         try:
-            async with self._client.stream(method, path, content=content, headers=headers) as response:
-                status = response.status_code
-                raw = await _read_bounded(response, limit, self.name)
-        except httpx.TimeoutException:
+            async with asyncio.timeout(self.spec.timeout_s):
+                response = await self._client.request(method, path, content, headers)
+                try:
+                    status, raw = response.status, await response.read(self.options.max_response_bytes)
+                finally:
+                    response.close()
+        except TimeoutError:
             raise BackendTimeout(
                 f"upstream {self.name!r} did not answer in {self.spec.timeout_s:g}s"
             ) from None
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"upstream {self.name!r} unreachable: {type(exc).__name__}") from None
+        except UpstreamUnreachable as exc:
+            raise BackendUnavailable(f"upstream {self.name!r} unreachable: {exc}") from None
+        except UpstreamTooLong as exc:
+            raise UpstreamTooLarge(f"upstream {self.name!r}: {exc}") from None
         if status >= 400:
             raise _upstream_error(status, raw)
         try:
@@ -280,25 +255,36 @@ class RemoteBackend:
             raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
         assert self._client is not None, "load() first"
         path, body = self._openai_body(request)
+        limit = self.options.max_response_bytes
+        headers = {"content-type": "application/json"}
         try:
-            async with self._client.stream("POST", path, content=_json_encode.encode(body)) as response:
-                if response.status_code >= 400:
-                    limit = self.options.max_response_bytes
-                    raise _upstream_error(response.status_code, await _read_bounded(response, limit, self.name))
-                async for event in self._parse_sse(request.request_id, response):
-                    yield event
-        except httpx.TimeoutException:
-            raise BackendTimeout(
-                f"upstream {self.name!r} did not answer in {self.spec.timeout_s:g}s"
-            ) from None
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"upstream {self.name!r} failed: {type(exc).__name__}") from None
+            # the deadline of the answer's start; each later event has the same allowance
+            async with asyncio.timeout(self.spec.timeout_s):
+                response = await self._client.request("POST", path, _json_encode.encode(body), headers)
+        except TimeoutError:
+            raise BackendTimeout(f"upstream {self.name!r} did not answer in {self.spec.timeout_s:g}s") from None
+        except UpstreamUnreachable as exc:
+            raise BackendUnavailable(f"upstream {self.name!r} failed: {exc}") from None
+        try:
+            if response.status >= 400:
+                raise _upstream_error(response.status, await response.read(limit))
+            lines = _each_within(response.lines(limit), self.spec.timeout_s)
+            async for event in self._parse_sse(request.request_id, lines):
+                yield event
+        except TimeoutError:
+            raise BackendTimeout(f"upstream {self.name!r} sent nothing for {self.spec.timeout_s:g}s") from None
+        except UpstreamUnreachable as exc:
+            raise BackendUnavailable(f"upstream {self.name!r} failed: {exc}") from None
+        except UpstreamTooLong as exc:
+            raise UpstreamTooLarge(f"upstream {self.name!r}: {exc}") from None
+        finally:
+            response.close()  # a no-op once the answer was read to its end
 
-    async def _parse_sse(self, request_id: str, response: httpx.Response) -> AsyncIterator[TokenEvent]:
+    async def _parse_sse(self, request_id: str, lines: AsyncIterator[str]) -> AsyncIterator[TokenEvent]:
         finish: str | None = None
         usage: Usage | None = None
         done = False
-        async for line in _lines_bounded(response, self.options.max_response_bytes, self.name):
+        async for line in lines:
             # after [DONE] the rest is read (and ignored): a response read to its end returns its
             # connection to the pool, one left unread would cost a new connection per request
             if done or not line.startswith("data:"):
@@ -329,6 +315,18 @@ class RemoteBackend:
         if not done and finish is None:
             raise BackendUnavailable(f"upstream {self.name!r} ended the stream before finishing")
         yield TokenEvent(request_id=request_id, finish_reason=finish or "stop", usage=usage or Usage())
+
+
+async def _each_within(items: AsyncIterator[str], seconds: float) -> AsyncIterator[str]:
+    """`items`, raising TimeoutError when the next one takes longer than `seconds` to come."""
+    iterator = aiter(items)
+    while True:
+        try:
+            async with asyncio.timeout(seconds):
+                item = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        yield item
 
 
 def _to_json_list(data: np.ndarray, datatype: str) -> list[Any]:

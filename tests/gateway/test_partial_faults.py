@@ -141,5 +141,5 @@ models: {{echo: {{routes: [{{deployment: echo}}]}}}}
                 headers=auth,
             )
             assert r.status_code == 200
-        pool = app.state.core.deployments["echo"].backend._client._transport._pool
-        assert len(pool.connections) == 1, pool.connections
+        pool = app.state.core.deployments["echo"].backend._client
+        assert pool.open_idle == 1  # one connection, reused by all five

@@ -1,0 +1,273 @@
+"""A small HTTP/1.1 keep-alive client for the `remote` backend's upstreams.
+
+A profile of the proxy path under load (c=16, SQLite limits on) put over half of the event loop's
+time in the general-purpose client (pool bookkeeping, a readability probe of every pooled socket per
+request, layers of stream wrappers). An upstream of the fleet is one host speaking plain HTTP/1.1
+with keep-alive, so this client does just that: a pool of persistent connections, requests written
+in one call, responses framed by Content-Length or chunked transfer coding, bodies read with a
+byte bound. A connection goes back to the pool only when its response was read to the end.
+
+Errors: `UpstreamUnreachable` (connect failed, the connection broke, a malformed answer),
+`TimeoutError` (the caller's deadlines apply through asyncio timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from urllib.parse import urlsplit
+
+
+class UpstreamUnreachable(Exception):
+    """The upstream could not be reached, or the connection broke before a whole answer came."""
+
+
+class UpstreamTooLong(Exception):
+    """A body, a line or a header block passed its byte bound."""
+
+
+_MAX_HEAD_BYTES = 64 * 1024
+
+
+class _Connection:
+    __slots__ = ("reader", "writer", "reused")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.reused = False
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Response:
+    """An answer whose body is still on the wire: read it with `read` or `lines`, or `close` it."""
+
+    def __init__(self, pool: UpstreamPool, conn: _Connection, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+        self.headers = headers
+        self._pool = pool
+        self._conn: _Connection | None = conn
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        self._remaining: int | None = int(length) if length is not None and not self._chunked else None
+        self._keep = headers.get("connection", "").lower() != "close" and (
+            self._chunked or self._remaining is not None
+        )
+        self._done = False
+        #: the whole body has been read off the connection
+        self._complete = False
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive; returns the connection to the pool at the end.
+
+        Stopped early (the consumer left, an error, a cancellation), the connection is closed:
+        the rest of its answer cannot be skipped on a connection that will be reused.
+        """
+        conn = self._conn
+        if conn is None or self._done:
+            return
+        if self._chunked:
+            body = self._chunked_body(conn.reader)
+        elif self._remaining is not None:
+            body = self._sized_body(conn.reader)
+        else:
+            body = self._body_until_close(conn.reader)
+        try:
+            async for data in body:
+                yield data
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError) as exc:
+            raise UpstreamUnreachable(f"the upstream's answer broke off: {type(exc).__name__}") from None
+        finally:
+            if self._conn is conn and not self._done:
+                if self._complete:
+                    self._done = True
+                    self._conn = None
+                    self._pool._release(conn, reusable=self._keep)
+                else:
+                    self.close()
+
+    async def _chunked_body(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+            if size == 0:
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
+                    pass
+                self._complete = True
+                return
+            data = await reader.readexactly(size + 2)
+            yield data[:-2]
+
+    async def _sized_body(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        assert self._remaining is not None
+        while self._remaining > 0:
+            data = await reader.read(min(self._remaining, 65536))
+            if not data:
+                raise UpstreamUnreachable("the upstream closed the connection mid-body")
+            self._remaining -= len(data)
+            yield data
+        self._complete = True
+
+    async def _body_until_close(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        while data := await reader.read(65536):
+            yield data
+        self._complete = True
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body; UpstreamTooLong (and the connection closed) past `limit` bytes."""
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self._chunks():
+            size += len(chunk)
+            if size > limit:
+                self.close()
+                raise UpstreamTooLong(f"the upstream answered more than {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def lines(self, limit: int) -> AsyncIterator[str]:
+        """The body's lines (UTF-8, CR/LF stripped); UpstreamTooLong past `limit` bytes in one line."""
+        pending = bytearray()
+        async for chunk in self._chunks():
+            pending += chunk
+            while (end := pending.find(b"\n")) >= 0:
+                if end > limit:
+                    self.close()
+                    raise UpstreamTooLong(f"the upstream sent a line over {limit} bytes")
+                line = bytes(pending[:end])
+                del pending[: end + 1]
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
+            if len(pending) > limit:
+                self.close()
+                raise UpstreamTooLong(f"the upstream sent a line over {limit} bytes")
+        if pending:
+            yield bytes(pending).rstrip(b"\r").decode("utf-8", "replace")
+
+    def close(self) -> None:
+        """Drop the connection (a body left unread cannot be skipped on a shared connection)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._pool._release(self._conn, reusable=False)
+            self._conn = None
+
+
+class UpstreamPool:
+    """Persistent HTTP/1.1 connections to one upstream (`base_url`), at most `max_connections` open.
+
+    Args:
+        base_url: http(s)://host[:port][/prefix].
+        headers: sent with every request (e.g. the upstream's Authorization).
+        max_connections: open connections at most; callers beyond wait for one.
+        connect_timeout_s: for opening a connection.
+    """
+
+    def __init__(
+        self, base_url: str, headers: Mapping[str, str], max_connections: int, connect_timeout_s: float
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"upstream URL must be http(s)://host[:port], got {base_url!r}")
+        self._host = parts.hostname
+        self._tls = parts.scheme == "https"
+        self._port = parts.port or (443 if self._tls else 80)
+        self._prefix = parts.path.rstrip("/")
+        authority = parts.netloc.rsplit("@", 1)[-1]
+        fixed = {"host": authority, **{k.lower(): v for k, v in headers.items()}}
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(max_connections)
+        self._connect_timeout_s = connect_timeout_s
+        self._ssl = ssl.create_default_context() if self._tls else None
+        self._closed = False
+
+    async def request(
+        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> Response:
+        """Send one request; returns once the status line and headers are in.
+
+        A pooled connection the upstream closed while idle is replaced and the request sent again
+        (only when nothing of an answer was read, so the upstream never saw it twice).
+        """
+        if self._closed:
+            raise UpstreamUnreachable("the client is closed")
+        await self._slots.acquire()
+        try:
+            head = self._head(method, path, body, headers)
+            for _ in range(2):
+                conn = self._idle.pop() if self._idle else await self._connect()
+                try:
+                    conn.writer.write(head + body if body else head)
+                    return await self._read_head(conn)
+                except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                    conn.close()
+                    if not conn.reused:
+                        raise UpstreamUnreachable(f"the connection broke: {type(exc).__name__}") from None
+                    # a stale keep-alive connection: try once more on a fresh one
+                except BaseException:
+                    conn.close()
+                    raise
+            raise UpstreamUnreachable("the upstream closed the connection before answering")
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _head(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str] | None) -> bytes:
+        lines = [f"{method} {self._prefix}{path} HTTP/1.1\r\n", self._fixed]
+        if body is not None:
+            lines.append(f"content-length: {len(body)}\r\n")
+        if headers:
+            lines.extend(f"{k}: {v}\r\n" for k, v in headers.items())
+        lines.append("\r\n")
+        return "".join(lines).encode("latin-1")
+
+    async def _connect(self) -> _Connection:
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                reader, writer = await asyncio.open_connection(
+                    self._host, self._port, ssl=self._ssl, limit=_MAX_HEAD_BYTES
+                )
+        except TimeoutError:
+            raise UpstreamUnreachable(f"connecting took over {self._connect_timeout_s:g} s") from None
+        except OSError as exc:
+            raise UpstreamUnreachable(f"cannot connect: {type(exc).__name__}") from None
+        return _Connection(reader, writer)
+
+    async def _read_head(self, conn: _Connection) -> Response:
+        try:
+            raw = await conn.reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            conn.close()
+            raise UpstreamUnreachable("the upstream's header block is too large") from None
+        status_line, *header_lines = raw[:-4].decode("latin-1").split("\r\n")
+        try:
+            status = int(status_line.split(" ", 2)[1])
+        except (IndexError, ValueError):
+            conn.close()
+            raise UpstreamUnreachable("the upstream's answer is not HTTP") from None
+        headers: dict[str, str] = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return Response(self, conn, status, headers)
+
+    def _release(self, conn: _Connection, *, reusable: bool) -> None:
+        if reusable and not self._closed:
+            conn.reused = True
+            self._idle.append(conn)
+        else:
+            conn.close()
+        self._slots.release()
+
+    @property
+    def open_idle(self) -> int:
+        """Connections waiting in the pool (tests read it)."""
+        return len(self._idle)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
