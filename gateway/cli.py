@@ -66,6 +66,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http=args.http,
         loop=args.loop,
     )
+    if args.http in ("auto", "httptools") and _has_httptools():
+        from gateway.http_server import protocol_with_header_deadline
+
+        options["http"] = protocol_with_header_deadline(config.server.header_timeout_s)
     if config.server.workers > 1:
         from gateway.workers import prepare_environment
 
@@ -77,6 +81,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app.state.listen_overrides = listen  # a reload re-applies them: they are not config changes
     uvicorn.run(app, **options)
     return 0
+
+
+def _has_httptools() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("httptools") is not None
 
 
 def cmd_demo_models(args: argparse.Namespace) -> int:

@@ -43,6 +43,8 @@ class ServerConfig(SpecBase):
     max_connections: int = 2048
     #: after SIGTERM, connections still open after this long are closed (slow clients included)
     graceful_shutdown_s: float = 30.0
+    #: a connection whose request headers are not all in after this long is closed (httptools server)
+    header_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -57,6 +59,8 @@ class ServerConfig(SpecBase):
             raise ValueError("max_connections must be >= 1")
         if not (math.isfinite(self.graceful_shutdown_s) and self.graceful_shutdown_s >= 0):
             raise ValueError("graceful_shutdown_s must be a finite number >= 0")
+        if not (math.isfinite(self.header_timeout_s) and self.header_timeout_s > 0):
+            raise ValueError("header_timeout_s must be a finite number > 0")
 
 
 class StateConfig(SpecBase):

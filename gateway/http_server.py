@@ -1,0 +1,55 @@
+"""The HTTP/1.1 protocol the server runs: uvicorn's httptools protocol with a header-read deadline.
+
+uvicorn bounds the idle time between requests on a keep-alive connection, but not the time a client
+takes to send a request's headers: a client trickling a header block a byte at a time held its
+connection (and, at shutdown, the process) for as long as it liked. Here a connection whose header
+block is not complete `header_timeout_s` after it opened (or after its previous answer) is closed.
+Bodies are bounded by the request deadline (`server.request_timeout_s`) once the headers are in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def protocol_with_header_deadline(header_timeout_s: float) -> type[HttpToolsProtocol]:
+    """The httptools protocol class, closing connections whose headers take over `header_timeout_s`."""
+
+    class HeaderDeadlineProtocol(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request's headers get the same allowance
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._expired)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expired(self) -> None:
+            self._header_timer = None
+            if self.cycle is None or self.cycle.response_complete:  # still waiting for headers
+                self.transport.close()
+
+    return HeaderDeadlineProtocol
