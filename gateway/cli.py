@@ -67,9 +67,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop=args.loop,
     )
     if args.http in ("auto", "httptools") and _has_httptools():
-        from gateway.http_server import protocol_with_header_deadline
+        from gateway.http_server import use_header_timeout
 
-        options["http"] = protocol_with_header_deadline(config.server.header_timeout_s)
+        options["http"] = use_header_timeout(config.server.header_timeout_s)
     if config.server.workers > 1:
         from gateway.workers import prepare_environment
 

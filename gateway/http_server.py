@@ -10,46 +10,59 @@ Bodies are bounded by the request deadline (`server.request_timeout_s`) once the
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+#: read by each process at import (worker processes are spawned and import this module afresh)
+HEADER_TIMEOUT_ENV = "FLEETGATE_HEADER_TIMEOUT_S"
 
-def protocol_with_header_deadline(header_timeout_s: float) -> type[HttpToolsProtocol]:
-    """The httptools protocol class, closing connections whose headers take over `header_timeout_s`."""
 
-    class HeaderDeadlineProtocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
+class HeaderDeadlineProtocol(HttpToolsProtocol):
+    """httptools protocol closing a connection whose headers take over `header_timeout_s`.
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
+    A module-level class (uvicorn hands it to spawned workers by reference), its deadline set by
+    `use_header_timeout` in this process and through the environment in workers.
+    """
 
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            super().on_headers_complete()
+    header_timeout_s: float = float(os.environ.get(HEADER_TIMEOUT_ENV, "10"))
+    _header_timer: asyncio.TimerHandle | None = None
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()  # the next request's headers get the same allowance
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_timer = self.loop.call_later(header_timeout_s, self._expired)
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request's headers get the same allowance
 
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
-        def _expired(self) -> None:
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
             self._header_timer = None
-            if self.cycle is None or self.cycle.response_complete:  # still waiting for headers
-                self.transport.close()
 
+    def _expired(self) -> None:
+        self._header_timer = None
+        if self.cycle is None or self.cycle.response_complete:  # still waiting for headers
+            self.transport.close()
+
+
+def use_header_timeout(seconds: float) -> type[HeaderDeadlineProtocol]:
+    """Set the deadline for this process and the workers it starts; returns the protocol class."""
+    os.environ[HEADER_TIMEOUT_ENV] = repr(seconds)
+    HeaderDeadlineProtocol.header_timeout_s = seconds
     return HeaderDeadlineProtocol
