@@ -78,6 +78,10 @@ def _upstream_error(status: int, body: bytes) -> BackendError:
         return ModelNotFound(message)
     if status == 504:
         return BackendTimeout(message)
+    if status in (401, 403):
+        # the gateway's own credentials were refused (a revoked or wrong upstream key): a fault of
+        # this deployment, never the caller's, and another route may well serve
+        return BackendUnavailable(f"upstream refused the gateway's credentials ({status})")
     if status in (429, 502, 503) or status >= 500:
         return BackendUnavailable(message)
     return BackendInternalError(message)

@@ -11,7 +11,7 @@ import httpx
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.demo_models import DigitsModel
-from tests.conftest import ADMIN_HEADERS, create_key
+from tests.conftest import ADMIN_HEADERS, ADMIN_KEY, create_key
 from tests.servers import free_port, serve_app
 
 ROW = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
@@ -143,3 +143,26 @@ models: {{echo: {{routes: [{{deployment: echo}}]}}}}
             assert r.status_code == 200
         pool = app.state.core.deployments["echo"].backend._client
         assert pool.open_idle == 1  # one connection, reused by all five
+
+
+def test_an_upstream_key_revoked_while_serving_is_served_around(digits, tmp_path) -> None:
+    """The edge revokes the front's key mid-traffic: the edge route's answers become 401s from the
+    upstream, a fault of that deployment (never the caller's 4xx), so the model's fallback serves."""
+    edge_port, state = free_port(), tmp_path / "edge.db"
+    with serve_app(create_app(_edge_config(digits, state)), port=edge_port) as edge_url:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        made = httpx.post(f"{edge_url}/admin/keys", json={"tenant": "front"}, headers=admin).json()
+        os.environ["TEST_EDGE_KEY"] = made["key"]
+        with serve_app(create_app(_front_config(digits, edge_port, "any"))) as url:
+            auth = {"Authorization": f"Bearer {create_key(url, 'acme')}"}
+            before = httpx.post(f"{url}/v2/models/edge-digits/infer", json=ROW, headers=auth)
+            assert before.status_code == 200 and before.headers["x-fleetgate-deployment"].startswith("edge")
+            revoked = httpx.delete(f"{edge_url}/admin/keys/{made['key_id']}", headers=admin)
+            assert revoked.status_code == 200
+            time.sleep(1.2)  # the edge's key cache (<= 1 s)
+            for _ in range(8):
+                r = httpx.post(f"{url}/v2/models/edge-digits/infer", json=ROW, headers=auth)
+                assert r.status_code == 200, r.text
+                assert r.headers["x-fleetgate-deployment"].startswith("local")
+            only_edge = httpx.post(f"{url}/v2/models/edge-only/infer", json=ROW, headers=auth)
+            assert only_edge.status_code == 503  # refused credentials, then an open breaker: never a 4xx or 500
