@@ -52,6 +52,9 @@ class Response:
         self._conn: _Connection | None = conn
         self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = headers.get("content-length")
+        if length is not None and not length.isdigit():
+            conn.close()
+            raise UpstreamUnreachable("the upstream sent a malformed Content-Length")
         self._remaining: int | None = int(length) if length is not None and not self._chunked else None
         self._keep = headers.get("connection", "").lower() != "close" and (
             self._chunked or self._remaining is not None
@@ -78,14 +81,16 @@ class Response:
         try:
             async for data in body:
                 yield data
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError) as exc:
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ValueError) as exc:
             raise UpstreamUnreachable(f"the upstream's answer broke off: {type(exc).__name__}") from None
         finally:
             if self._conn is conn and not self._done:
                 if self._complete:
                     self._done = True
                     self._conn = None
-                    self._pool._release(conn, reusable=self._keep)
+                    # bytes past the framed body (a lying upstream) must never reach the next caller
+                    clean = not conn.reader._buffer  # noqa: SLF001 - asyncio keeps no public view of it
+                    self._pool._release(conn, reusable=self._keep and clean)
                 else:
                     self.close()
 
@@ -98,8 +103,13 @@ class Response:
                     pass
                 self._complete = True
                 return
-            data = await reader.readexactly(size + 2)
-            yield data[:-2]
+            # in pieces: a chunk declared huge is never buffered whole before the caller's bound
+            while size > 0:
+                data = await reader.readexactly(min(size, 65536))
+                size -= len(data)
+                yield data
+            if await reader.readexactly(2) != b"\r\n":
+                raise ValueError("chunk not followed by CRLF")
 
     async def _sized_body(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
         assert self._remaining is not None
@@ -196,23 +206,44 @@ class UpstreamPool:
         await self._slots.acquire()
         try:
             head = self._head(method, path, body, headers)
-            for _ in range(2):
-                conn = self._idle.pop() if self._idle else await self._connect()
-                try:
-                    conn.writer.write(head + body if body else head)
-                    return await self._read_head(conn)
-                except (ConnectionError, asyncio.IncompleteReadError) as exc:
-                    conn.close()
-                    if not conn.reused:
-                        raise UpstreamUnreachable(f"the connection broke: {type(exc).__name__}") from None
-                    # a stale keep-alive connection: try once more on a fresh one
-                except BaseException:
-                    conn.close()
-                    raise
-            raise UpstreamUnreachable("the upstream closed the connection before answering")
+            conn = self._idle_connection() or await self._connect()
+            try:
+                conn.writer.write(head + body if body else head)
+                return await self._read_head(conn)
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                conn.close()
+                # Retried once, on a fresh connection, only when a reused connection was closed by
+                # the upstream before a single byte of an answer came: the upstream dropped it
+                # idle and never saw the request. Anything else could run the request twice.
+                partial = getattr(exc, "partial", b"")
+                if not conn.reused or partial:
+                    raise UpstreamUnreachable(f"the connection broke: {type(exc).__name__}") from None
+            except BaseException:
+                conn.close()
+                raise
+            conn = await self._connect()
+            try:
+                conn.writer.write(head + body if body else head)
+                return await self._read_head(conn)
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                conn.close()
+                raise UpstreamUnreachable(f"the connection broke: {type(exc).__name__}") from None
+            except BaseException:
+                conn.close()
+                raise
         except BaseException:
             self._slots.release()
             raise
+
+    def _idle_connection(self) -> _Connection | None:
+        """A pooled connection that still looks open (the upstream may have closed some meanwhile)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.reader.at_eof() or conn.writer.transport.is_closing():
+                conn.close()
+                continue
+            return conn
+        return None
 
     def _head(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str] | None) -> bytes:
         lines = [f"{method} {self._prefix}{path} HTTP/1.1\r\n", self._fixed]
