@@ -18,15 +18,20 @@ from policies.errors import StoreUnavailable
 
 log = structlog.get_logger(__name__)
 
-#: how often the heartbeat is renewed, and how long one lasts without renewal
+#: how often the heartbeat is renewed, and how long one lasts without renewal (margin for event-loop
+#: stalls and clock skew between hosts: replicas' clocks must agree to well within this)
 HEARTBEAT_EVERY_S = 2.0
-HEARTBEAT_TTL_S = 8.0
+HEARTBEAT_TTL_S = 12.0
 #: how often orphaned reservations are looked for
 RECOVER_EVERY_S = 4.0
 
 
 async def start(admission: Admission) -> asyncio.Task[None]:
-    """Beat once, release what dead processes left, then keep both going in a background task."""
+    """Beat once, release what dead processes left, then keep both going in a background task.
+
+    At start-up only reservations whose heartbeat lapsed are taken: a process that is starting has
+    held nothing, and a live one keeps beating.
+    """
     try:
         await admission.heartbeat(HEARTBEAT_TTL_S)
         await admission.recover()
@@ -37,17 +42,24 @@ async def start(admission: Admission) -> asyncio.Task[None]:
 
 async def _run(admission: Admission) -> None:
     since_recover = 0.0
+    # Seconds of unbroken heartbeats. After a store outage every process's heartbeat has lapsed;
+    # reclaiming only once this process has beaten for a whole TTL gives every live process time
+    # to beat again first, so a live process's reservations are never taken.
+    beating_s = 0.0
     while True:
         await asyncio.sleep(HEARTBEAT_EVERY_S)
         since_recover += HEARTBEAT_EVERY_S
         try:
             await admission.heartbeat(HEARTBEAT_TTL_S)
-            if since_recover >= RECOVER_EVERY_S:
+            beating_s += HEARTBEAT_EVERY_S
+            if since_recover >= RECOVER_EVERY_S and beating_s > HEARTBEAT_TTL_S:
                 since_recover = 0.0
                 await admission.recover()
         except StoreUnavailable as exc:
+            beating_s = 0.0
             log.warning("liveness_store_unavailable", error=exc.detail)
         except Exception:  # noqa: BLE001 - the task must outlive any one failure
+            beating_s = 0.0
             log.exception("liveness_failed")
 
 

@@ -275,14 +275,32 @@ class Admission:
             charge += [CounterOp(c.key, None, requests, c.expires_at) for c in r.request_quotas]
             settle = dict(settle, buckets=[], release=[], counters=charge)
         try:
-            await self._store.settle(**settle)
+            applied = await self._store.settle(**settle)
         except StoreUnavailable as exc:
             self.stats["reconcile_deferred"] += 1
             self._pending.append(settle)
             log.error("reconcile_deferred", error=exc.detail, reservation=r.id, pending=len(self._pending))
             return
+        if not applied and not r.degraded:
+            await self._settle_reclaimed(r, actual_tokens, requests, usage)
         if self._pending:
             await self._flush_pending()
+
+    async def _settle_reclaimed(
+        self, r: Reservation, actual_tokens: int, requests: int, usage: list[UsageDelta]
+    ) -> None:
+        """Record a request whose reservation another process reclaimed (this one seemed dead).
+
+        The reclaim refunded the whole reservation; the request did run, so its usage is recorded
+        and its real cost charged to the quotas, once (its own settle id).
+        """
+        charge = [CounterOp(c.key, None, actual_tokens, c.expires_at) for c in r.token_quotas]
+        charge += [CounterOp(c.key, None, requests, c.expires_at) for c in r.request_quotas]
+        await self._store.settle(
+            settle_id=f"late:{r.id}", lease_id=r.id, buckets=[], release=[], counters=charge, usage=usage,
+            now=self._clock(),
+        )
+        log.warning("reclaimed_reservation_settled_late", reservation=r.id)
 
     async def heartbeat(self, ttl_s: float) -> None:
         """Tell the store this process is alive for `ttl_s` more seconds (its reservations are not orphans)."""

@@ -28,9 +28,16 @@ async def test_a_dead_processes_leases_and_reservations_are_released(replicas, c
     again = [await alive.admit(ACME, "m", 1000) for _ in range(3)]  # slots and quota are back
     for r in again:
         await alive.reconcile(r, 10)
-    await dead.reconcile(held[0], 10)  # a late settle of a released reservation changes nothing
+    # the "dead" process was only stalled: its late settle records the request that did run, charged
+    # once at its real cost (the reclaim had refunded the whole reservation)
+    await dead.reconcile(held[0], 10)
+    await dead.reconcile(held[0], 10)  # still once
     rows = [u for u in await alive.usage("acme") if len(u.period) == 10]
-    assert [(u.requests, u.tokens) for u in rows] == [(3, 30)]  # the dead process's never acknowledged
+    assert [(u.requests, u.tokens) for u in rows] == [(4, 40)]
+    quota_left = 3000 - 4 * 10  # three settled at 10 tokens, and the late one's 10
+    with pytest.raises(QuotaExceeded):
+        await alive.admit(ACME, "m", quota_left + 1)
+    await alive.reconcile(await alive.admit(ACME, "m", quota_left), 0)
 
 
 async def test_a_live_process_keeps_its_reservations(replicas, clock) -> None:
