@@ -33,8 +33,17 @@ def _presented_key_matches(request: Request, env_names: tuple[str, ...]) -> bool
 
 
 def _operator(request: Request, core: GatewayCore) -> bool:
+    """Whether the request carries the admin or metrics key; wrong keys count as failed admin attempts."""
     admin = core.config.admin
-    return _presented_key_matches(request, (admin.key_env, admin.metrics_key_env))
+    if extract_key(lower_headers(request)) is None:
+        return False
+    attempts = request.app.state.admin_attempts
+    address = request.client.host if request.client else "unknown"
+    attempts.check(address)  # 429 once this address has guessed too often
+    if _presented_key_matches(request, (admin.key_env, admin.metrics_key_env)):
+        return True
+    attempts.failed(address)
+    return False
 
 
 @get("/health/live", sync_to_thread=False)
@@ -48,7 +57,11 @@ def health_ready(request: Request) -> Response[dict[str, object]]:
     core: GatewayCore = request.app.state.core
     ok = core.ready()
     body: dict[str, object] = {"status": "ready" if ok else "not_ready"}
-    if _operator(request, core):
+    try:
+        operator = _operator(request, core)
+    except GatewayError:  # an address throttled for guessing keys gets the plain answer
+        operator = False
+    if operator:
         body["deployments"] = core.deployment_status()
     return Response(body, status_code=200 if ok else 503)
 
@@ -57,7 +70,11 @@ def health_ready(request: Request) -> Response[dict[str, object]]:
 def metrics_endpoint(request: Request) -> Response[bytes]:
     core: GatewayCore = request.app.state.core
     admin = core.config.admin
-    if not admin.public_metrics and not _operator(request, core):
+    try:
+        operator = admin.public_metrics or _operator(request, core)
+    except GatewayError as exc:  # too many wrong keys from this address
+        return exception_response("plain", exc)
+    if not operator:
         if not any(os.environ.get(n) for n in (admin.key_env, admin.metrics_key_env)):
             error = GatewayError(
                 403,

@@ -43,8 +43,14 @@ log = structlog.get_logger(__name__)
 _MAX_CHARS_PER_TOKEN = 32
 #: prompts up to this many characters are tokenized on the event loop (a thread hop costs more)
 _INLINE_TOKENIZE_CHARS = 16_384
-#: counted prompts kept for their `generate` call
-_MAX_TOKENIZED = 4096
+#: prompt tokens kept, over all counted prompts waiting for their `generate` call
+_MAX_TOKENIZED_TOKENS = 1 << 20
+
+
+def _fingerprint(request: GenerateRequest) -> int:
+    """Identifies a prompt, so ids counted for one request are never used for another with its id."""
+    messages = tuple((m.role, m.content) for m in request.messages or ())
+    return hash((request.prompt, messages, tuple(request.prompt_token_ids or ())))
 
 
 def create(name: str, spec: DeploymentSpec) -> TorchLLMBackend:
@@ -101,7 +107,8 @@ class TorchLLMBackend:
         self._parts: EngineParts | None = None
         self._engine: AsyncLLMEngine | None = None
         #: prompt ids counted at admission, by request id, waiting for `generate`
-        self._tokenized: OrderedDict[str, tuple[GenerateRequest, list[int]]] = OrderedDict()
+        self._tokenized: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()
+        self._tokenized_total = 0
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -184,9 +191,12 @@ class TorchLLMBackend:
         The ids are kept for `generate` of the same request id, so a prompt is tokenized once.
         """
         ids = await self._tokenize(request)
-        self._tokenized[request.request_id] = (request, ids)
-        if len(self._tokenized) > _MAX_TOKENIZED:
-            self._tokenized.popitem(last=False)  # admitted requests take theirs within moments
+        self._tokenized[request.request_id] = (_fingerprint(request), ids)
+        self._tokenized_total += len(ids)
+        # Refused requests (rate limit, queue full, fallback) never take theirs: bounded by tokens,
+        # oldest first, so a tenant at its limit cannot make this grow.
+        while self._tokenized_total > _MAX_TOKENIZED_TOKENS and self._tokenized:
+            self._tokenized_total -= len(self._tokenized.popitem(last=False)[1][1])
         return len(ids)
 
     async def _tokenize(self, request: GenerateRequest) -> list[int]:
@@ -217,7 +227,9 @@ class TorchLLMBackend:
         if engine is None or self._parts is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
         counted = self._tokenized.pop(request.request_id, None)
-        ids = counted[1] if counted and counted[0] is request else await self._tokenize(request)
+        if counted is not None:
+            self._tokenized_total -= len(counted[1])
+        ids = counted[1] if counted and counted[0] == _fingerprint(request) else await self._tokenize(request)
         _check_sampling(request.sampling)
         max_len = self._parts.max_model_len
         if len(ids) >= max_len:

@@ -144,3 +144,21 @@ def test_openapi_documents_every_client_route_and_keeps_admin_apart(gateway: Gat
     admin = httpx.get(f"{gateway.url}/admin/openapi.json", headers=ADMIN_HEADERS).json()
     assert "/admin/keys" in admin["paths"] and "requestBody" in admin["paths"]["/admin/keys"]["post"]
     assert httpx.get(f"{gateway.url}/docs").headers["content-type"].startswith("text/html")
+
+
+def test_metrics_keys_cannot_be_guessed_without_limit(digits) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from gateway.app import create_app
+    from gateway.config import parse_config
+    from tests.servers import serve_app
+
+    config = parse_config(
+        'admin: {max_failures_per_minute: 5}\nstate: {url: "memory://"}\n', base_dir=Path(".")
+    )
+    with serve_app(create_app(config)) as url:
+        wrong = {"Authorization": "Bearer guess"}
+        statuses = [httpx.get(f"{url}/metrics", headers=wrong).status_code for _ in range(7)]
+        assert statuses == [401] * 5 + [429] * 2
+        ready = httpx.get(f"{url}/health/ready", headers=ADMIN_HEADERS)  # throttled: no detail, no error
+        assert ready.status_code == 200 and "deployments" not in ready.json()
