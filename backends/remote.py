@@ -289,14 +289,12 @@ class RemoteBackend:
         usage: Usage | None = None
         done = False
         async for line in lines:
-            # after [DONE] the rest is read (and ignored): a response read to its end returns its
-            # connection to the pool, one left unread would cost a new connection per request
-            if done or not line.startswith("data:"):
+            if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
                 done = True
-                continue
+                break
             try:
                 chunk = _json_decode.decode(data)
             except JSON_DECODE_ERRORS:
@@ -316,9 +314,26 @@ class RemoteBackend:
                 finish = choice.get("finish_reason") or finish
                 if text:
                     yield TokenEvent(request_id=request_id, text=text)
+        if done:
+            await _drain(lines)
         if not done and finish is None:
             raise BackendUnavailable(f"upstream {self.name!r} ended the stream before finishing")
         yield TokenEvent(request_id=request_id, finish_reason=finish or "stop", usage=usage or Usage())
+
+
+#: after [DONE], how long the rest of the answer may take to end before its connection is dropped
+_DRAIN_S = 1.0
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read what follows [DONE] (normally just the end of the body), so the connection is pooled
+    again; an upstream slow to end its answer only loses its connection, never the answer."""
+    try:
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in lines:
+                pass
+    except (TimeoutError, UpstreamUnreachable, UpstreamTooLong):
+        pass
 
 
 async def _each_within(items: AsyncIterator[str], seconds: float) -> AsyncIterator[str]:

@@ -277,11 +277,24 @@ class GatewayCore:
             dep.queue.release(ticket, cost)
 
     async def _admit(self, principal: Principal, model: str, cost: int) -> Reservation:
+        """Admit in a task of its own: a caller cancelled meanwhile (deadline, disconnect) cannot
+        leave a reservation the store granted without anyone to settle it."""
+        task = asyncio.ensure_future(self.admission.admit(principal, model, cost))
         try:
-            return await self.admission.admit(principal, model, cost)
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._settle_abandoned)
+            raise
         except PolicyError as exc:
             metrics.REJECTIONS.labels(principal.tenant, exc.code).inc()
             raise
+
+    def _settle_abandoned(self, task: asyncio.Future[Reservation]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        settle = asyncio.ensure_future(self.admission.reconcile(task.result(), 0, failed=True))
+        self.settling.add(settle)
+        settle.add_done_callback(self.settling.discard)
 
     # --- text generation -------------------------------------------------------------------
 

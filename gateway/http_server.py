@@ -3,7 +3,7 @@
 uvicorn bounds the idle time between requests on a keep-alive connection, but not the time a client
 takes to send a request's headers: a client trickling a header block a byte at a time held its
 connection (and, at shutdown, the process) for as long as it liked. Here a connection whose header
-block is not complete `header_timeout_s` after it opened (or after its previous answer) is closed.
+block is not complete `header_timeout_s` after it opened (or after the next request began) is closed.
 Bodies are bounded by the request deadline (`server.request_timeout_s`) once the headers are in.
 """
 
@@ -37,10 +37,12 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_headers_complete()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm()  # the next request's headers get the same allowance
+    def on_message_begin(self) -> None:
+        # the next request on a kept-alive connection started: its headers get the same allowance
+        # (the idle time between requests is uvicorn's keep-alive timeout, not this deadline)
+        super().on_message_begin()
+        if self._header_timer is None:
+            self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

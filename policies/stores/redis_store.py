@@ -111,35 +111,46 @@ class RedisStore(StateStore):
         return await future
 
     async def _send_all(self) -> None:
-        """Send queued scripts as pipelines, one round trip at a time, until none are left."""
-        while self._queued:
-            group, self._queued = self._queued, []
-            pipe = self._client.pipeline(transaction=False)
-            for script, keys, args, _ in group:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            try:
-                results = await pipe.execute(raise_on_error=False)
-            except Exception as exc:  # noqa: BLE001 - every caller of the group gets the failure
-                error = self._failure(exc)
-                results = [error] * len(group)
-            self.pipelines += 1
-            self.pipelined_ops += len(group)
-            missing = {id(s): s for (s, *_), r in zip(group, results, strict=True) if _no_script(r)}
-            if missing:  # Redis was restarted or flushed: load the scripts, send those again
-                try:
-                    for script in missing.values():
-                        await self._client.script_load(script.script)
-                except Exception as exc:  # noqa: BLE001
-                    results = [self._failure(exc) if _no_script(r) else r for r in results]
-                else:
-                    self._queued[:0] = [op for op, r in zip(group, results, strict=True) if _no_script(r)]
-            for (_, _, _, future), result in zip(group, results, strict=True):
-                if future.done() or _no_script(result):  # its caller went away, or it is resent
-                    continue
-                if isinstance(result, Exception):
-                    future.set_exception(self._failure(result))
-                else:
-                    future.set_result(result)
+        """Send queued scripts as pipelines, one round trip at a time, until none are left.
+
+        Every caller is answered whatever happens: should this task itself be cancelled (shutdown),
+        the callers still waiting get StoreUnavailable instead of waiting forever.
+        """
+        reloaded: set[int] = set()  # scripts loaded again by this task: a second NOSCRIPT fails
+        group: list[tuple[Any, list[str], list[Any], asyncio.Future[Any]]] = []
+        try:
+            while self._queued:
+                group, self._queued = self._queued, []
+                results = await self._send(group)
+                missing = {id(s): s for (s, *_), r in zip(group, results, strict=True) if _no_script(r)}
+                if missing and not reloaded & missing.keys():
+                    # Redis was restarted or flushed: load the scripts, send those operations again
+                    try:
+                        for script in missing.values():
+                            await self._client.script_load(script.script)
+                        reloaded |= missing.keys()
+                        self._queued[:0] = [op for op, r in zip(group, results, strict=True) if _no_script(r)]
+                        results = [None if _no_script(r) else r for r in results]  # resent, not answered
+                    except Exception as exc:  # noqa: BLE001
+                        results = [self._failure(exc) if _no_script(r) else r for r in results]
+                _answer_group(group, results, self._failure)
+                group = []
+        except BaseException:
+            pending, self._queued = group + self._queued, []
+            _answer_group(pending, [StoreUnavailable(f"redis {self._where}: interrupted")] * len(pending), self._failure)
+            raise
+
+    async def _send(self, group: list[tuple[Any, list[str], list[Any], asyncio.Future[Any]]]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for script, keys, args, _ in group:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        try:
+            results = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # noqa: BLE001 - every caller of the group gets the failure
+            results = [self._failure(exc)] * len(group)
+        self.pipelines += 1
+        self.pipelined_ops += len(group)
+        return results
 
     def _failure(self, exc: Exception) -> Exception:
         """A store failure (or a script error, which fails closed too) as StoreUnavailable."""
@@ -282,6 +293,17 @@ class RedisStore(StateStore):
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _answer_group(group: list, results: list[Any], failure: Any) -> None:
+    """Hand each pipelined operation its result (None: it was queued again, not answered yet)."""
+    for (_, _, _, future), result in zip(group, results, strict=True):
+        if future.done() or result is None:  # its caller went away, or it is being resent
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(failure(result))
+        else:
+            future.set_result(result)
 
 
 def _no_script(result: object) -> bool:

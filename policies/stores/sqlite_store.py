@@ -229,22 +229,50 @@ class SqliteStore(StateStore):
         return await future
 
     def _drain(self) -> None:
-        """On the store's thread: commit groups until the queue is empty."""
-        while True:
+        """On the store's thread: commit groups until the queue is empty.
+
+        Whatever happens, every queued caller is answered and the next operation starts a drain
+        again (an unanswered group would make every later call wait forever).
+        """
+        group: list = []
+        try:
+            while True:
+                with self._queue_lock:
+                    group, self._queued = self._queued, []
+                    if not group:
+                        self._draining = False
+                        return
+                self._answer(group, self._commit_group_safely([fn for fn, _, _ in group]))
+                group = []
+        except BaseException as exc:
             with self._queue_lock:
-                group, self._queued = self._queued, []
-                if not group:
-                    self._draining = False
-                    return
-            outcomes = self._commit_group([fn for fn, _, _ in group])
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, bool, object]]] = {}
-            for (_, future, loop), (ok, value) in zip(group, outcomes, strict=True):
-                by_loop.setdefault(loop, []).append((future, ok, value))
-            for loop, answers in by_loop.items():
+                group, self._queued, self._draining = group + self._queued, [], False
+            error = StoreUnavailable(f"sqlite {self.path}: {type(exc).__name__}")
+            self._answer(group, [(False, error)] * len(group))
+            raise
+
+    def _commit_group_safely(self, group: list) -> list[tuple[bool, object]]:
+        try:
+            return self._commit_group(group)
+        except Exception as exc:  # noqa: BLE001 - e.g. InterfaceError: the group fails, the store lives
+            conn = self._conn
+            if conn is not None and conn.in_transaction:
                 try:
-                    loop.call_soon_threadsafe(_answer_all, answers)
-                except RuntimeError:  # that loop is closed: nobody is waiting any more
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
                     pass
+            return [(False, StoreUnavailable(f"sqlite {self.path}: {type(exc).__name__}"))] * len(group)
+
+    def _answer(self, group: list, outcomes: list[tuple[bool, object]]) -> None:
+        """Hand each operation of a group its outcome, on its caller's loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, bool, object]]] = {}
+        for (_, future, loop), (ok, value) in zip(group, outcomes, strict=True):
+            by_loop.setdefault(loop, []).append((future, ok, value))
+        for loop, answers in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_answer_all, answers)
+            except RuntimeError:  # that loop is closed: nobody is waiting any more
+                pass
 
     def _commit_group(self, group: list[Callable[[sqlite3.Connection], object]]) -> list[tuple[bool, object]]:
         """One transaction for the whole group; (ok, result or exception) per operation."""
