@@ -139,6 +139,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     tenant: str | None = None
     #: Name the upstream server should see (remote backends); None = the deployment's own.
     upstream_model: str | None = None
+    #: the caller reads the answer as a stream; False: only the whole answer is used, so a backend
+    #: that can may produce it in one piece (a remote upstream asked for plain JSON, not SSE)
+    stream: bool = True
 
 
 class Usage(msgspec.Struct, kw_only=True):

@@ -241,9 +241,10 @@ class RemoteBackend:
             "max_tokens": s.max_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": request.stream,
         }
+        if request.stream:
+            body["stream_options"] = {"include_usage": True}
         if s.seed is not None:
             body["seed"] = s.seed
         if s.stop:
@@ -272,6 +273,11 @@ class RemoteBackend:
         try:
             if response.status >= 400:
                 raise _upstream_error(response.status, await response.read(limit))
+            if not request.stream:  # one JSON answer: no event framing to parse
+                async with asyncio.timeout(self.spec.timeout_s):
+                    raw = await response.read(limit)
+                yield self._whole_answer(request.request_id, raw)
+                return
             lines = _each_within(response.lines(limit), self.spec.timeout_s)
             async for event in self._parse_sse(request.request_id, lines):
                 yield event
@@ -283,6 +289,23 @@ class RemoteBackend:
             raise UpstreamTooLarge(f"upstream {self.name!r}: {exc}") from None
         finally:
             response.close()  # a no-op once the answer was read to its end
+
+    def _whole_answer(self, request_id: str, raw: bytes) -> TokenEvent:
+        """The one event of a non-streamed OpenAI answer: its text, finish reason and usage."""
+        try:
+            payload = _json_decode.decode(raw)
+            choice = (payload.get("choices") or [{}])[0]
+            text = choice.get("text")
+            if text is None:
+                text = (choice.get("message") or {}).get("content") or ""
+            u = payload.get("usage") or {}
+            usage = Usage(
+                prompt_tokens=int(u.get("prompt_tokens", 0)), completion_tokens=int(u.get("completion_tokens", 0))
+            )
+        except (*JSON_DECODE_ERRORS, AttributeError, TypeError, ValueError, IndexError):
+            raise BackendInternalError(f"upstream {self.name!r} sent a malformed completion") from None
+        finish = choice.get("finish_reason") or "stop"
+        return TokenEvent(request_id=request_id, text=str(text), finish_reason=finish, usage=usage)
 
     async def _parse_sse(self, request_id: str, lines: AsyncIterator[str]) -> AsyncIterator[TokenEvent]:
         finish: str | None = None

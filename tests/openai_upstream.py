@@ -92,9 +92,22 @@ async def _handle(request: Request, chat: bool) -> Response[Any]:
         )
     if request.headers.get("authorization") != "Bearer upstream-secret":
         return Response({"error": {"message": "bad upstream key"}}, status_code=401)
-    if not body.get("stream"):
-        words = reply_words(_prompt_of(body), int(body.get("max_tokens") or 16))
-        return Response({"choices": [{"index": 0, "text": " ".join(words)}], "created": int(time.time())})
+    if not body.get("stream"):  # a whole answer, shaped as OpenAI servers shape it
+        prompt = _prompt_of(body)
+        max_tokens = int(body.get("max_tokens") or 16)
+        words = reply_words(prompt, max_tokens)
+        text = " ".join(words)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if len(words) == max_tokens else "stop"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        usage = {
+            "prompt_tokens": len(prompt.split()),
+            "completion_tokens": len(words),
+            "total_tokens": len(prompt.split()) + len(words),
+        }
+        return Response({"choices": [choice], "created": int(time.time()), "usage": usage})
     return Stream(_events(body, chat), media_type="text/event-stream")
 
 

@@ -191,6 +191,7 @@ async def _generate(request: Request, chat: bool) -> Response[Any]:
             chat_request(body, call.request_id) if chat else completion_request(body, call.request_id)
         )
         gen.tenant = principal.tenant
+        gen.stream = bool(body.stream)
         async with deadline.scope():
             prompt_tokens = await core.estimate_prompt_tokens(plan, gen)
             events, served = await core.start_generation(

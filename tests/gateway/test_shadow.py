@@ -118,8 +118,9 @@ def _install_doubles(core: Any) -> None:
     async def first_word_changed(request: Any) -> AsyncIterator[TokenEvent]:
         first = True
         async for event in diff_generate(request):
-            if first and event.text:
-                event = msgspec.structs.replace(event, text="CHANGED")
+            if first and event.text:  # the first word, whether events carry a word or the whole text
+                _, _, rest = event.text.partition(" ")
+                event = msgspec.structs.replace(event, text="CHANGED" + (" " + rest if rest else ""))
                 first = False
             yield event
 
