@@ -15,6 +15,10 @@ machine (bench/results/gateway.json). Each run records the gateway's event-loop 
 thread) and the deployment's throughput against the calibrated capacity: a saturated deployment
 and an event loop well below one core mean the deployment, not the gateway, sets the pace.
 
+Each run also splits every tenant's mean latency into stages: the wait in the fair queue (from the
+gateway's own `fleetgate_queue_time_seconds`, scraped before and after the run) and everything
+outside it (HTTP, decoding, admission, the runtime, the answer back).
+
 Runs per round: the trace without the noisy tenant (`noflood`, FCFS), the full trace with each
 policy, and the `split` runs: the flood split evenly between `noisy` (weight 1) and `heavy`
 (weight 2), FCFS and VTC with burst credit, to show that backlogged tenants' shares follow weights.
@@ -357,6 +361,8 @@ def run_once(
 ) -> tuple[list[Record], dict]:
     """One replay, with the CPU the gateway's event loop and whole process used meanwhile."""
     started = time.monotonic()
+    deployment = "dep-" + model.removeprefix("m-")
+    queue0 = queue_waits(client.port, deployment)
     loop0, proc0, me0 = thread_cpu_s(proc_pid, proc_pid), thread_cpu_s(proc_pid), time.process_time()
     records = asyncio.run(replay(client, model, trace, args.time_scale))
     wall = time.monotonic() - started
@@ -365,8 +371,45 @@ def run_once(
         "gateway_process_cores": (thread_cpu_s(proc_pid) - proc0) / wall,
         "load_generator_cores": (time.process_time() - me0) / wall,
         "wall_s": wall,
+        "stages": stage_times(records, queue0, queue_waits(client.port, deployment)),
     }
     return records, cpu
+
+
+def queue_waits(port: int, deployment: str) -> dict[str, tuple[float, float]]:
+    """tenant -> (seconds waited in the deployment's fair queue, requests), from the gateway's /metrics."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for kind, index in (("_sum", 0), ("_count", 1)):
+            prefix = f'fleetgate_queue_time_seconds{kind}{{deployment="{deployment}",tenant="'
+            if line.startswith(prefix):
+                tenant = line[len(prefix) :].split('"', 1)[0]
+                out.setdefault(tenant, [0.0, 0.0])[index] = float(line.rsplit(" ", 1)[1])
+    return {t: (v[0], v[1]) for t, v in out.items()}
+
+
+def stage_times(
+    records: list[Record], before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, dict[str, float]]:
+    """Per tenant, mean ms: end to end (client), waiting in the fair queue (server), and the rest
+    (HTTP, decode, admission, the runtime itself, the answer back)."""
+    out = {}
+    for tenant in sorted({r.tenant for r in records}):
+        ok = [r.latency for r in records if r.tenant == tenant and r.status == "ok"]
+        waited, count = (after.get(tenant, (0.0, 0.0))[i] - before.get(tenant, (0.0, 0.0))[i] for i in (0, 1))
+        if not ok or not count:
+            continue
+        end_to_end = 1e3 * sum(ok) / len(ok)
+        queue = 1e3 * waited / count
+        out[tenant] = {
+            "end_to_end_ms_mean": end_to_end,
+            "fair_queue_wait_ms_mean": queue,
+            "outside_the_queue_ms_mean": end_to_end - queue,
+        }
+    return out
 
 
 def make_deployment(
@@ -429,7 +472,7 @@ def run_rounds(args: argparse.Namespace, port: int, pid: int, trace: list[TraceR
             run["cpu_cores_used"] = cpu["gateway_process_cores"]
             ok_rows = sum(r.rows for r in records[name] if r.status == "ok")
             run["rows_per_cpu_s"] = ok_rows / max(1e-9, cpu["gateway_process_cores"] * cpu["wall_s"])
-            log.info("run done", round=rnd, run=name, **{k: round(v, 3) for k, v in cpu.items()})
+            log.info("run done", round=rnd, run=name, **{k: round(v, 3) for k, v in cpu.items() if k != "stages"})
         rounds.append(runs)
     return rounds, records
 
