@@ -23,6 +23,10 @@ class UpstreamUnreachable(Exception):
     """The upstream could not be reached, or the connection broke before a whole answer came."""
 
 
+class _Stale(Exception):
+    """A pooled connection turned out to be closed before the request reached the upstream."""
+
+
 class UpstreamTooLong(Exception):
     """A body, a line or a header block passed its byte bound."""
 
@@ -59,7 +63,6 @@ class Response:
         self._keep = headers.get("connection", "").lower() != "close" and (
             self._chunked or self._remaining is not None
         )
-        self._done = False
         #: the whole body has been read off the connection
         self._complete = False
 
@@ -69,8 +72,8 @@ class Response:
         Stopped early (the consumer left, an error, a cancellation), the connection is closed:
         the rest of its answer cannot be skipped on a connection that will be reused.
         """
-        conn = self._conn
-        if conn is None or self._done:
+        conn = self._conn  # None once the body was read or the response closed
+        if conn is None:
             return
         if self._chunked:
             body = self._chunked_body(conn.reader)
@@ -84,9 +87,8 @@ class Response:
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ValueError) as exc:
             raise UpstreamUnreachable(f"the upstream's answer broke off: {type(exc).__name__}") from None
         finally:
-            if self._conn is conn and not self._done:
+            if self._conn is conn:
                 if self._complete:
-                    self._done = True
                     self._conn = None
                     # bytes past the framed body (a lying upstream) must never reach the next caller
                     clean = not conn.reader._buffer  # noqa: SLF001 - asyncio keeps no public view of it
@@ -205,34 +207,36 @@ class UpstreamPool:
             raise UpstreamUnreachable("the client is closed")
         await self._slots.acquire()
         try:
-            head = self._head(method, path, body, headers)
-            conn = self._idle_connection() or await self._connect()
-            try:
-                conn.writer.write(head + body if body else head)
-                return await self._read_head(conn)
-            except (OSError, asyncio.IncompleteReadError) as exc:
-                conn.close()
-                # Retried once, on a fresh connection, only when a reused connection was closed by
-                # the upstream before a single byte of an answer came: the upstream dropped it
-                # idle and never saw the request. Anything else could run the request twice.
-                partial = getattr(exc, "partial", b"")
-                if not conn.reused or partial:
-                    raise UpstreamUnreachable(f"the connection broke: {type(exc).__name__}") from None
-            except BaseException:
-                conn.close()
-                raise
-            conn = await self._connect()
-            try:
-                conn.writer.write(head + body if body else head)
-                return await self._read_head(conn)
-            except (OSError, asyncio.IncompleteReadError) as exc:
-                conn.close()
-                raise UpstreamUnreachable(f"the connection broke: {type(exc).__name__}") from None
-            except BaseException:
-                conn.close()
-                raise
+            data = self._head(method, path, body, headers) + (body or b"")
+            conn = self._idle_connection()
+            if conn is not None:
+                try:
+                    return await self._exchange(conn, data)
+                except _Stale:
+                    pass  # dropped by the upstream while idle, request unseen: once more, fresh
+            return await self._exchange(await self._connect(), data)  # a new one is never _Stale
         except BaseException:
             self._slots.release()
+            raise
+
+    async def _exchange(self, conn: _Connection, data: bytes) -> Response:
+        """Send `data` on `conn` and read the answer's head; the connection is closed on any failure.
+
+        Raises:
+            _Stale: a reused connection was closed by the upstream before a single byte of an answer
+                came (it dropped the connection idle and never saw the request): safe to send again.
+            UpstreamUnreachable: any other break, after which sending again could run it twice.
+        """
+        try:
+            conn.writer.write(data)
+            return await self._read_head(conn)
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            conn.close()
+            if conn.reused and not getattr(exc, "partial", b""):
+                raise _Stale from None
+            raise UpstreamUnreachable(f"the connection broke: {type(exc).__name__}") from None
+        except BaseException:
+            conn.close()
             raise
 
     def _idle_connection(self) -> _Connection | None:

@@ -61,6 +61,14 @@ def _unexpected(request: Request, exc: Exception) -> Response[bytes]:
     )
 
 
+def create_served_app(config: Config, config_path: str | Path, listen: dict[str, object]) -> Litestar:
+    """The app `fleetgate serve` runs (in each worker too): reloadable from `config_path`, with the
+    command line's host/port kept across reloads (they are not config changes)."""
+    app = create_app(config, config_path=config_path)
+    app.state.listen_overrides = listen
+    return app
+
+
 def create_app(
     config: Config, *, clock: Callable[[], float] = time.time, config_path: str | Path | None = None
 ) -> Litestar:

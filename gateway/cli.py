@@ -46,7 +46,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.app import create_app, create_served_app
     from gateway.logs import configure_logging
 
     listen = {k: v for k, v in (("host", args.host or None), ("port", args.port)) if v is not None}
@@ -77,9 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prepare_environment(args.config, listen)
         uvicorn.run("gateway.workers:create_worker_app", factory=True, workers=config.server.workers, **options)
         return 0
-    app = create_app(config, config_path=args.config)
-    app.state.listen_overrides = listen  # a reload re-applies them: they are not config changes
-    uvicorn.run(app, **options)
+    uvicorn.run(create_served_app(config, args.config, listen), **options)
     return 0
 
 

@@ -4,7 +4,8 @@ Every admitted request's leases and quota reservations are journaled with the id
 that admitted them (policies.admission). This task renews that process's heartbeat and, every few
 seconds (and once at start-up), settles the journaled reservations of processes whose heartbeat
 has lapsed: after a `kill -9`, the tenant's concurrency slots and reserved quota come back within
-about `HEARTBEAT_TTL_S + RECOVER_EVERY_S` seconds, on whichever replica notices first.
+about `HEARTBEAT_TTL_S + RECOVER_EVERY_S` seconds on a replica that was running, or twice that on a
+process started after the crash.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ RECOVER_EVERY_S = 4.0
 
 
 async def start(admission: Admission) -> asyncio.Task[None]:
-    """Beat once, release what dead processes left, then keep both going in a background task.
+    """Beat once, then keep beating and releasing what dead processes left, in a background task.
 
-    At start-up only reservations whose heartbeat lapsed are taken: a process that is starting has
-    held nothing, and a live one keeps beating.
+    Nothing is released at start-up: the one rule (reclaim only after beating for a whole TTL) also
+    covers a process that starts just as the store comes back from an outage, when every live
+    process's heartbeat has lapsed.
     """
     try:
         await admission.heartbeat(HEARTBEAT_TTL_S)
-        await admission.recover()
     except StoreUnavailable as exc:
         log.error("liveness_start_failed", error=exc.detail)
     return asyncio.create_task(_run(admission), name="fleetgate-liveness")

@@ -41,7 +41,7 @@ def create_worker_app() -> Litestar:
     """The app factory each worker process calls (uvicorn `factory=True`)."""
     import json
 
-    from gateway.app import create_app
+    from gateway.app import create_served_app
     from gateway.config import load_config, with_listen_overrides
     from gateway.logs import configure_logging
 
@@ -49,9 +49,7 @@ def create_worker_app() -> Litestar:
     listen = json.loads(os.environ.get(LISTEN_ENV, "{}"))
     config = with_listen_overrides(load_config(path), listen)
     configure_logging(config.server.log_level)
-    app = create_app(config, config_path=path)
-    app.state.listen_overrides = listen
-    return app
+    return create_served_app(config, path, listen)
 
 
 def multiprocess_metrics() -> bytes | None:

@@ -89,20 +89,24 @@ def test_readiness_all_waits_for_every_deployment(digits) -> None:
         assert httpx.get(f"{url}/v2/health/ready").status_code == 503
 
 
-def test_an_upstream_answer_over_max_response_bytes_is_a_502_not_a_buffer(upstream_url) -> None:
-    """The echo upstream answers the prompt's words: one 200 kB word makes a 200 kB stream line."""
-    config = parse_config(
+def _echo_config(upstream_url: str, options: str = "{}"):  # type: ignore[no-untyped-def]
+    """One tenant, one model on the OpenAI echo upstream (remote backend) with these options."""
+    return parse_config(
         f"""
 state: {{url: "memory://"}}
 tenants: {{acme: {{}}}}
 deployments:
   echo: {{backend: remote, url: "{upstream_url}", protocol: openai, model_name: echo-upstream,
-          api_key_env: TEST_UPSTREAM_KEY, options: {{max_response_bytes: 100000}}}}
+          api_key_env: TEST_UPSTREAM_KEY, options: {options}}}
 models: {{echo: {{routes: [{{deployment: echo}}]}}}}
 """,
         base_dir=Path("."),
     )
-    with serve_app(create_app(config)) as url:
+
+
+def test_an_upstream_answer_over_max_response_bytes_is_a_502_not_a_buffer(upstream_url) -> None:
+    """The echo upstream answers the prompt's words: one 200 kB word makes a 200 kB stream line."""
+    with serve_app(create_app(_echo_config(upstream_url, "{max_response_bytes: 100000}"))) as url:
         auth = {"Authorization": f"Bearer {create_key(url, 'acme')}"}
         small = httpx.post(
             f"{url}/v1/completions", json={"model": "echo", "prompt": "a b c", "max_tokens": 3}, headers=auth
@@ -120,18 +124,7 @@ models: {{echo: {{routes: [{{deployment: echo}}]}}}}
 
 def test_remote_streams_reuse_their_upstream_connection(upstream_url) -> None:
     """Each answer is read to its end, so the pool keeps one connection instead of opening one per request."""
-    config = parse_config(
-        f"""
-state: {{url: "memory://"}}
-tenants: {{acme: {{}}}}
-deployments:
-  echo: {{backend: remote, url: "{upstream_url}", protocol: openai, model_name: echo-upstream,
-          api_key_env: TEST_UPSTREAM_KEY}}
-models: {{echo: {{routes: [{{deployment: echo}}]}}}}
-""",
-        base_dir=Path("."),
-    )
-    app = create_app(config)
+    app = create_app(_echo_config(upstream_url))
     with serve_app(app) as url:
         auth = {"Authorization": f"Bearer {create_key(url, 'acme')}"}
         for stream in (False, True, False, True, False):

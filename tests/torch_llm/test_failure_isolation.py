@@ -21,6 +21,15 @@ def _drain(engine: LLMEngine) -> dict[str, list[RequestOutput]]:
     return outputs
 
 
+def _twin_engines(llama_dir, odd_one: str) -> tuple[LLMEngine, LLMEngine]:  # type: ignore[no-untyped-def]
+    """Two engines given the same three requests ("a", `odd_one`, "b"): one to break, one as the reference."""
+    engines = (engine_for(llama_dir), engine_for(llama_dir))
+    for engine in engines:
+        for rid, ids in {"a": [1, 5, 9, 14], odd_one: [2, 6, 10], "b": [3, 7, 11, 15, 19]}.items():
+            engine.add_request(rid, ids, GREEDY)
+    return engines
+
+
 def _tokens(outs: list[RequestOutput]) -> list[int]:
     return [t for o in outs for t in o.token_ids]
 
@@ -42,12 +51,7 @@ def test_add_refuses_seeds_a_generator_cannot_take(llama_dir, seed) -> None:
 
 
 def test_a_failing_detokeniser_fails_only_its_request(llama_dir) -> None:
-    engine = engine_for(llama_dir)
-    reference = engine_for(llama_dir)
-    prompts = {"a": [1, 5, 9, 14], "victim": [2, 6, 10], "b": [3, 7, 11, 15, 19]}
-    for rid, ids in prompts.items():
-        engine.add_request(rid, ids, GREEDY)
-        reference.add_request(rid, ids, GREEDY)
+    engine, reference = _twin_engines(llama_dir, "victim")
     calls = 0
     original = engine._seqs["victim"].data.detok.add
 
@@ -69,12 +73,7 @@ def test_a_failing_detokeniser_fails_only_its_request(llama_dir) -> None:
 
 
 def test_a_failing_forward_is_retried_one_request_at_a_time(llama_dir) -> None:
-    engine = engine_for(llama_dir)
-    reference = engine_for(llama_dir)
-    prompts = {"a": [1, 5, 9, 14], "poison": [2, 6, 10], "b": [3, 7, 11, 15, 19]}
-    for rid, ids in prompts.items():
-        engine.add_request(rid, ids, GREEDY)
-        reference.add_request(rid, ids, GREEDY)
+    engine, reference = _twin_engines(llama_dir, "poison")
     execute = engine.runner.execute
     poisoned = engine._seqs["poison"]
 
