@@ -486,7 +486,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="parallel runs = queue max_concurrency")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per row made inside the model")
     parser.add_argument("--quiet-utilization", type=float, default=0.3)
-    parser.add_argument("--vtc-burst", type=float, default=None, help="rows (default workers x 8)")
+    parser.add_argument("--vtc-burst", type=float, default=None, help="rows (default workers x 32: about seven mean requests of the trace)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/fairness_gateway[_ort]")
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
@@ -499,7 +499,7 @@ def main() -> None:
     out: Path = args.out or RESULTS / (
         "fairness_gateway" if args.deployment == "paced" else "fairness_gateway_ort"
     )
-    burst = args.vtc_burst if args.vtc_burst is not None else 8.0 * args.workers
+    burst = args.vtc_burst if args.vtc_burst is not None else 32.0 * args.workers
 
     trace = [r for r in load_trace(args.trace) if r.t < args.until]
     span = max(r.t for r in trace) * args.time_scale
