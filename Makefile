@@ -37,7 +37,7 @@ system-deps:
 	  else echo "redis-server missing and not root: Redis tests will be skipped"; fi; }
 
 lint: $(STAMP)
-	$(PY) -m ruff check gateway backends router policies tests bench
+	$(PY) -m ruff check fleetgate gateway backends router policies tests bench
 
 test: $(STAMP) system-deps lint
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -8,7 +8,7 @@ arrays plus their v2 name/datatype/shape, so a response can be encoded in any pr
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -168,6 +168,26 @@ class TokenEvent(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
 
 
+# --- token estimates --------------------------------------------------------------------------
+
+#: UTF-8 bytes per token assumed where no tokenizer counts (remote prompts, and output text of
+#: events without token ids): about right for English text and BPE vocabularies, high for code.
+BYTES_PER_TOKEN = 4
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens in `text` by the `BYTES_PER_TOKEN` rule, rounded up."""
+    return -(-len(text.encode()) // BYTES_PER_TOKEN)
+
+
+def estimate_prompt_tokens(request: GenerateRequest) -> int:
+    """A conservative prompt size for a backend that does not tokenize (a remote upstream)."""
+    if request.prompt_token_ids is not None:
+        return len(request.prompt_token_ids)
+    text = request.prompt or "".join(m.content for m in request.messages or [])
+    return max(1, estimate_text_tokens(text) + 4 * len(request.messages or []))
+
+
 # --- the protocol ------------------------------------------------------------------------------
 
 
@@ -176,12 +196,19 @@ class Capability(enum.Enum):
     GENERATE = "generate"  # implements generate() / abort()
 
 
+#: called with the number of requests and rows of each runtime batch a tensor backend runs (metrics)
+BatchObserver = Callable[[int, int], None]
+
+
 @runtime_checkable
 class Backend(Protocol):
-    """What every adapter implements. Capabilities are declared, never probed with hasattr.
+    """What every adapter implements: its lifecycle and what it serves.
 
-    Lifecycle: `load()` then `warmup()` during the app's start-up, `close()` at shutdown.
-    Blocking runtimes must run off the event loop (a thread, an executor or an async API).
+    Lifecycle: `load()` then `warmup()` during the app's start-up, `close()` at shutdown. Blocking
+    runtimes must run off the event loop (a thread, an executor or an async API). What a backend
+    serves is declared in `capabilities`; a backend that declares `TENSOR` is a `TensorBackend`, one
+    that declares `GENERATE` a `GenerativeBackend` (a backend may be both). Optional features are
+    attributes of those protocols, never probed with `hasattr`.
     """
 
     name: str
@@ -198,8 +225,48 @@ class Backend(Protocol):
 
     def metadata(self) -> ModelMetadata: ...
 
+
+@runtime_checkable
+class TensorBackend(Backend, Protocol):
+    """A backend that declares `Capability.TENSOR`: runs tensor requests."""
+
+    #: set by the gateway once the deployment is loaded; a backend with a dynamic batcher reports
+    #: each runtime batch to it, one without a batcher never calls it
+    batch_observer: BatchObserver | None
+
     async def infer(self, request: TensorRequest) -> TensorResponse: ...
+
+
+@runtime_checkable
+class GenerativeBackend(Backend, Protocol):
+    """A backend that declares `Capability.GENERATE`: streams text generations."""
+
+    #: whether `count_prompt_tokens` is exact (the backend tokenizes); False: it is an estimate,
+    #: and the usage the backend reports at the end settles the reservation
+    counts_prompt_tokens: bool
+    #: returns (free sequence slots, free KV blocks) now, for backends with a bounded running batch: the
+    #: deployment's fair queue then dispatches only while there is room, so the backend's own
+    #: (FCFS) waiting list never absorbs the backlog. None: no such gate.
+    capacity: Callable[[], tuple[int, int]] | None
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]: ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    async def count_prompt_tokens(self, request: GenerateRequest) -> int:
+        """Prompt tokens to reserve at admission for `request` (see `counts_prompt_tokens`)."""
+        ...
+
+
+def as_tensor(backend: Backend) -> TensorBackend:
+    """`backend` as a tensor backend; raises TypeError when it does not declare `TENSOR`."""
+    if Capability.TENSOR not in backend.capabilities:
+        raise TypeError(f"backend {backend.name!r} does not serve tensors")
+    return backend  # type: ignore[return-value]  # declared by its capabilities
+
+
+def as_generative(backend: Backend) -> GenerativeBackend:
+    """`backend` as a generative backend; raises TypeError when it does not declare `GENERATE`."""
+    if Capability.GENERATE not in backend.capabilities:
+        raise TypeError(f"backend {backend.name!r} does not generate text")
+    return backend  # type: ignore[return-value]  # declared by its capabilities

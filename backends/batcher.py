@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from backends.base import TensorSpec
+from backends.base import BatchObserver, TensorSpec
 from backends.errors import BackendUnavailable
 from backends.spec import BatchingSpec
 
@@ -30,8 +30,6 @@ log = structlog.get_logger(__name__)
 Arrays = dict[str, np.ndarray]
 #: runs one (possibly merged) batch: inputs by name, requested output names (None = all)
 RunBatch = Callable[[Arrays, tuple[str, ...] | None], Awaitable[Arrays]]
-#: called with the number of requests and rows of each batch run (metrics)
-BatchObserver = Callable[[int, int], None]
 
 
 @dataclass

@@ -6,17 +6,17 @@ Backends never build HTTP responses themselves.
 
 from __future__ import annotations
 
+from fleetgate.errors import ServingError
 
-class BackendError(Exception):
+
+class BackendError(ServingError):
     """Base class: a failure with a status and a code that is safe to show to the caller."""
 
     status: int = 500
     code: str = "backend_error"
 
     def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s=retry_after_s)
 
 
 class InvalidInput(BackendError):

@@ -12,22 +12,21 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import msgspec
 import numpy as np
 import structlog
 
 from backends.base import (
+    BatchObserver,
     Capability,
-    GenerateRequest,
     ModelMetadata,
     TensorRequest,
     TensorResponse,
     TensorSpec,
 )
-from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
+from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
 from backends.lazy import require
-from backends.spec import DeploymentSpec, SpecBase
+from backends.spec import DeploymentSpec, SpecBase, decode_options
 from backends.tensor_requests import serve_tensor_request, zero_inputs
 
 log = structlog.get_logger(__name__)
@@ -191,12 +190,6 @@ class OnnxRuntimeBackend:
             for n, v in zip(names, values, strict=True)
         }
 
-    async def abort(self, request_id: str) -> None:  # tensor requests are not abortable mid-run
-        return None
-
-    def generate(self, request: GenerateRequest):  # type: ignore[no-untyped-def]
-        raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
-
 
 def create(name: str, spec: DeploymentSpec) -> OnnxRuntimeBackend:
     """Validate a deployment for ONNX Runtime; nothing heavy happens until `load()`."""
@@ -204,8 +197,5 @@ def create(name: str, spec: DeploymentSpec) -> OnnxRuntimeBackend:
         raise ValueError("model: an .onnx file is required for backend onnxruntime")
     if not os.path.isfile(spec.model):
         raise ValueError(f"model: {spec.model} is not a file")
-    try:
-        options = msgspec.convert(spec.options, OnnxOptions)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"options: {exc}") from None
+    options = decode_options(spec.options, OnnxOptions)
     return OnnxRuntimeBackend(name, spec, options)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -19,6 +19,7 @@ import numpy as np
 
 from backends.base import (
     V2_TO_NUMPY,
+    BatchObserver,
     Capability,
     GenerateRequest,
     ModelMetadata,
@@ -28,6 +29,7 @@ from backends.base import (
     TensorSpec,
     TokenEvent,
     Usage,
+    estimate_prompt_tokens,
 )
 from backends.errors import (
     BackendError,
@@ -38,7 +40,7 @@ from backends.errors import (
     ModelNotFound,
 )
 from backends.json_errors import JSON_DECODE_ERRORS
-from backends.spec import DeploymentSpec, SpecBase
+from backends.spec import DeploymentSpec, SpecBase, decode_options
 from backends.upstream_http import UpstreamPool, UpstreamTooLong, UpstreamUnreachable
 from backends.validation import validate_request
 
@@ -88,7 +90,13 @@ def _upstream_error(status: int, body: bytes) -> BackendError:
 
 
 class RemoteBackend:
-    """Forwards requests to `spec.url` using `spec.protocol`."""
+    """Forwards requests to `spec.url` using `spec.protocol`.
+
+    A `TensorBackend` for a `kserve_v2` upstream, a `GenerativeBackend` for an `openai` one. The
+    upstream tokenizes on its side, so prompt counts are estimates settled by its reported usage.
+    """
+
+    counts_prompt_tokens = False
 
     def __init__(self, name: str, spec: DeploymentSpec, options: RemoteOptions, api_key: str | None) -> None:
         self.name = name
@@ -102,6 +110,10 @@ class RemoteBackend:
         self._client: UpstreamPool | None = None
         self._meta: ModelMetadata | None = None
         self._upstream_model = spec.model_name or name
+        #: no runtime batcher here: the upstream batches on its side
+        self.batch_observer: BatchObserver | None = None
+        #: the upstream's free room is not known here: its own queue absorbs what it cannot run
+        self.capacity: Callable[[], tuple[int, int]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -143,6 +155,9 @@ class RemoteBackend:
     async def abort(self, request_id: str) -> None:
         # Closing the upstream stream (done by the generator's finally) is the abort.
         return None
+
+    async def count_prompt_tokens(self, request: GenerateRequest) -> int:
+        return estimate_prompt_tokens(request)
 
     # --- HTTP plumbing -----------------------------------------------------------------------
 
@@ -235,7 +250,13 @@ class RemoteBackend:
     # --- OpenAI ------------------------------------------------------------------------------
 
     def _openai_body(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
+        """The upstream call for `request`; what no OpenAI server could accept is refused here (400)."""
+        given = [x for x in (request.prompt, request.prompt_token_ids, request.messages) if x is not None]
+        if len(given) != 1:
+            raise InvalidInput("give exactly one of prompt, prompt_token_ids or messages")
         s = request.sampling
+        if s.max_tokens < 1:
+            raise InvalidInput(f"max_tokens must be >= 1, got {s.max_tokens}")
         body: dict[str, Any] = {
             "model": request.upstream_model or self._upstream_model,
             "max_tokens": s.max_tokens,
@@ -395,8 +416,5 @@ def create(name: str, spec: DeploymentSpec) -> RemoteBackend:
         api_key = os.environ.get(spec.api_key_env)
         if not api_key:
             raise ValueError(f"api_key_env: environment variable {spec.api_key_env} is not set")
-    try:
-        options = msgspec.convert(spec.options, RemoteOptions)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"options: {exc}") from None
+    options = decode_options(spec.options, RemoteOptions)
     return RemoteBackend(name, spec, options, api_key)

@@ -8,13 +8,28 @@ adapter into its own Struct, so an error names the path (`options.block_size`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from fleetgate.spec import SpecBase
 
-class SpecBase(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Base for config Structs: unknown keys are errors, fields are keyword-only."""
+__all__ = ["SpecBase", "decode_options"]  # SpecBase: re-exported for the adapters' option Structs
+
+
+OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
+
+
+def decode_options(raw: dict[str, Any], options_type: type[OptionsT]) -> OptionsT:
+    """A deployment's `options` mapping as the adapter's own Struct; every adapter decodes with this.
+
+    Raises:
+        ValueError: one line naming the option, `options: <what is wrong> - at `options.<name>``.
+    """
+    try:
+        return msgspec.convert(raw, options_type)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"options: {str(exc).replace('`$', '`options')}") from None
 
 
 class BatchingSpec(SpecBase):

@@ -161,7 +161,7 @@ def main() -> None:
     trace = [r for r in trace if r.t < args.until]
     noisy_t = [r.t * args.time_scale for r in trace if r.tenant == NOISY]
     flood = (min(noisy_t), max(noisy_t))
-    from backends.torch_llm.demo import write_tiny_llama
+    from backends.demo_models.tiny_llama import write_tiny_llama
 
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_llama(

@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--cooldown", type=float, default=0.5, help="breakers.cooldown_s of the front")
     parser.add_argument("--out", type=Path, default=RESULTS / "router_recovery.json")
     args = parser.parse_args()
-    from gateway.demo_models import write_digits
+    from backends.demo_models.digits import write_digits
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

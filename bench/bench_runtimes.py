@@ -38,9 +38,9 @@ from backends import onnxruntime as ort_backend  # noqa: E402
 from backends import openvino as ov_backend  # noqa: E402
 from backends import tfserving as tfs_backend  # noqa: E402
 from backends.base import Tensor, TensorRequest  # noqa: E402
-from backends.model_exports import write_openvino_ir, write_tf_savedmodel  # noqa: E402
+from backends.demo_models.digits import digits_split, write_digits  # noqa: E402
+from backends.demo_models.exports import write_openvino_ir, write_tf_savedmodel  # noqa: E402
 from backends.spec import BatchingSpec, DeploymentSpec  # noqa: E402
-from gateway.demo_models import digits_split, write_digits  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)
@@ -180,7 +180,7 @@ async def run(seconds: float) -> dict:
             proc.wait(timeout=10)
     return {
         "benchmark": "bench_runtimes",
-        "model": "demo digits MLP 64-32-10 (gateway.demo_models), one row per request",
+        "model": "demo digits MLP 64-32-10 (backends.demo_models.digits), one row per request",
         "seconds_per_point": seconds,
         "test_rows": int(len(y_test)),
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},

@@ -36,8 +36,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench_gateway import ADMIN_KEY, start_gateway  # noqa: E402
 
-from backends.torch_llm.demo import write_tiny_llama  # noqa: E402
-from gateway.demo_models import write_digits  # noqa: E402
+from backends.demo_models.digits import write_digits  # noqa: E402
+from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -1,16 +1,11 @@
 """Admin API under /admin/: keys, usage and canaries, guarded by the admin key, never a tenant key.
 
-The admin key is read from the environment variable named by `admin.key_env` when the app starts
-a request (so rotating it needs no restart) and compared in constant time. With the variable unset
-the admin API is off and answers 403.
+Every route carries `ADMIN_GUARD` (gateway/admin_guard.py): the one check of the admin key.
 """
 
 from __future__ import annotations
 
-import hmac
-import os
 from datetime import datetime
-from typing import Any
 
 import msgspec
 import structlog
@@ -18,12 +13,12 @@ from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
 from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
-from gateway.admin_guard import AdminAttempts
-from gateway.core import GatewayCore, extract_key
+from gateway.admin_guard import ADMIN_GUARD
+from gateway.calls import Call
+from gateway.core import GatewayCore
 from gateway.errors import GatewayError
-from gateway.http import Call, lower_headers, read_body
+from gateway.http import http_failure, json_response, read_body
 
-_encoder = msgspec.json.Encoder()
 log = structlog.get_logger(__name__)
 
 
@@ -34,32 +29,9 @@ class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str | None = None
 
 
-def require_admin(request: Request) -> GatewayCore:
-    core: GatewayCore = request.app.state.core
-    expected = os.environ.get(core.config.admin.key_env, "")
-    if not expected:
-        raise GatewayError(
-            403, "admin_disabled", f"the admin API is off: set {core.config.admin.key_env} to enable it"
-        )
-    attempts: AdminAttempts = request.app.state.admin_attempts
-    address = request.client.host if request.client else "unknown"
-    attempts.check(address)
-    presented = extract_key(lower_headers(request)) or ""
-    if not hmac.compare_digest(presented.encode(), expected.encode()):
-        attempts.failed(address)
-        raise GatewayError(401, "invalid_admin_key", "missing or invalid admin key")
-    return core
-
-
-def _json(payload: Any, status: int = 200) -> Response[bytes]:
-    return Response(content=_encoder.encode(payload), status_code=status, media_type="application/json")
-
-
-@post("/admin/keys", status_code=201)
-async def create_key(request: Request) -> Response[bytes]:
-    call = Call("plain", lower_headers(request))
+@post("/admin/keys", status_code=201, guards=ADMIN_GUARD)
+async def create_key(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
     try:
-        core = require_admin(request)
         raw = await read_body(request, 64 * 1024, allowed_types=("application/json", ""))
         try:
             body = msgspec.json.decode(raw, type=CreateKeyBody)
@@ -71,41 +43,35 @@ async def create_key(request: Request) -> Response[bytes]:
             raise InvalidInput(str(exc)) from None
         call.tenant = body.tenant
         call.done(201)
-        return _json({"key": secret, **msgspec.to_builtins(record)}, 201)
+        return json_response({"key": secret, **msgspec.to_builtins(record)}, 201)
     except Exception as exc:  # noqa: BLE001 - answered as {"error": ...}
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
-@get("/admin/keys")
-async def list_keys(request: Request, tenant: str | None = None) -> Response[bytes]:
-    call = Call("plain", lower_headers(request))
+@get("/admin/keys", guards=ADMIN_GUARD)
+async def list_keys(core: GatewayCore, call: Call, tenant: str | None = None) -> Response[bytes]:
     try:
-        core = require_admin(request)
         records = await core.keys.list(tenant)
         call.done(200)
-        return _json({"keys": msgspec.to_builtins(records)})
+        return json_response({"keys": msgspec.to_builtins(records)})
     except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
-@delete("/admin/keys/{key_id:str}", status_code=200)
-async def revoke_key(request: Request, key_id: str) -> Response[bytes]:
-    call = Call("plain", lower_headers(request))
+@delete("/admin/keys/{key_id:str}", status_code=200, guards=ADMIN_GUARD)
+async def revoke_key(core: GatewayCore, call: Call, key_id: str) -> Response[bytes]:
     try:
-        core = require_admin(request)
         if not await core.keys.revoke(key_id):
             raise GatewayError(404, "key_not_found", f"no key {key_id!r}")
         call.done(200)
-        return _json({"key_id": key_id, "revoked": True})
+        return json_response({"key_id": key_id, "revoked": True})
     except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
-@get("/admin/usage")
-async def usage(request: Request, tenant: str | None = None) -> Response[bytes]:
-    call = Call("plain", lower_headers(request))
+@get("/admin/usage", guards=ADMIN_GUARD)
+async def usage(core: GatewayCore, call: Call, tenant: str | None = None) -> Response[bytes]:
     try:
-        core = require_admin(request)
         rows = await core.admission.usage(tenant)
         # A tenant removed from the config keeps its history; a name that is neither configured nor
         # in the history is a typo, and an empty list would hide it.
@@ -114,29 +80,25 @@ async def usage(request: Request, tenant: str | None = None) -> Response[bytes]:
                 404, "tenant_not_found", f"no tenant {tenant!r} in the config or the usage history"
             )
         call.done(200)
-        return _json({"usage": msgspec.to_builtins(rows)})
+        return json_response({"usage": msgspec.to_builtins(rows)})
     except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
-@get("/admin/canary")
-async def canary_status(request: Request) -> Response[bytes]:
+@get("/admin/canary", guards=ADMIN_GUARD)
+async def canary_status(core: GatewayCore, call: Call) -> Response[bytes]:
     """Every canary route: rolled back or not, its window, and why it was rolled back."""
-    call = Call("plain", lower_headers(request))
     try:
-        core = require_admin(request)
         call.done(200)
-        return _json({"canaries": msgspec.to_builtins(core.router.canaries.status())})
+        return json_response({"canaries": msgspec.to_builtins(core.router.canaries.status())})
     except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
-@post("/admin/canary/{model:str}/{deployment:str}/restore", status_code=200)
-async def canary_restore(request: Request, model: str, deployment: str) -> Response[bytes]:
+@post("/admin/canary/{model:str}/{deployment:str}/restore", status_code=200, guards=ADMIN_GUARD)
+async def canary_restore(core: GatewayCore, call: Call, model: str, deployment: str) -> Response[bytes]:
     """Give a rolled-back canary its configured weight back (its window starts afresh)."""
-    call = Call("plain", lower_headers(request))
     try:
-        core = require_admin(request)
         try:
             was_rolled_back = core.router.canaries.restore(model, deployment)
         except KeyError:
@@ -146,11 +108,11 @@ async def canary_restore(request: Request, model: str, deployment: str) -> Respo
         weight = core.router.effective_weights(model)[deployment]
         log.info("canary_restored", model=model, deployment=deployment, was_rolled_back=was_rolled_back)
         call.done(200)
-        return _json(
+        return json_response(
             {"model": model, "deployment": deployment, "restored": was_rolled_back, "weight": weight}
         )
     except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
 ROUTES = [create_key, list_keys, revoke_key, usage, canary_status, canary_restore]

@@ -1,4 +1,12 @@
-"""Attempt limiting for the admin API: a client that keeps presenting wrong admin keys is slowed down.
+"""The one guard of the admin API, and its attempt limiting.
+
+`ADMIN_GUARD` protects every admin route (keys, usage, canaries, reload, the admin OpenAPI document):
+the admin key is read from the environment variable named by `admin.key_env` at each request (so
+rotating it needs no restart) and compared in constant time; with the variable unset the admin API
+is off and answers 403. `operator_key_presented` is the same check for the probes' operator detail
+and /metrics, which also accept the metrics key.
+
+Attempt limiting: a client that keeps presenting wrong admin keys is slowed down.
 
 Each client address may fail `max_failures` times within `window_s`; beyond that, its admin requests
 are refused with 429 (and Retry-After) until its oldest failure leaves the window, whatever key it
@@ -8,11 +16,17 @@ failures (an attacker who also holds a valid key learns nothing from it). Kept p
 
 from __future__ import annotations
 
+import hmac
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import Any
+
+from litestar.connection import ASGIConnection
 
 from gateway.errors import GatewayError
+from gateway.http import bearer_key, lower_headers
 
 #: addresses remembered at once (oldest forgotten first): a spray of addresses cannot fill memory
 _MAX_ADDRESSES = 10_000
@@ -55,3 +69,53 @@ class AdminAttempts:
         while times and times[0] <= horizon:
             times.popleft()
         return times
+
+
+def _client_address(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    return connection.client.host if connection.client else "unknown"
+
+
+def _matches(presented: str, env_names: tuple[str, ...]) -> bool:
+    """Whether `presented` equals the value of one of these variables (constant time, all compared)."""
+    matched = False
+    for name in env_names:
+        expected = os.environ.get(name, "")
+        if expected and hmac.compare_digest(presented.encode(), expected.encode()):
+            matched = True
+    return matched
+
+
+def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _handler: Any) -> None:
+    """Litestar guard: the request must carry the admin key (401/403/429 in the plain envelope)."""
+    admin = connection.app.state.core.config.admin
+    if not os.environ.get(admin.key_env, ""):
+        raise GatewayError(403, "admin_disabled", f"the admin API is off: set {admin.key_env} to enable it")
+    attempts: AdminAttempts = connection.app.state.admin_attempts
+    address = _client_address(connection)
+    attempts.check(address)
+    presented = bearer_key(lower_headers(connection)) or ""
+    if not _matches(presented, (admin.key_env,)):
+        attempts.failed(address)
+        raise GatewayError(401, "invalid_admin_key", "missing or invalid admin key")
+
+
+ADMIN_GUARD = [admin_guard]
+
+
+def operator_key_presented(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """Whether the request carries the admin or the metrics key (probes' detail, /metrics).
+
+    No key at all is simply not an operator; a wrong key counts as a failed admin attempt, and an
+    address that has guessed too often is refused (GatewayError 429).
+    """
+    admin = connection.app.state.core.config.admin
+    presented = bearer_key(lower_headers(connection))
+    if presented is None:
+        return False
+    attempts: AdminAttempts = connection.app.state.admin_attempts
+    address = _client_address(connection)
+    attempts.check(address)
+    if _matches(presented, (admin.key_env, admin.metrics_key_env)):
+        return True
+    attempts.failed(address)
+    return False

@@ -19,11 +19,12 @@ from litestar.exceptions import HTTPException
 from gateway import liveness, openapi, probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin_guard import AdminAttempts
+from gateway.calls import register_metric_models
 from gateway.config import Config, ConfigError
 from gateway.core import GatewayCore
 from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
-from gateway.errors import Protocol, error_response
-from gateway.http import register_metric_models
+from gateway.errors import Protocol, describe, error_response
+from gateway.http import DEPENDENCIES, http_failure, open_call
 from gateway.protocols import kserve, openai, tfserving
 from gateway.reload import ROUTES as RELOAD_ROUTES
 from gateway.reload import install_sighup
@@ -32,7 +33,6 @@ from policies.keys import KeyService
 from policies.stores import open_store
 from router.health import CircuitBreakers
 from router.load import ServiceTimes
-from router.planner import Router
 
 log = structlog.get_logger(__name__)
 
@@ -54,11 +54,15 @@ def _http_exception(request: Request, exc: HTTPException) -> Response[bytes]:
     return error_response(_protocol_of(request.url.path), exc.status_code, code, message)
 
 
-def _unexpected(request: Request, exc: Exception) -> Response[bytes]:
-    log.exception("unhandled_error", path=request.url.path, exc_info=exc)
-    return error_response(
-        _protocol_of(request.url.path), 500, "internal_error", "internal error; see the gateway log"
-    )
+def _raised(request: Request, exc: Exception) -> Response[bytes]:
+    """What a guard or a dependency raised: a known error in the caller's protocol envelope (with
+    its access-log line); anything else is an internal error whose details go to the log only."""
+    if describe(exc) is None:
+        log.exception("unhandled_error", path=request.url.path, exc_info=exc)
+        return error_response(
+            _protocol_of(request.url.path), 500, "internal_error", "internal error; see the gateway log"
+        )
+    return http_failure(open_call(request, _protocol_of(request.url.path)), exc)
 
 
 def create_served_app(config: Config, config_path: str | Path, listen: dict[str, object]) -> Litestar:
@@ -89,14 +93,7 @@ def create_app(
         keys = KeyService(store, clock, tenants=list(config.tenants))
         admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
         breakers = CircuitBreakers(config.breakers.failure_threshold, config.breakers.cooldown_s)
-        router = Router(
-            config.models,
-            is_healthy=lambda name: deployments[name].ready and breakers.allows(name),
-            expected_wait=lambda name: app.state.core.expected_wait(name),
-        )
-        app.state.core = GatewayCore(
-            config, deployments, router, keys, admission, breakers, service_times=ServiceTimes()
-        )
+        app.state.core = GatewayCore.assemble(config, deployments, keys, admission, breakers, ServiceTimes())
         register_metric_models(config.models)
         app.state.store = store
         app.state.admin_attempts = AdminAttempts(config.admin.max_failures_per_minute)
@@ -127,7 +124,8 @@ def create_app(
             *RELOAD_ROUTES,
         ],
         lifespan=[lifespan],
-        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+        exception_handlers={HTTPException: _http_exception, Exception: _raised},
+        dependencies=DEPENDENCIES,
         request_max_body_size=None,  # enforced by gateway.http.read_body, in each protocol's envelope
         openapi_config=None,
         debug=False,

@@ -93,7 +93,7 @@ def cmd_demo_models(args: argparse.Namespace) -> int:
     # TensorFlow (for the SavedModel) is chatty on stderr at import; keep the command's output readable.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-    from gateway.demo_models import write_all
+    from backends.demo_models.digits import write_all
 
     written = write_all(Path(args.out), savedmodel=not args.no_savedmodel, llama=not args.no_llama)
     for name, path in written.items():

@@ -1,36 +1,53 @@
-"""The request path, protocol-free: authenticate, route, admit, queue, serve, reconcile.
+"""The request path, protocol-free: authenticate, route, admit, queue, serve, reconcile, record.
 
-Protocol adapters (gateway/protocols/) decode a body into an internal request, call `infer` or
-`generate` here, and encode what comes back. Everything a request goes through after decoding lives
-in this one place, so the three wire protocols cannot drift apart in what they enforce.
+A protocol adapter (gateway/protocols/, a gRPC servicer, a test double) turns its wire request into
+a `Call` (protocol, credential, metadata) and asks the core for one thing: `serve_tensors`,
+`serve_generation`, `model_view` or `visible_models`. Everything after that happens here in one
+pass (authenticate, plan, check room, read and decode the payload through the adapter's loader,
+estimate, admit, queue, attempt with fallbacks, settle, record), so the protocols cannot drift apart
+in what they enforce, and an adapter never calls the router itself. The adapter encodes the
+outcome it gets back, or the exception, in its own protocol.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
-from backends.base import Capability, GenerateRequest, TensorRequest, TensorResponse, TokenEvent, Usage
+from backends.base import (
+    Capability,
+    GenerateRequest,
+    ModelMetadata,
+    TensorRequest,
+    TensorResponse,
+    TokenEvent,
+    Usage,
+    as_generative,
+    as_tensor,
+    estimate_prompt_tokens,
+)
 from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput, ModelNotFound
 from backends.validation import validate_request
 from gateway import metrics
+from gateway.calls import Call, ModelRef
 from gateway.config import Config
-from gateway.deployments import Deployment
+from gateway.deadline import Deadline
+from gateway.deployments import Deployment, FleetSignals
 from gateway.outcomes import Outcomes
-from gateway.queue_hints import NO_HINTS, QueueHints
+from gateway.queue_hints import NO_HINTS, QueueHints, queue_hints
 from gateway.shadowing import Shadows
-from gateway.streams import GenerationStream, StreamJob, estimate_text_tokens
+from gateway.streams import GenerationStream, StreamJob, StreamSettlement
 from policies.admission import Admission, Reservation
 from policies.errors import PolicyError, Unauthenticated
 from policies.keys import KeyService
 from policies.principal import Principal
 from router.health import CircuitBreakers
-from router.load import ServiceTimes, expected_wait
+from router.load import ServiceTimes
 from router.planner import Plan, Router
 
 log = structlog.get_logger(__name__)
@@ -38,26 +55,81 @@ log = structlog.get_logger(__name__)
 #: errors after which the next deployment of the plan is tried (nothing was sent to the caller yet)
 RETRYABLE = (BackendUnavailable, BackendTimeout)
 
+T = TypeVar("T")
+
 
 @dataclass
 class Served:
-    """What the protocol adapter needs besides the payload: who served, and headers to send."""
+    """Who served a call, and the headers (or gRPC trailing metadata) its answer carries."""
 
     deployment: Deployment
     plan: Plan
     headers: dict[str, str] = field(default_factory=dict)
 
+    def response_headers(self, call: Call) -> dict[str, str]:
+        """The admission headers plus the deployment that served and the call's request id."""
+        return {
+            **self.headers,
+            "x-fleetgate-deployment": self.deployment.served_by(),
+            "x-request-id": call.echo_id,
+        }
 
-def extract_key(headers: Mapping[str, str]) -> str | None:
-    """The API key from `Authorization: Bearer ...` or `x-api-key`."""
-    auth = headers.get("authorization")
-    if auth:
-        scheme, _, value = auth.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-        return None
-    key = headers.get("x-api-key")
-    return key.strip() if key else None
+
+class DecodedTensors(Protocol):
+    """What an adapter's tensor loader returns: its decoded payload, carrying the internal request."""
+
+    @property
+    def request(self) -> TensorRequest: ...
+
+
+D = TypeVar("D", bound=DecodedTensors)
+
+
+@dataclass
+class TensorOutcome(Generic[D]):
+    """A served tensor call: the adapter's decoded payload (for encoding), the answer, who served."""
+
+    decoded: D
+    response: TensorResponse
+    served: Served
+
+
+@dataclass
+class GenerationInput:
+    """What an adapter's generation loader returns: the model named in the payload, and how to
+    build the internal request (built after routing, so an unknown model is refused first)."""
+
+    model: ModelRef
+    build: Callable[[], GenerateRequest]
+    #: the decoded payload, handed back to the adapter for encoding
+    body: Any = None
+
+
+@dataclass
+class StartedGeneration:
+    """A started generation: its events (iterate to the end or `aclose()`), who serves it, the
+    payload the adapter decoded, and the call's deadline for waiting on each event."""
+
+    stream: GenerationStream
+    served: Served
+    body: Any
+    deadline: Deadline
+
+
+@dataclass
+class ModelView:
+    """What metadata and readiness endpoints show of a model, for one caller."""
+
+    name: str
+    version: str | None
+    versions: list[str]
+    deployment: Deployment
+    #: whether any deployment of the plan can take a request now
+    ready: bool
+
+    def metadata(self) -> ModelMetadata:
+        """The serving deployment's metadata (raises BackendUnavailable before it is loaded)."""
+        return self.deployment.backend.metadata()
 
 
 class GatewayCore:
@@ -80,21 +152,114 @@ class GatewayCore:
         self.admission = admission
         self.breakers = breakers or CircuitBreakers()
         self.service_times = service_times or ServiceTimes()
+        self.signals = FleetSignals(deployments, self.breakers, self.service_times)
         self.outcomes = Outcomes(self.breakers, router, self.service_times)
         self.shadows = Shadows(deployments)
-        #: settlements of streams still running (held so that they are not garbage-collected)
-        self.settling: set[asyncio.Future[None]] = set()
+        #: what a running stream needs at its end (and the settlements still running)
+        self.settlement = StreamSettlement(admission, self.shadows)
 
-    # --- identity and visibility -----------------------------------------------------------
+    @classmethod
+    def assemble(
+        cls,
+        config: Config,
+        deployments: dict[str, Deployment],
+        keys: KeyService,
+        admission: Admission,
+        breakers: CircuitBreakers,
+        service_times: ServiceTimes,
+    ) -> GatewayCore:
+        """The core with its router, wired to the same breakers and service times (no cycle)."""
+        signals = FleetSignals(deployments, breakers, service_times)
+        router = Router(config.models, is_healthy=signals.is_healthy, expected_wait=signals.expected_wait)
+        return cls(config, deployments, router, keys, admission, breakers, service_times)
 
-    async def authenticate(self, headers: Mapping[str, str]) -> Principal:
-        secret = extract_key(headers)
-        if secret is None:
+    # --- the one-pass API for protocol adapters ------------------------------------------------
+
+    async def identify(self, call: Call) -> Principal:
+        """Authenticate the call's credential; the tenant is recorded on the call."""
+        if call.api_key is None:
             raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
-        principal = await self.keys.authenticate(secret)
+        principal = await self.keys.authenticate(call.api_key)
         if principal.tenant not in self.config.tenants:
             raise Unauthenticated("the API key belongs to a tenant that is no longer configured")
+        call.tenant = principal.tenant
         return principal
+
+    async def serve_tensors(
+        self, call: Call, model: ModelRef, load: Callable[[ModelMetadata], Awaitable[D]]
+    ) -> TensorOutcome[D]:
+        """Serve one tensor call: authenticate, route, refuse early when the queue is full, then
+        read and decode the payload (`load`, given the first candidate deployment's metadata), admit, queue,
+        run with fallbacks, settle and record. All of it under the call's deadline."""
+        call.model = model.name
+        principal = await self.identify(call)
+        plan = self.plan(principal, model.name, model.version, model.label, call.headers)
+        self.check_room(principal, plan)
+        async with self.deadline(call).scope():
+            # decoded against the first deployment that will be tried (TF Serving's row form
+            # needs its signature); one that is down is skipped as `infer` skips it
+            decoded = await load(self._candidates(plan, Capability.TENSOR)[0].backend.metadata())
+            response, served = await self.infer(principal, plan, decoded.request, queue_hints(call.headers))
+        self._record_server(call, served)
+        return TensorOutcome(decoded, response, served)
+
+    async def serve_generation(
+        self, call: Call, load: Callable[[], Awaitable[GenerationInput]]
+    ) -> StartedGeneration:
+        """Start one generation: authenticate, read and decode the payload (`load`: the model is
+        named in it), route, refuse early when the queue is full, build the request, count the
+        prompt, admit, queue and start with fallbacks. The caller iterates the returned stream to
+        its end or closes it; either settles the reservation and the queue."""
+        principal = await self.identify(call)
+        deadline = self.deadline(call)
+        async with deadline.scope():
+            given = await load()
+        call.model = given.model.name
+        plan = self.plan(principal, given.model.name, given.model.version, given.model.label, call.headers)
+        self.check_room(principal, plan)  # before tokenizing: a full queue refuses cheaply
+        request = given.build()
+        request.tenant = principal.tenant
+        async with deadline.scope():
+            prompt_tokens = await self.estimate_prompt_tokens(plan, request)
+            stream, served = await self.start_generation(
+                principal, plan, request, prompt_tokens, queue_hints(call.headers)
+            )
+        self._record_server(call, served)
+        return StartedGeneration(stream, served, given.body, deadline)
+
+    async def model_view(self, call: Call, model: ModelRef) -> ModelView:
+        """A model as the caller may see it (metadata, versions, readiness)."""
+        call.model = model.name
+        principal = await self.identify(call)
+        plan = self.plan(principal, model.name, model.version, model.label, call.headers)
+        return ModelView(
+            name=model.name,
+            version=plan.version,
+            versions=self.router.versions(model.name),
+            deployment=self.deployments[plan.primary],
+            ready=any(self.is_healthy(d) for d in (plan.primary, *plan.fallbacks)),
+        )
+
+    def version_states(self, model: str, version: str | None) -> list[tuple[str | None, bool]]:
+        """(version, whether it can serve) for `version`, or for every version of `model`."""
+        spec = self.router.get(model)
+        versions = [version] if version is not None else (sorted(spec.versions) or [None])
+        out = []
+        for v in versions:
+            names = [spec.versions[v]] if v is not None else [r.deployment for r in spec.routes]
+            out.append((v, any(self.is_healthy(d) for d in names)))
+        return out
+
+    def deadline(self, call: Call) -> Deadline:
+        """The call's end-to-end deadline (`server.request_timeout_s`, from its start)."""
+        return Deadline(self.config.server.request_timeout_s, call.started)
+
+    @staticmethod
+    def _record_server(call: Call, served: Served) -> None:
+        dep = served.deployment
+        call.served_by(dep.name, dep.spec.backend, dep.device)
+
+    # --- identity and visibility -----------------------------------------------------------
 
     def can_see(self, principal: Principal, model: str) -> bool:
         tenant = self.config.tenants.get(principal.tenant)
@@ -128,18 +293,13 @@ class GatewayCore:
 
     def is_healthy(self, deployment: str) -> bool:
         """Loaded, warmed up, and its circuit breaker lets requests through."""
-        dep = self.deployments.get(deployment)
-        return dep is not None and dep.ready and self.breakers.allows(deployment)
+        return self.signals.is_healthy(deployment)
 
     def expected_wait(self, deployment: str) -> float:
         """Seconds until a new request would be done on `deployment` (see router.load)."""
-        dep = self.deployments.get(deployment)
-        if dep is None:
-            return float("inf")
-        queue = dep.queue
-        return expected_wait(
-            queue.depth(), queue.in_flight, queue.spec.max_concurrency, self.service_times.get(deployment)
-        )
+        return self.signals.expected_wait(deployment)
+
+    # --- the steps ---------------------------------------------------------------------------
 
     def plan(
         self,
@@ -147,7 +307,7 @@ class GatewayCore:
         model: str,
         version: str | None,
         label: str | None,
-        headers: Mapping[str, str],
+        headers: dict[str, str] | Any,
     ) -> Plan:
         self.check_visible(principal, model)
         return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
@@ -175,6 +335,45 @@ class GatewayCore:
             )
         return healthy
 
+    async def _attempt_each(
+        self,
+        plan: Plan,
+        candidates: list[Deployment],
+        attempt: Callable[[Deployment], Awaitable[tuple[T, float, float]]],
+        caller_fault: Callable[[Deployment, BaseException], bool],
+    ) -> tuple[T, Deployment]:
+        """The one attempt loop: try each candidate in order until one answers.
+
+        `attempt(dep)` returns (result, latency_s, service_s) as the caller sees them. A retryable
+        error (unavailable, timeout: nothing reached the caller yet) moves on to the next candidate;
+        any other error ends the loop. Every attempt's outcome feeds the breakers, the canary watch
+        and the service-time estimate; `caller_fault` says whether a refusal was the caller's own
+        mistake (which must not count against a canary).
+        """
+        last_error: Exception | None = None
+        for index, dep in enumerate(candidates):
+            if index:
+                metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
+            self.breakers.on_attempt(dep.name)
+            started = time.perf_counter()
+            try:
+                result, latency_s, service_s = await attempt(dep)
+            except RETRYABLE as exc:
+                self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
+                last_error = exc
+                log.warning(
+                    "deployment_failed", deployment=dep.name, error=str(exc), next=index + 1 < len(candidates)
+                )
+                continue
+            except BaseException as exc:
+                blame = caller_fault(dep, exc)
+                self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started, caller_fault=blame)
+                raise
+            self.outcomes.record(plan.model, dep, None, latency_s, service_s)
+            return result, dep
+        assert last_error is not None
+        raise last_error
+
     # --- tensors ---------------------------------------------------------------------------
 
     async def infer(
@@ -187,45 +386,26 @@ class GatewayCore:
         candidates = self._candidates(plan, Capability.TENSOR)
         cost = request.batch_rows
         reservation = await self._admit(principal, plan.model, cost)
+
+        async def attempt(dep: Deployment) -> tuple[TensorResponse, float, float]:
+            started = time.perf_counter()
+            work = as_tensor(dep.backend).infer(request)
+            response, service_s = await self._run_queued(principal, dep, cost, work, hints)
+            return response, time.perf_counter() - started, service_s
+
+        def caller_fault(dep: Deployment, exc: BaseException) -> bool:
+            return isinstance(exc, InvalidInput) and self._refused_by_every_route(plan, dep, request)
+
         used = 0
         try:
-            last_error: Exception | None = None
-            for index, dep in enumerate(candidates):
-                if index:
-                    metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
-                self.breakers.on_attempt(dep.name)
-                started = time.perf_counter()
-                try:
-                    response, service_s = await self._run_queued(
-                        principal, dep, cost, dep.backend.infer(request), hints
-                    )
-                except RETRYABLE as exc:
-                    self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
-                    last_error = exc
-                    log.warning(
-                        "deployment_failed",
-                        deployment=dep.name,
-                        error=str(exc),
-                        next=index + 1 < len(candidates),
-                    )
-                    continue
-                except BaseException as exc:
-                    blame = isinstance(exc, InvalidInput) and self._refused_by_every_route(plan, dep, request)
-                    self.outcomes.record(
-                        plan.model, dep, exc, time.perf_counter() - started, caller_fault=blame
-                    )
-                    raise
-                self.outcomes.record(plan.model, dep, None, time.perf_counter() - started, service_s)
-                used = cost
-                self.shadows.mirror_tensor(plan, dep, request, response)
-                served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
-                return response, served
-            assert last_error is not None
-            raise last_error
+            response, dep = await self._attempt_each(plan, candidates, attempt, caller_fault)
+            used = cost
         finally:
             # a request that got no answer costs no usage and no request quota (README: what a
             # failure costs); its rate-limit slot stays spent, so failures cannot flood for free
             await self.admission.reconcile(reservation, used, failed=used == 0)
+        self.shadows.mirror_tensor(plan, dep, request, response)
+        return response, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
 
     def _refused_by_every_route(self, plan: Plan, refused_by: Deployment, request: TensorRequest) -> bool:
         """Whether the other routes of the model would refuse `request` too (the caller's mistake).
@@ -292,26 +472,17 @@ class GatewayCore:
     def _settle_abandoned(self, task: asyncio.Future[Reservation]) -> None:
         if task.cancelled() or task.exception() is not None:
             return
-        settle = asyncio.ensure_future(self.admission.reconcile(task.result(), 0, failed=True))
-        self.settling.add(settle)
-        settle.add_done_callback(self.settling.discard)
+        self.settlement.hold(asyncio.ensure_future(self.admission.reconcile(task.result(), 0, failed=True)))
 
     # --- text generation -------------------------------------------------------------------
 
     async def estimate_prompt_tokens(self, plan: Plan, request: GenerateRequest) -> int:
-        """Prompt tokens to reserve at admission: exact where the backend has a tokenizer.
-
-        Remote upstreams tokenize on their side, so a conservative estimate (about four bytes per
-        token) is reserved and the upstream's real count settles it when the answer ends.
-        """
-        dep = self.deployments.get(plan.primary)
-        counter = getattr(dep.backend, "count_prompt_tokens", None) if dep else None
-        if counter is not None:
-            return int(await counter(request))
-        if request.prompt_token_ids is not None:
-            return len(request.prompt_token_ids)
-        text = request.prompt or "".join(m.content for m in request.messages or [])
-        return max(1, estimate_text_tokens(text) + 4 * len(request.messages or []))
+        """Prompt tokens to reserve at admission, as the plan's first deployment counts them: exact
+        where the backend tokenizes, else its estimate (settled by the upstream's usage at the end)."""
+        backend = self.deployments[plan.primary].backend
+        if Capability.GENERATE not in backend.capabilities:
+            return estimate_prompt_tokens(request)  # refused by start_generation with a clear 400
+        return int(await as_generative(backend).count_prompt_tokens(request))
 
     async def start_generation(
         self,
@@ -328,53 +499,36 @@ class GatewayCore:
 
         The first event is awaited here so that a deployment that fails before producing anything
         can still be replaced by the next one in the plan, and so that errors before the first
-        token reach the caller as a proper HTTP error instead of a broken stream.
+        token reach the caller as a proper error instead of a broken stream.
         """
         candidates = self._candidates(plan, Capability.GENERATE)
-        reservation = await self._admit(principal, plan.model, prompt_tokens + request.sampling.max_tokens)
-        last_error: Exception | None = None
-        for index, dep in enumerate(candidates):
-            if index:
-                metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
-            try:
-                ticket = await dep.queue.acquire(
-                    principal.tenant,
-                    prompt_tokens + request.sampling.max_tokens,
-                    priority=hints.priority,
-                    timeout_s=hints.timeout_s,
-                )
-            except BaseException:
-                await self.admission.reconcile(reservation, 0, failed=True)
-                raise
-            self.breakers.on_attempt(dep.name)
+        cost = prompt_tokens + request.sampling.max_tokens
+        reservation = await self._admit(principal, plan.model, cost)
+
+        async def attempt(dep: Deployment) -> tuple[GenerationStream, float, float]:
+            ticket = await dep.queue.acquire(
+                principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
+            )
             started = time.perf_counter()
-            stream = dep.backend.generate(request)
+            stream = as_generative(dep.backend).generate(request)
             try:
                 first = await anext(stream)
             except StopAsyncIteration:
                 first = TokenEvent(request_id=request.request_id, finish_reason="stop", usage=Usage())
-            except RETRYABLE as exc:
-                self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started)
+            except BaseException:
                 dep.queue.release(ticket, 0)
-                last_error = exc
-                log.warning("deployment_failed", deployment=dep.name, error=str(exc))
-                continue
-            except BaseException as exc:
-                # a prompt cannot be checked against another route cheaply: a generation's 4xx is
-                # taken as the caller's own and never counts against a canary
-                self.outcomes.record(
-                    plan.model, dep, exc, time.perf_counter() - started, caller_fault=True
-                )
-                dep.queue.release(ticket, 0)
-                await self.admission.reconcile(reservation, 0, failed=True)
                 raise
             # A stream's latency and service time are its time to first event: the rest of it runs
             # at the pace the client reads, which says nothing about the deployment's load.
             first_event_s = time.perf_counter() - started
-            self.outcomes.record(plan.model, dep, None, first_event_s, first_event_s)
-            served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
             job = StreamJob(principal, plan, dep, request, ticket, reservation, prompt_tokens)
-            return GenerationStream(self, job, stream, first), served
-        await self.admission.reconcile(reservation, 0, failed=True)
-        assert last_error is not None
-        raise last_error
+            return GenerationStream(self.settlement, job, stream, first), first_event_s, first_event_s
+
+        try:
+            # a prompt cannot be checked against another route cheaply: a generation's 4xx is taken
+            # as the caller's own and never counts against a canary
+            events, dep = await self._attempt_each(plan, candidates, attempt, lambda dep, exc: True)
+        except BaseException:
+            await self.admission.reconcile(reservation, 0, failed=True)
+            raise
+        return events, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))

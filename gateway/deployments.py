@@ -9,11 +9,13 @@ from dataclasses import dataclass
 
 import structlog
 
-from backends.base import Backend
+from backends.base import Backend, Capability, as_generative, as_tensor
 from backends.registry import create_backend
 from gateway import metrics
 from gateway.config import Config, DeploymentConfig
 from policies.fair_queue import FairQueue, QueueSpec
+from router.health import CircuitBreakers
+from router.load import ServiceTimes, expected_wait
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +59,36 @@ class Deployment:
         return f"{self.name}; backend={self.spec.backend}; device={self.device}; hardware={self.hardware}"
 
 
+class FleetSignals:
+    """What the router asks about deployments while it plans: health and expected wait.
+
+    Built from the same live objects the core uses (deployments, breakers, service times), so the
+    router needs no reference back to the core.
+    """
+
+    def __init__(
+        self, deployments: Mapping[str, Deployment], breakers: CircuitBreakers, service_times: ServiceTimes
+    ) -> None:
+        self._deployments = deployments
+        self._breakers = breakers
+        self._service_times = service_times
+
+    def is_healthy(self, deployment: str) -> bool:
+        """Loaded, warmed up, and its circuit breaker lets requests through."""
+        dep = self._deployments.get(deployment)
+        return dep is not None and dep.ready and self._breakers.allows(deployment)
+
+    def expected_wait(self, deployment: str) -> float:
+        """Seconds until a new request would be done on `deployment` (see router.load)."""
+        dep = self._deployments.get(deployment)
+        if dep is None:
+            return float("inf")
+        queue = dep.queue
+        return expected_wait(
+            queue.depth(), queue.in_flight, queue.spec.max_concurrency, self._service_times.get(deployment)
+        )
+
+
 def _make_queue(spec: QueueSpec, weights: Mapping[str, float], backend: Backend) -> FairQueue:
     """The deployment's fair queue; for the LLM engine, gated on the engine's free sequence slots.
 
@@ -65,7 +97,7 @@ def _make_queue(spec: QueueSpec, weights: Mapping[str, float], backend: Backend)
     request or two early. An idle queue (nothing in flight) always dispatches, so a stale count can
     never stall it; every release re-checks the gate.
     """
-    capacity = getattr(backend, "capacity", None)
+    capacity = as_generative(backend).capacity if Capability.GENERATE in backend.capabilities else None
     if capacity is None:
         return FairQueue(spec, weights=weights)
     cell: list[FairQueue] = []
@@ -110,14 +142,14 @@ async def _open_one(dep: Deployment) -> bool:
         return False
     dep.load_error = None
     # Tensor backends with a batcher report batch sizes to the metrics.
-    if hasattr(dep.backend, "batch_observer"):
+    if Capability.TENSOR in dep.backend.capabilities:
         name = dep.name
 
         def observe(requests: int, rows: int) -> None:
             metrics.BATCH_SIZE.labels(name).observe(rows)
             metrics.BATCH_REQUESTS.labels(name).observe(requests)
 
-        dep.backend.batch_observer = observe  # type: ignore[attr-defined]
+        as_tensor(dep.backend).batch_observer = observe
     metrics.BACKEND_READY.labels(dep.name, dep.spec.backend, dep.device, dep.hardware).set(1)
     log.info(
         "deployment_ready",

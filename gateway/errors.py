@@ -1,18 +1,19 @@
 """Errors in the caller's own protocol envelope, with the right status and headers.
 
 OpenAI clients expect `{"error": {"message", "type", "code"}}`; Open Inference Protocol v2 and
-TF Serving REST clients expect `{"error": "..."}`. Any exception that carries `status`, `code` and
-`message` (backends' BackendError, policies' PolicyError, the gateway's own GatewayError) maps
-directly; anything else is an internal error whose details go to the log, never to the caller.
+TF Serving REST clients expect `{"error": "..."}`. Every `fleetgate.errors.ServingError`
+(backends' BackendError, policies' PolicyError, the gateway's own GatewayError) maps directly;
+anything else is an internal error whose details go to the log, never to the caller.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import msgspec
 from litestar import Response
+
+from fleetgate.errors import ServingError
 
 Protocol = Literal["openai", "v2", "tfserving", "plain"]
 
@@ -31,29 +32,20 @@ _OPENAI_TYPES = {
 }
 
 
-class GatewayError(Exception):
-    """An error raised by the HTTP edge itself (bad body, too large, wrong content type)."""
+class GatewayError(ServingError):
+    """An error raised by the gateway itself (bad body, too large, wrong content type, admin key)."""
 
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, headers=headers)
         self.status = status
         self.code = code
-        self.message = message
-        self.headers = headers or {}
-        self.retry_after_s: float | None = None
 
 
 def describe(exc: BaseException) -> tuple[int, str, str, dict[str, str]] | None:
-    """(status, code, message, headers) of a known error, or None for an unexpected one."""
-    status = getattr(exc, "status", None)
-    message = getattr(exc, "message", None)
-    if not isinstance(status, int) or not isinstance(message, str):
+    """(status, code, message, headers) of a `ServingError`, or None for an unexpected one."""
+    if not isinstance(exc, ServingError):
         return None
-    headers = dict(getattr(exc, "headers", None) or {})
-    retry = getattr(exc, "retry_after_s", None)
-    if retry is not None and "Retry-After" not in headers:
-        headers["Retry-After"] = str(max(1, math.ceil(retry)))
-    return status, str(getattr(exc, "code", "error")), message, headers
+    return exc.status, exc.code, exc.message, exc.response_headers()
 
 
 def error_body(protocol: Protocol, status: int, code: str, message: str) -> bytes:

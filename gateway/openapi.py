@@ -14,13 +14,13 @@ from functools import cache
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Response, get
 from litestar.openapi import OpenAPIConfig
 
 from gateway import probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
-from gateway.admin import CreateKeyBody, require_admin
-from gateway.http import Call, lower_headers
+from gateway.admin import CreateKeyBody
+from gateway.admin_guard import ADMIN_GUARD
 from gateway.protocols import kserve, openai, tfserving
 from gateway.protocols.openai_schema import ChatBody, CompletionBody
 from gateway.protocols.v2_codec import InferRequestJSON
@@ -220,13 +220,8 @@ def openapi_json() -> Response[bytes]:
     return Response(content=_encoder.encode(client_document()), media_type="application/json")
 
 
-@get("/admin/openapi.json", sync_to_thread=False)
-def admin_openapi_json(request: Request) -> Response[bytes]:
-    call = Call("plain", lower_headers(request))
-    try:
-        require_admin(request)
-    except Exception as exc:  # noqa: BLE001 - answered as {"error": ...}
-        return call.fail(exc)
+@get("/admin/openapi.json", sync_to_thread=False, guards=ADMIN_GUARD)
+def admin_openapi_json() -> Response[bytes]:
     return Response(content=_encoder.encode(admin_document()), media_type="application/json")
 
 

@@ -8,42 +8,16 @@ unless `admin.public_metrics` says the metrics port is private to the operator's
 
 from __future__ import annotations
 
-import hmac
 import os
 
 from litestar import Request, Response, get
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import metrics
-from gateway.core import GatewayCore, extract_key
+from gateway.admin_guard import operator_key_presented
+from gateway.core import GatewayCore
 from gateway.errors import GatewayError, exception_response
-from gateway.http import lower_headers
 from gateway.workers import multiprocess_metrics
-
-
-def _presented_key_matches(request: Request, env_names: tuple[str, ...]) -> bool:
-    """True when the request's bearer key equals the value of one of these variables (constant time)."""
-    presented = (extract_key(lower_headers(request)) or "").encode()
-    matched = False
-    for name in env_names:
-        expected = os.environ.get(name, "")
-        if expected and hmac.compare_digest(presented, expected.encode()):
-            matched = True
-    return matched
-
-
-def _operator(request: Request, core: GatewayCore) -> bool:
-    """Whether the request carries the admin or metrics key; wrong keys count as failed admin attempts."""
-    admin = core.config.admin
-    if extract_key(lower_headers(request)) is None:
-        return False
-    attempts = request.app.state.admin_attempts
-    address = request.client.host if request.client else "unknown"
-    attempts.check(address)  # 429 once this address has guessed too often
-    if _presented_key_matches(request, (admin.key_env, admin.metrics_key_env)):
-        return True
-    attempts.failed(address)
-    return False
 
 
 @get("/health/live", sync_to_thread=False)
@@ -58,7 +32,7 @@ def health_ready(request: Request) -> Response[dict[str, object]]:
     ok = core.ready()
     body: dict[str, object] = {"status": "ready" if ok else "not_ready"}
     try:
-        operator = _operator(request, core)
+        operator = operator_key_presented(request)
     except GatewayError:  # an address throttled for guessing keys gets the plain answer
         operator = False
     if operator:
@@ -71,7 +45,7 @@ def metrics_endpoint(request: Request) -> Response[bytes]:
     core: GatewayCore = request.app.state.core
     admin = core.config.admin
     try:
-        operator = admin.public_metrics or _operator(request, core)
+        operator = admin.public_metrics or operator_key_presented(request)
     except GatewayError as exc:  # too many wrong keys from this address
         return exception_response("plain", exc)
     if not operator:
@@ -99,7 +73,9 @@ def metrics_endpoint(request: Request) -> Response[bytes]:
         for deployment, weight in core.router.effective_weights(model).items():
             metrics.ROUTE_WEIGHT.labels(model, deployment).set(weight)
     merged = multiprocess_metrics()  # server.workers > 1: every worker's series, summed
-    return Response(content=merged if merged is not None else generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(
+        content=merged if merged is not None else generate_latest(), media_type=CONTENT_TYPE_LATEST
+    )
 
 
 ROUTES = [health_live, health_ready, metrics_endpoint]

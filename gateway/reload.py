@@ -20,11 +20,12 @@ import msgspec
 import structlog
 from litestar import Litestar, Request, Response, post
 
-from gateway.admin import require_admin
+from gateway.admin_guard import ADMIN_GUARD
+from gateway.calls import Call, register_metric_models
 from gateway.config import Config, ConfigError, load_config, with_listen_overrides
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError
-from gateway.http import Call, lower_headers, register_metric_models
+from gateway.http import http_failure
 
 log = structlog.get_logger(__name__)
 _encoder = msgspec.json.Encoder()
@@ -74,11 +75,9 @@ def reload_from_file(app: Litestar) -> Config:
     return new
 
 
-@post("/admin/reload", status_code=200)
-async def reload_endpoint(request: Request) -> Response[bytes]:
-    call = Call("plain", lower_headers(request))
+@post("/admin/reload", status_code=200, guards=ADMIN_GUARD)
+async def reload_endpoint(request: Request, call: Call) -> Response[bytes]:
     try:
-        require_admin(request)
         try:
             new = reload_from_file(request.app)
         except ConfigError as exc:
@@ -89,7 +88,7 @@ async def reload_endpoint(request: Request) -> Response[bytes]:
         body = {"reloaded": True, "models": sorted(new.models), "tenants": sorted(new.tenants)}
         return Response(content=_encoder.encode(body), media_type="application/json")
     except Exception as exc:  # noqa: BLE001 - answered as {"error": ...}
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
 def install_sighup(app: Litestar) -> None:

@@ -11,27 +11,33 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from backends.base import GenerateRequest, TokenEvent, Usage
+from backends.base import BYTES_PER_TOKEN, GenerateRequest, TokenEvent, Usage, estimate_text_tokens
 from gateway import metrics
 from gateway.deployments import Deployment
-from policies.admission import Reservation
+from gateway.shadowing import Shadows
+from policies.admission import Admission, Reservation
 from policies.fair_queue import Ticket
 from policies.principal import Principal
 from router.planner import Plan
 
-if TYPE_CHECKING:
-    from gateway.core import GatewayCore
-
-#: UTF-8 bytes per token assumed where no tokenizer counts (remote prompts, and output text of
-#: events without token ids): about right for English text and BPE vocabularies, high for code.
-BYTES_PER_TOKEN = 4
+__all__ = ["BYTES_PER_TOKEN", "GenerationStream", "StreamJob", "StreamSettlement", "estimate_text_tokens"]
 
 
-def estimate_text_tokens(text: str) -> int:
-    """Tokens in `text` by the `BYTES_PER_TOKEN` rule, rounded up."""
-    return -(-len(text.encode()) // BYTES_PER_TOKEN)
+class StreamSettlement:
+    """The narrow part of the gateway a running stream needs: renewing its concurrency lease,
+    settling its reservation, mirroring a finished completion to shadows, and keeping the
+    settlements that run as tasks alive until they end."""
+
+    def __init__(self, admission: Admission, shadows: Shadows) -> None:
+        self.admission = admission
+        self.shadows = shadows
+        #: settlements still running (held so that they are not garbage-collected)
+        self.running: set[asyncio.Future[None]] = set()
+
+    def hold(self, task: asyncio.Future[None]) -> None:
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
 
 
 @dataclass
@@ -64,9 +70,13 @@ class GenerationStream:
     """
 
     def __init__(
-        self, core: GatewayCore, job: StreamJob, stream: AsyncIterator[TokenEvent], first: TokenEvent
+        self,
+        settlement: StreamSettlement,
+        job: StreamJob,
+        stream: AsyncIterator[TokenEvent],
+        first: TokenEvent,
     ) -> None:
-        self._core = core
+        self._settlement = settlement
         self.job = job
         self._stream = stream
         self._next: TokenEvent | None = first
@@ -98,7 +108,7 @@ class GenerationStream:
             if event is not None:
                 # renews the concurrency lease of a long stream; its cut-off is not applied, as
                 # counts of remote streams are estimates
-                await self._core.admission.check_stream(
+                await self._settlement.admission.check_stream(
                     self.job.reservation, self.job.prompt_tokens + self.delivered
                 )
         except BaseException as exc:
@@ -123,8 +133,7 @@ class GenerationStream:
         self._closed = True
         if self._settling is None:
             task = asyncio.ensure_future(self._settle())
-            self._core.settling.add(task)
-            task.add_done_callback(self._core.settling.discard)
+            self._settlement.hold(task)
             self._settling = task
         await asyncio.shield(self._settling)
 
@@ -152,7 +161,7 @@ class GenerationStream:
         return Usage(prompt_tokens=self.job.prompt_tokens, completion_tokens=self.delivered)
 
     async def _settle(self) -> None:
-        job, core = self.job, self._core
+        job, settlement = self.job, self._settlement
         try:
             if self._final is None:
                 await job.dep.backend.abort(job.request.request_id)
@@ -165,13 +174,13 @@ class GenerationStream:
             metrics.TOKENS.labels(tenant, model, "completion").inc(usage.completion_tokens)
             completed = self._final is not None and self._final.finish_reason in ("stop", "length")
             if completed and self._texts is not None:
-                core.shadows.mirror_text(
+                settlement.shadows.mirror_text(
                     job.plan, job.dep, job.request, "".join(self._texts), self._token_ids
                 )
             # failed before anything was delivered: no answer, so no request is counted (its prompt's
             # tokens were computed and stay charged)
             failed = self._errored and self.delivered == 0
-            await core.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
+            await settlement.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 
+from fleetgate.errors import ServingError
 
-class PolicyError(Exception):
+
+class PolicyError(ServingError):
     """Base class: a refusal with a status, a code, a safe message and response headers."""
 
     status: int = 500
@@ -23,10 +25,7 @@ class PolicyError(Exception):
         retry_after_s: float | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retry_after_s = retry_after_s
-        self.headers: dict[str, str] = dict(headers or {})
+        super().__init__(message, retry_after_s=retry_after_s, headers=headers)
         if retry_after_s is not None:
             # Retry-After is whole seconds (RFC 9110); never 0, or clients would hammer us.
             self.headers.setdefault("Retry-After", str(max(1, math.ceil(retry_after_s))))

@@ -12,6 +12,8 @@ from datetime import datetime
 
 import msgspec
 
+from fleetgate.spec import SpecBase
+
 
 def _check_positive(owner: str, **values: int | None) -> None:
     for name, value in values.items():
@@ -22,7 +24,7 @@ def _check_positive(owner: str, **values: int | None) -> None:
             raise ValueError(f"{owner}.{name} must be a positive integer or null, got {value!r}")
 
 
-class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+class Limits(SpecBase):
     """Rate limits. `None` means unlimited. Rates are smooth (token bucket over one minute)."""
 
     requests_per_minute: int | None = None
@@ -38,7 +40,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
         )
 
 
-class Quotas(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+class Quotas(SpecBase):
     """Budgets per UTC calendar day and month. `None` means unlimited."""
 
     tokens_per_day: int | None = None
@@ -56,7 +58,7 @@ class Quotas(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
         )
 
 
-class TenantSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+class TenantSpec(SpecBase):
     """One tenant: fair-share weight, tenant-wide limits and quotas, visible models, per-key limits.
 
     Attributes:

@@ -16,9 +16,9 @@ import pytest
 with contextlib.suppress(ImportError):
     import triton  # noqa: F401
 
+from backends.demo_models.digits import DigitsModel, write_digits
 from gateway.app import create_app
 from gateway.config import Config, parse_config
-from gateway.demo_models import DigitsModel, write_digits
 from tests.openai_upstream import create_upstream
 from tests.servers import serve_app
 

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
-
 from backends.openvino.backend import OpenVINOBackend
 from backends.openvino.options import OpenVINOOptions
-from backends.spec import DeploymentSpec
+from backends.spec import DeploymentSpec, decode_options
 
 __all__ = ["OpenVINOBackend", "OpenVINOOptions", "create"]
 
@@ -40,8 +38,5 @@ def create(name: str, spec: DeploymentSpec) -> OpenVINOBackend:
         raise ValueError(f"model: {spec.model} is not a file")
     if path.suffix == ".xml" and not path.with_suffix(".bin").is_file():
         raise ValueError(f"model: {path.with_suffix('.bin')} (the weights of {path.name}) is not a file")
-    try:
-        options = msgspec.convert(spec.options, OpenVINOOptions)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"options: {str(exc).replace('`$', '`options')}") from None
+    options = decode_options(spec.options, OpenVINOOptions)
     return OpenVINOBackend(name, spec, options)

@@ -9,14 +9,14 @@ from typing import Any
 import structlog
 
 from backends.base import (
+    BatchObserver,
     Capability,
-    GenerateRequest,
     ModelMetadata,
     TensorRequest,
     TensorResponse,
 )
-from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
-from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable, InvalidInput
+from backends.batcher import Arrays, DynamicBatcher, batcher_for
+from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable
 from backends.lazy import require
 from backends.openvino.options import OpenVINOOptions
 from backends.openvino.ports import one_line, port_spec, read_tensor
@@ -230,9 +230,3 @@ class OpenVINOBackend:
                 future.set_result(result)
         if self._slots is not None:
             self._slots.release()
-
-    async def abort(self, request_id: str) -> None:  # tensor requests are not abortable mid-run
-        return None
-
-    def generate(self, request: GenerateRequest):  # type: ignore[no-untyped-def]
-        raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")

@@ -15,9 +15,7 @@ Modules: `tensors` (TensorProto <-> numpy, dtypes), `rpc` (stubs, status codes),
 
 from __future__ import annotations
 
-import msgspec
-
-from backends.spec import DeploymentSpec
+from backends.spec import DeploymentSpec, decode_options
 from backends.tensor_requests import zeros_for
 from backends.tfserving.backend import TFServingBackend
 from backends.tfserving.options import TFServingOptions
@@ -52,8 +50,5 @@ def create(name: str, spec: DeploymentSpec) -> TFServingBackend:
         raise ValueError(f"target: {spec.target!r} is not host:port")
     if spec.timeout_s <= 0:
         raise ValueError("timeout_s must be > 0")
-    try:
-        options = msgspec.convert(spec.options, TFServingOptions)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"options: {str(exc).replace('`$', '`options')}") from None
+    options = decode_options(spec.options, TFServingOptions)
     return TFServingBackend(name, spec, options)

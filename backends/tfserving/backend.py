@@ -9,14 +9,14 @@ from typing import Any
 import structlog
 
 from backends.base import (
+    BatchObserver,
     Capability,
-    GenerateRequest,
     ModelMetadata,
     TensorRequest,
     TensorResponse,
 )
-from backends.batcher import Arrays, BatchObserver, DynamicBatcher, batcher_for
-from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
+from backends.batcher import Arrays, DynamicBatcher, batcher_for
+from backends.errors import BackendInternalError, BackendUnavailable
 from backends.spec import DeploymentSpec
 from backends.tensor_requests import serve_tensor_request, zero_inputs
 from backends.tfserving.options import TFServingOptions
@@ -243,9 +243,3 @@ class TFServingBackend:
             return {n: from_tensor_proto(response.outputs[n]) for n in names}
         except ValueError as exc:
             raise BackendInternalError(f"TF Serving {self.target} Predict: {exc}") from None
-
-    async def abort(self, request_id: str) -> None:  # a Predict cannot be aborted once sent
-        return None
-
-    def generate(self, request: GenerateRequest):  # type: ignore[no-untyped-def]
-        raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")

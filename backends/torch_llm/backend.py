@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -19,8 +19,6 @@ from backends.base import (
     GenerateRequest,
     ModelMetadata,
     SamplingParams,
-    TensorRequest,
-    TensorResponse,
     TensorSpec,
     TokenEvent,
     Usage,
@@ -89,6 +87,7 @@ class TorchLLMBackend:
     """
 
     capabilities = frozenset({Capability.GENERATE})
+    counts_prompt_tokens = True
 
     def __init__(
         self,
@@ -109,6 +108,7 @@ class TorchLLMBackend:
         #: prompt ids counted at admission, by request id, waiting for `generate`
         self._tokenized: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()
         self._tokenized_total = 0
+        self.capacity: Callable[[], tuple[int, int]] | None = self._free_capacity
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -178,10 +178,7 @@ class TorchLLMBackend:
 
     # --- serving -------------------------------------------------------------------------------
 
-    async def infer(self, request: TensorRequest) -> TensorResponse:
-        raise InvalidInput("this deployment generates text")
-
-    def capacity(self) -> tuple[int, int]:
+    def _free_capacity(self) -> tuple[int, int]:
         """(free sequence slots, free KV blocks) as of the engine's last step; (0, 0) before load."""
         return self._engine.capacity if self._engine is not None else (0, 0)
 

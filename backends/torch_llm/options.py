@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import msgspec
-
 from backends.spec import SpecBase
+from backends.spec import decode_options as decode_spec_options
 
 
 class LLMOptions(SpecBase):
@@ -71,12 +70,9 @@ class LLMOptions(SpecBase):
 
 
 def decode_options(raw: dict[str, Any]) -> LLMOptions:
-    """Decode a deployment's `options` mapping.
+    """Decode a deployment's `options` mapping (see `backends.spec.decode_options`).
 
     Raises:
-        ValueError: with a message naming the offending option (`... at $.block_size`).
+        ValueError: with a message naming the offending option (`... at `options.block_size``).
     """
-    try:
-        return msgspec.convert(raw, LLMOptions)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"invalid torch_llm options: {exc}") from None
+    return decode_spec_options(raw, LLMOptions)

@@ -4,135 +4,97 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, get, post
 from litestar.types import ASGIApp
 
+from backends.base import ModelMetadata
+from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore
-from gateway.deadline import Deadline
 from gateway.errors import GatewayError
-from gateway.http import Call, RawResponse, lower_headers, read_body
-from gateway.protocols.v2_codec import decode_infer, encode_infer
-from gateway.queue_hints import queue_hints
+from gateway.http import RawResponse, answer_json, http_failure, json_response, protocol_opt, read_body
+from gateway.protocols.v2_codec import DecodedInfer, decode_infer, encode_infer
 
-_encoder = msgspec.json.Encoder()
+V2 = protocol_opt("v2")
 SERVER_NAME = "fleetgate"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 
 
-def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(
-        content=_encoder.encode(payload), status_code=status, media_type="application/json", headers=headers
-    )
-
-
-def _core(request: Request) -> GatewayCore:
-    return request.app.state.core
-
-
 @get("/v2", sync_to_thread=False)
 def server_metadata() -> Response[bytes]:
-    return _json({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+    return json_response({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
 
 
 @get("/v2/health/live", sync_to_thread=False)
 def live() -> Response[bytes]:
-    return _json({"live": True})
+    return json_response({"live": True})
 
 
 @get("/v2/health/ready", sync_to_thread=False)
-def ready(request: Request) -> Response[bytes]:
-    ok = _core(request).ready()
-    return _json({"ready": ok}, 200 if ok else 503)
+def ready(core: GatewayCore) -> Response[bytes]:
+    ok = core.ready()
+    return json_response({"ready": ok}, 200 if ok else 503)
 
 
-async def _metadata(request: Request, model: str, version: str | None) -> Response[bytes]:
-    headers = lower_headers(request)
-    call = Call("v2", headers)
-    call.model = model
-    try:
-        core = _core(request)
-        principal = await core.authenticate(headers)
-        call.tenant = principal.tenant
-        plan = core.plan(principal, model, version, None, headers)
-        dep = core.deployments[plan.primary]
-        meta = dep.backend.metadata()
+async def _metadata(core: GatewayCore, call: Call, model: ModelRef) -> Response[bytes]:
+    async def work() -> tuple[dict[str, Any], int]:
+        view = await core.model_view(call, model)
+        meta = view.metadata()
+        dep = view.deployment
+        call.served_by(dep.name, dep.spec.backend, dep.device)
         body = {
-            "name": model,
-            "versions": core.router.versions(model) or ["1"],
+            "name": view.name,
+            "versions": view.versions or ["1"],
             "platform": meta.platform,
             "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in meta.inputs],
             "outputs": [
                 {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in meta.outputs
             ],
         }
-        call.served_by(dep.name, dep.spec.backend, dep.device)
-        call.done(200)
-        return _json(body)
-    except Exception as exc:  # noqa: BLE001 - answered in the protocol's envelope
-        return call.fail(exc)
+        return body, 200
+
+    return await answer_json(call, work)
 
 
-@get("/v2/models/{model:str}")
-async def model_metadata(request: Request, model: str) -> Response[bytes]:
-    return await _metadata(request, model, None)
+@get("/v2/models/{model:str}", opt=V2)
+async def model_metadata(core: GatewayCore, call: Call, model: str) -> Response[bytes]:
+    return await _metadata(core, call, ModelRef(model))
 
 
-@get("/v2/models/{model:str}/versions/{version:str}")
-async def model_version_metadata(request: Request, model: str, version: str) -> Response[bytes]:
-    return await _metadata(request, model, version)
+@get("/v2/models/{model:str}/versions/{version:str}", opt=V2)
+async def model_version_metadata(core: GatewayCore, call: Call, model: str, version: str) -> Response[bytes]:
+    return await _metadata(core, call, ModelRef(model, version))
 
 
-async def _ready(request: Request, model: str, version: str | None) -> Response[bytes]:
-    headers = lower_headers(request)
-    call = Call("v2", headers)
-    call.model = model
+async def _ready(core: GatewayCore, call: Call, model: ModelRef) -> Response[bytes]:
+    async def work() -> tuple[dict[str, Any], int]:
+        view = await core.model_view(call, model)
+        return {"name": model.name, "ready": view.ready}, 200 if view.ready else 503
+
+    return await answer_json(call, work)
+
+
+@get("/v2/models/{model:str}/ready", opt=V2)
+async def model_ready(core: GatewayCore, call: Call, model: str) -> Response[bytes]:
+    return await _ready(core, call, ModelRef(model))
+
+
+@get("/v2/models/{model:str}/versions/{version:str}/ready", opt=V2)
+async def model_version_ready(core: GatewayCore, call: Call, model: str, version: str) -> Response[bytes]:
+    return await _ready(core, call, ModelRef(model, version))
+
+
+async def _infer(request: Request, core: GatewayCore, call: Call, model: ModelRef) -> ASGIApp:
+    async def load(meta: ModelMetadata) -> DecodedInfer:
+        body = await read_body(request, core.config.server.max_body_bytes, headers=call.headers)
+        header_len = _parse_header_length(call.headers.get("inference-header-content-length"))
+        return decode_infer(body, header_len, call.request_id)
+
     try:
-        core = _core(request)
-        principal = await core.authenticate(headers)
-        call.tenant = principal.tenant
-        plan = core.plan(principal, model, version, None, headers)
-        ok = any(core.is_healthy(d) for d in (plan.primary, *plan.fallbacks))
-        call.done(200 if ok else 503)
-        return _json({"name": model, "ready": ok}, 200 if ok else 503)
-    except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
-
-
-@get("/v2/models/{model:str}/ready")
-async def model_ready(request: Request, model: str) -> Response[bytes]:
-    return await _ready(request, model, None)
-
-
-@get("/v2/models/{model:str}/versions/{version:str}/ready")
-async def model_version_ready(request: Request, model: str, version: str) -> Response[bytes]:
-    return await _ready(request, model, version)
-
-
-async def _infer(request: Request, model: str, version: str | None) -> ASGIApp:
-    headers = lower_headers(request)
-    call = Call("v2", headers)
-    call.model = model
-    try:
-        core = _core(request)
-        principal = await core.authenticate(headers)
-        call.tenant = principal.tenant
-        plan = core.plan(principal, model, version, None, headers)
-        core.check_room(principal, plan)
-        async with Deadline(core.config.server.request_timeout_s, call.started).scope():
-            body = await read_body(request, core.config.server.max_body_bytes, headers=headers)
-            header_len = headers.get("inference-header-content-length")
-            decoded = decode_infer(body, _parse_header_length(header_len), call.request_id)
-            response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
-        dep = served.deployment
-        call.served_by(dep.name, dep.spec.backend, dep.device)
-        payload, json_len = encode_infer(response, model, plan.version, decoded)
-        out_headers = {
-            **served.headers,
-            "x-fleetgate-deployment": dep.served_by(),
-            "x-request-id": call.echo_id,
-        }
+        outcome = await core.serve_tensors(call, model, load)
+        plan = outcome.served.plan
+        payload, json_len = encode_infer(outcome.response, model.name, plan.version, outcome.decoded)
+        out_headers = outcome.served.response_headers(call)
         if json_len is not None:
             out_headers["Inference-Header-Content-Length"] = str(json_len)
             media = "application/octet-stream"
@@ -141,7 +103,7 @@ async def _infer(request: Request, model: str, version: str | None) -> ASGIApp:
         call.done(200)
         return RawResponse(payload, 200, media, out_headers)
     except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
 def _parse_header_length(value: str | None) -> int | None:
@@ -153,14 +115,14 @@ def _parse_header_length(value: str | None) -> int | None:
         raise GatewayError(400, "invalid_header", "Inference-Header-Content-Length is not a number") from None
 
 
-@post("/v2/models/{model:str}/infer", status_code=200)
-async def infer(request: Request, model: str) -> ASGIApp:
-    return await _infer(request, model, None)
+@post("/v2/models/{model:str}/infer", status_code=200, opt=V2)
+async def infer(request: Request, core: GatewayCore, call: Call, model: str) -> ASGIApp:
+    return await _infer(request, core, call, ModelRef(model))
 
 
-@post("/v2/models/{model:str}/versions/{version:str}/infer", status_code=200)
-async def infer_version(request: Request, model: str, version: str) -> ASGIApp:
-    return await _infer(request, model, version)
+@post("/v2/models/{model:str}/versions/{version:str}/infer", status_code=200, opt=V2)
+async def infer_version(request: Request, core: GatewayCore, call: Call, model: str, version: str) -> ASGIApp:
+    return await _infer(request, core, call, ModelRef(model, version))
 
 
 ROUTES = [

@@ -17,12 +17,12 @@ from litestar import Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from backends.base import GenerateRequest, Usage
+from backends.base import Usage
 from gateway import metrics
-from gateway.core import GatewayCore, Served
-from gateway.deadline import Deadline
+from gateway.calls import Call, ModelRef
+from gateway.core import GatewayCore, GenerationInput, StartedGeneration
 from gateway.errors import describe
-from gateway.http import Call, lower_headers, read_body
+from gateway.http import answer_json, http_failure, json_response, protocol_opt, read_body
 from gateway.protocols.openai_schema import (
     chat_decoder,
     chat_request,
@@ -30,34 +30,25 @@ from gateway.protocols.openai_schema import (
     completion_request,
     decode,
 )
-from gateway.queue_hints import queue_hints
 from gateway.streams import GenerationStream
 from router.planner import split_model_name
 
+OPENAI = protocol_opt("openai")
 _encoder = msgspec.json.Encoder()
 _STARTED = int(time.time())
 
 
-def _json(payload: Any, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(content=_encoder.encode(payload), media_type="application/json", headers=headers)
-
-
-@get("/v1/models")
-async def list_models(request: Request) -> Response[bytes]:
-    headers = lower_headers(request)
-    call = Call("openai", headers)
-    try:
-        core: GatewayCore = request.app.state.core
-        principal = await core.authenticate(headers)
-        call.tenant = principal.tenant
+@get("/v1/models", opt=OPENAI)
+async def list_models(core: GatewayCore, call: Call) -> Response[bytes]:
+    async def work() -> tuple[dict[str, Any], int]:
+        principal = await core.identify(call)
         data = [
             {"id": m, "object": "model", "created": _STARTED, "owned_by": principal.tenant}
             for m in core.visible_models(principal)
         ]
-        call.done(200)
-        return _json({"object": "list", "data": data})
-    except Exception as exc:  # noqa: BLE001 - answered in the protocol's envelope
-        return call.fail(exc)
+        return {"object": "list", "data": data}, 200
+
+    return await answer_json(call, work)
 
 
 def _usage_json(usage: Usage) -> dict[str, int]:
@@ -119,17 +110,13 @@ def _finish_reason(reason: str | None) -> str:
 
 
 async def _sse(
-    events: GenerationStream,
-    shape: _Shape,
-    include_usage: bool,
-    call: Call,
-    served: Served,
-    deadline: Deadline,
+    started: StartedGeneration, shape: _Shape, include_usage: bool, call: Call
 ) -> AsyncIterator[bytes]:
+    events, deadline = started.stream, started.deadline
     first = True
     usage = Usage()
     last = time.perf_counter()
-    labels = (call.model, served.deployment.name)
+    labels = (call.model, started.served.deployment.name)
     status = 200
     try:
         while True:
@@ -170,62 +157,48 @@ async def _sse(
     yield b"data: [DONE]\n\n"
 
 
-async def _generate(request: Request, chat: bool) -> Response[Any]:
-    headers = lower_headers(request)
-    call = Call("openai", headers)
-    try:
-        core: GatewayCore = request.app.state.core
-        principal = await core.authenticate(headers)
-        call.tenant = principal.tenant
-        deadline = Deadline(core.config.server.request_timeout_s, call.started)
-        async with deadline.scope():  # the model is in the body: the queue's room is checked after
-            body_bytes = await read_body(
-                request, core.config.server.max_body_bytes, allowed_types=("application/json", "")
-            )
-        body = decode(body_bytes, chat_decoder if chat else completion_decoder)
-        model, version, label = split_model_name(body.model)
-        call.model = model
-        plan = core.plan(principal, model, version, label, headers)
-        core.check_room(principal, plan)  # before tokenizing: a full queue refuses cheaply
-        gen: GenerateRequest = (
-            chat_request(body, call.request_id) if chat else completion_request(body, call.request_id)
+async def _generate(request: Request, core: GatewayCore, call: Call, chat: bool) -> Response[Any]:
+    async def load() -> GenerationInput:
+        raw = await read_body(
+            request,
+            core.config.server.max_body_bytes,
+            allowed_types=("application/json", ""),
+            headers=call.headers,
         )
-        gen.tenant = principal.tenant
-        gen.stream = bool(body.stream)
-        async with deadline.scope():
-            prompt_tokens = await core.estimate_prompt_tokens(plan, gen)
-            events, served = await core.start_generation(
-                principal, plan, gen, prompt_tokens, queue_hints(headers)
-            )
+        body = decode(raw, chat_decoder if chat else completion_decoder)
+        model, version, label = split_model_name(body.model)
+
+        def build() -> Any:
+            gen = chat_request(body, call.request_id) if chat else completion_request(body, call.request_id)
+            gen.stream = bool(body.stream)
+            return gen
+
+        return GenerationInput(ModelRef(model, version, label), build, body)
+
+    try:
+        started = await core.serve_generation(call, load)
         try:
-            return await _answer(events, served, body, call, chat, deadline)
+            return await _answer(started, call, chat)
         except BaseException:
-            await events.aclose()
+            await started.stream.aclose()
             raise
     except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
-async def _answer(
-    events: GenerationStream, served: Served, body: Any, call: Call, chat: bool, deadline: Deadline
-) -> Response[Any]:
+async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Response[Any]:
     """The response for a started generation: an SSE stream, or the whole completion.
 
-    Every path ends with `events` iterated to its end or closed, so the queue slot and the
+    Every path ends with the events iterated to their end or closed, so the queue slot and the
     reservation are settled; for a stream, the response's background task closes it once the
     body is done, even when the server stopped iterating it (client disconnect).
     """
-    dep = served.deployment
-    call.served_by(dep.name, dep.spec.backend, dep.device)
-    out_headers = {
-        **served.headers,
-        "x-fleetgate-deployment": dep.served_by(),
-        "x-request-id": call.echo_id,
-    }
+    body, events = started.body, started.stream
+    out_headers = started.served.response_headers(call)
     shape = _Shape(chat, body.model, call.request_id)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        sse = _sse(events, shape, include_usage, call, served, deadline)
+        sse = _sse(started, shape, include_usage, call)
         return Stream(
             sse,
             media_type="text/event-stream",
@@ -235,7 +208,7 @@ async def _answer(
     parts: list[str] = []
     usage, finish = Usage(), "stop"
     try:
-        async with deadline.scope():
+        async with started.deadline.scope():
             async for event in events:
                 parts.append(event.text)
                 if event.usage is not None:
@@ -245,7 +218,7 @@ async def _answer(
     finally:
         await events.aclose()
     call.done(200)
-    return _json(shape.whole("".join(parts), finish, usage), out_headers)
+    return json_response(shape.whole("".join(parts), finish, usage), headers=out_headers)
 
 
 async def _close_all(sse: AsyncGenerator[bytes, None], events: GenerationStream) -> None:
@@ -253,14 +226,14 @@ async def _close_all(sse: AsyncGenerator[bytes, None], events: GenerationStream)
     await events.aclose()
 
 
-@post("/v1/completions", status_code=200)
-async def completions(request: Request) -> Response[Any]:
-    return await _generate(request, chat=False)
+@post("/v1/completions", status_code=200, opt=OPENAI)
+async def completions(request: Request, core: GatewayCore, call: Call) -> Response[Any]:
+    return await _generate(request, core, call, chat=False)
 
 
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request) -> Response[Any]:
-    return await _generate(request, chat=True)
+@post("/v1/chat/completions", status_code=200, opt=OPENAI)
+async def chat_completions(request: Request, core: GatewayCore, call: Call) -> Response[Any]:
+    return await _generate(request, core, call, chat=True)
 
 
 ROUTES = [list_models, completions, chat_completions]

@@ -13,26 +13,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, get, post
 
+from backends.base import ModelMetadata
 from backends.errors import InvalidInput, ModelNotFound
+from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore
-from gateway.deadline import Deadline
-from gateway.errors import Protocol
-from gateway.http import Call, lower_headers, read_body
-from gateway.protocols.tfserving_codec import decode_predict, encode_predict, signature_def
-from gateway.queue_hints import queue_hints
+from gateway.http import answer_json, http_failure, protocol_opt, read_body
+from gateway.protocols.tfserving_codec import PredictRequest, decode_predict, encode_predict, signature_def
 
-_encoder = msgspec.json.Encoder()
+TFS = protocol_opt("tfserving")
+#: `GET /v1/models/{m}` is shared with OpenAI's models.retrieve(): errors use the OpenAI envelope
+SHARED = protocol_opt("openai")
 VERBS = ("predict", "classify", "regress")
 _STARTED = int(time.time())
-
-
-def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(
-        content=_encoder.encode(payload), status_code=status, media_type="application/json", headers=headers
-    )
 
 
 def _split_verb(segment: str) -> tuple[str, str]:
@@ -45,141 +39,116 @@ def _split_verb(segment: str) -> tuple[str, str]:
     return name, verb
 
 
-async def _predict(request: Request, model: str, segment: str, slot: str) -> Response[bytes]:
+async def _predict(
+    request: Request, core: GatewayCore, call: Call, model: str, segment: str, slot: str
+) -> Response[bytes]:
     """`segment` is the last path segment (`name:predict`); its name fills `slot` (model/version/label)."""
-    headers = lower_headers(request)
-    call = Call("tfserving", headers)
     call.model = model
-    version: str | None = None
-    label: str | None = None
+
+    async def load(meta: ModelMetadata) -> PredictRequest:
+        body = await read_body(request, core.config.server.max_body_bytes, headers=call.headers)
+        return decode_predict(body, meta, call.request_id)
+
     try:
         name, _ = _split_verb(segment)
-        if slot == "model":
-            model = call.model = name
-        elif slot == "version":
-            version = name
-        else:
-            label = name
-        core: GatewayCore = request.app.state.core
-        principal = await core.authenticate(headers)
-        call.tenant = principal.tenant
-        plan = core.plan(principal, model, version, label, headers)
-        core.check_room(principal, plan)
-        async with Deadline(core.config.server.request_timeout_s, call.started).scope():
-            body = await read_body(request, core.config.server.max_body_bytes)
-            meta = core.deployments[plan.primary].backend.metadata()
-            decoded = decode_predict(body, meta, call.request_id)
-            response, served = await core.infer(principal, plan, decoded.request, queue_hints(headers))
-        dep = served.deployment
-        call.served_by(dep.name, dep.spec.backend, dep.device)
-        out = {**served.headers, "x-fleetgate-deployment": dep.served_by(), "x-request-id": call.echo_id}
+        ref = {
+            "model": ModelRef(name),
+            "version": ModelRef(model, version=name),
+            "label": ModelRef(model, label=name),
+        }[slot]
+        call.model = ref.name
+        outcome = await core.serve_tensors(call, ref, load)
         call.done(200)
         return Response(
-            content=encode_predict(response, decoded.row_form), media_type="application/json", headers=out
+            content=encode_predict(outcome.response, outcome.decoded.row_form),
+            media_type="application/json",
+            headers=outcome.served.response_headers(call),
         )
     except Exception as exc:  # noqa: BLE001 - answered in the protocol's envelope
-        return call.fail(exc)
+        return http_failure(call, exc)
 
 
-@post("/v1/models/{segment:str}", status_code=200)
-async def predict(request: Request, segment: str) -> Response[bytes]:
-    return await _predict(request, "", segment, "model")
+@post("/v1/models/{segment:str}", status_code=200, opt=TFS)
+async def predict(request: Request, core: GatewayCore, call: Call, segment: str) -> Response[bytes]:
+    return await _predict(request, core, call, "", segment, "model")
 
 
-@post("/v1/models/{model:str}/versions/{segment:str}", status_code=200)
-async def predict_version(request: Request, model: str, segment: str) -> Response[bytes]:
-    return await _predict(request, model, segment, "version")
+@post("/v1/models/{model:str}/versions/{segment:str}", status_code=200, opt=TFS)
+async def predict_version(
+    request: Request, core: GatewayCore, call: Call, model: str, segment: str
+) -> Response[bytes]:
+    return await _predict(request, core, call, model, segment, "version")
 
 
-@post("/v1/models/{model:str}/labels/{segment:str}", status_code=200)
-async def predict_label(request: Request, model: str, segment: str) -> Response[bytes]:
-    return await _predict(request, model, segment, "label")
+@post("/v1/models/{model:str}/labels/{segment:str}", status_code=200, opt=TFS)
+async def predict_label(
+    request: Request, core: GatewayCore, call: Call, model: str, segment: str
+) -> Response[bytes]:
+    return await _predict(request, core, call, model, segment, "label")
 
 
-def _version_status(core: GatewayCore, model: str, version: str | None) -> list[dict[str, Any]]:
-    spec = core.router.get(model)
-    versions = [version] if version is not None else (sorted(spec.versions) or [None])
-    out = []
-    for v in versions:
-        deployments = [spec.versions[v]] if v is not None else [r.deployment for r in spec.routes]
-        ok = any(core.is_healthy(d) for d in deployments)
-        out.append(
-            {
-                "version": v or "1",
-                "state": "AVAILABLE" if ok else "UNAVAILABLE",
-                "status": {"error_code": "OK", "error_message": ""},
-            }
-        )
-    return out
-
-
-async def _status(request: Request, model: str, version: str | None, label: str | None, protocol: Protocol):  # type: ignore[no-untyped-def]
-    headers = lower_headers(request)
-    call = Call(protocol, headers)
-    call.model = model
-    try:
-        core: GatewayCore = request.app.state.core
-        principal = await core.authenticate(headers)
-        call.tenant = principal.tenant
-        plan = core.plan(principal, model, version, label, headers)
-        body: dict[str, Any] = {"model_version_status": _version_status(core, model, plan.version)}
-        if protocol == "openai":
-            # One body, two readers: the OpenAI Model object rides along (see the module docstring).
-            body.update({"id": model, "object": "model", "created": _STARTED, "owned_by": principal.tenant})
-        call.done(200)
-        return _json(body)
-    except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
-
-
-@get("/v1/models/{model:str}")
-async def model_status(request: Request, model: str) -> Response[bytes]:
-    return await _status(request, model, None, None, "openai")
-
-
-@get("/v1/models/{model:str}/versions/{version:str}")
-async def model_version_status(request: Request, model: str, version: str) -> Response[bytes]:
-    return await _status(request, model, version, None, "tfserving")
-
-
-@get("/v1/models/{model:str}/labels/{label:str}")
-async def model_label_status(request: Request, model: str, label: str) -> Response[bytes]:
-    return await _status(request, model, None, label, "tfserving")
-
-
-async def _metadata(request: Request, model: str, version: str | None, label: str | None) -> Response[bytes]:
-    headers = lower_headers(request)
-    call = Call("tfserving", headers)
-    call.model = model
-    try:
-        core: GatewayCore = request.app.state.core
-        principal = await core.authenticate(headers)
-        call.tenant = principal.tenant
-        plan = core.plan(principal, model, version, label, headers)
-        meta = core.deployments[plan.primary].backend.metadata()
-        body = {
-            "model_spec": {"name": model, "signature_name": "", "version": plan.version or "1"},
-            "metadata": {"signature_def": signature_def(meta)},
+async def _status(core: GatewayCore, call: Call, model: ModelRef) -> Response[bytes]:
+    async def work() -> tuple[dict[str, Any], int]:
+        view = await core.model_view(call, model)
+        states = core.version_states(model.name, view.version)
+        body: dict[str, Any] = {
+            "model_version_status": [
+                {
+                    "version": version or "1",
+                    "state": "AVAILABLE" if ok else "UNAVAILABLE",
+                    "status": {"error_code": "OK", "error_message": ""},
+                }
+                for version, ok in states
+            ]
         }
-        call.done(200)
-        return _json(body)
-    except Exception as exc:  # noqa: BLE001
-        return call.fail(exc)
+        if call.protocol == "openai":
+            # One body, two readers: the OpenAI Model object rides along (see the module docstring).
+            body.update({"id": model.name, "object": "model", "created": _STARTED, "owned_by": call.tenant})
+        return body, 200
+
+    return await answer_json(call, work)
 
 
-@get("/v1/models/{model:str}/metadata")
-async def model_metadata(request: Request, model: str) -> Response[bytes]:
-    return await _metadata(request, model, None, None)
+@get("/v1/models/{model:str}", opt=SHARED)
+async def model_status(core: GatewayCore, call: Call, model: str) -> Response[bytes]:
+    return await _status(core, call, ModelRef(model))
 
 
-@get("/v1/models/{model:str}/versions/{version:str}/metadata")
-async def model_version_metadata(request: Request, model: str, version: str) -> Response[bytes]:
-    return await _metadata(request, model, version, None)
+@get("/v1/models/{model:str}/versions/{version:str}", opt=TFS)
+async def model_version_status(core: GatewayCore, call: Call, model: str, version: str) -> Response[bytes]:
+    return await _status(core, call, ModelRef(model, version=version))
 
 
-@get("/v1/models/{model:str}/labels/{label:str}/metadata")
-async def model_label_metadata(request: Request, model: str, label: str) -> Response[bytes]:
-    return await _metadata(request, model, None, label)
+@get("/v1/models/{model:str}/labels/{label:str}", opt=TFS)
+async def model_label_status(core: GatewayCore, call: Call, model: str, label: str) -> Response[bytes]:
+    return await _status(core, call, ModelRef(model, label=label))
+
+
+async def _metadata(core: GatewayCore, call: Call, model: ModelRef) -> Response[bytes]:
+    async def work() -> tuple[dict[str, Any], int]:
+        view = await core.model_view(call, model)
+        body = {
+            "model_spec": {"name": model.name, "signature_name": "", "version": view.version or "1"},
+            "metadata": {"signature_def": signature_def(view.metadata())},
+        }
+        return body, 200
+
+    return await answer_json(call, work)
+
+
+@get("/v1/models/{model:str}/metadata", opt=TFS)
+async def model_metadata(core: GatewayCore, call: Call, model: str) -> Response[bytes]:
+    return await _metadata(core, call, ModelRef(model))
+
+
+@get("/v1/models/{model:str}/versions/{version:str}/metadata", opt=TFS)
+async def model_version_metadata(core: GatewayCore, call: Call, model: str, version: str) -> Response[bytes]:
+    return await _metadata(core, call, ModelRef(model, version=version))
+
+
+@get("/v1/models/{model:str}/labels/{label:str}/metadata", opt=TFS)
+async def model_label_metadata(core: GatewayCore, call: Call, model: str, label: str) -> Response[bytes]:
+    return await _metadata(core, call, ModelRef(model, label=label))
 
 
 ROUTES = [

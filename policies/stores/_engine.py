@@ -10,7 +10,7 @@ from typing import Protocol
 
 import msgspec
 
-from policies import limits
+from policies.stores import token_bucket
 from policies.stores.base import (
     AcquireResult,
     BucketOp,
@@ -55,11 +55,11 @@ def acquire(
     levels: list[float] = []
     for i, op in enumerate(buckets):
         state = txn.get_bucket(op.key)
-        level = limits.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
+        level = token_bucket.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
         levels.append(level)
-        if not limits.fits(level, op.capacity, op.cost):
+        if not token_bucket.fits(level, op.capacity, op.cost):
             denials.append(
-                Denial("bucket", i, limits.retry_after(level, op.capacity, op.rate_per_s, op.cost))
+                Denial("bucket", i, token_bucket.retry_after(level, op.capacity, op.rate_per_s, op.cost))
             )
     for i, lease in enumerate(leases):
         if txn.lease_count(lease.key, now) >= lease.limit:
@@ -109,7 +109,7 @@ def settle(
     txn.drop_journal(settle_id)
     for op in buckets:
         state = txn.get_bucket(op.key)
-        level = limits.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
+        level = token_bucket.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
         txn.set_bucket(op.key, max(0.0, level + op.cost), max(now, state[1]) if state else now)
     for key in release:
         txn.remove_lease(key, lease_id)
@@ -121,4 +121,4 @@ def settle(
 
 
 def _view(level: float, op: BucketOp) -> BucketView:
-    return BucketView(limits.remaining(level, op.capacity), limits.reset_s(level, op.rate_per_s))
+    return BucketView(token_bucket.remaining(level, op.capacity), token_bucket.reset_s(level, op.rate_per_s))

@@ -1,6 +1,6 @@
 """Lua scripts of the Redis store. Each runs atomically inside Redis: no read-then-write in Python.
 
-They mirror `policies/limits.py` and `policies/stores/_engine.py` (the same token-bucket rules, the
+They mirror `policies/stores/token_bucket.py` and `policies/stores/_engine.py` (the same token-bucket rules, the
 same all-or-nothing acquire). Numbers travel as '%.17g' strings so doubles survive the round trip.
 Expiries are relative (PEXPIRE), computed from the caller's clock, so an injected test clock and the
 Redis server's clock never have to agree.

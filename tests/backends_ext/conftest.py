@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.model_exports import write_openvino_ir, write_tf_savedmodel
-from gateway.demo_models import digits_onnx_bytes
+from backends.demo_models.digits import digits_onnx_bytes
+from backends.demo_models.exports import write_openvino_ir, write_tf_savedmodel
 
 HIDDEN = 32
 REPO = Path(__file__).resolve().parents[2]

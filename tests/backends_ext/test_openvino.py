@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from backends import openvino as ov_backend
-from backends.base import Tensor, TensorRequest
+from backends.base import Capability, Tensor, TensorRequest, as_generative
 from backends.errors import BackendError, InvalidInput
 from backends.spec import BatchingSpec, DeploymentSpec
 
@@ -263,10 +263,11 @@ async def test_batched_deployment_merges_concurrent_requests(digits, digits_onnx
 
 
 async def test_generate_is_refused(digits_ir):
+    """Text generation is not declared, so the gateway refuses it before the backend (400)."""
     backend = ov_backend.create("x", _spec(digits_ir))
-    with pytest.raises(BackendError) as info:
-        backend.generate(None)  # type: ignore[arg-type]
-    assert info.value.status == 400
+    assert backend.capabilities == frozenset({Capability.TENSOR})
+    with pytest.raises(TypeError, match="does not generate text"):
+        as_generative(backend)
 
 
 async def test_requests_are_served_in_arrival_order(digits, digits_ir):

@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 
 from backends.base import GenerateRequest
-from backends.torch_llm.demo import write_tiny_llama
+from backends.demo_models.tiny_llama import write_tiny_llama
 from gateway.app import create_app
 from gateway.config import parse_config
 from tests.conftest import create_key

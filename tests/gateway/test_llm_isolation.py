@@ -11,7 +11,7 @@ import httpx
 import pytest
 from litestar import Litestar
 
-from backends.torch_llm.demo import write_tiny_llama
+from backends.demo_models.tiny_llama import write_tiny_llama
 from gateway.app import create_app
 from gateway.config import parse_config
 from tests.conftest import create_key

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from backends.base import Tensor, TensorRequest
+from backends.demo_models.digits import digits_split
 from backends.errors import InvalidInput
-from gateway.demo_models import digits_split
 from gateway.queue_hints import NO_HINTS, QueueHints, queue_hints
+from policies.fair_queue.errors import QueueDeadlineExceeded
 from policies.principal import Principal
-from policies.queueing.errors import QueueDeadlineExceeded
 from tests.gateway.test_stream_accounting import open_core
 
 ACME = Principal(tenant="acme", key_id="k-acme")

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backends.demo_models.digits import DigitsModel
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.demo_models import DigitsModel
 from tests.conftest import create_key
 from tests.servers import serve_app
 

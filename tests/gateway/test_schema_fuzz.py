@@ -14,10 +14,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from backends.torch_llm.demo import write_tiny_llama
+from backends.demo_models.digits import DigitsModel
+from backends.demo_models.tiny_llama import write_tiny_llama
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.demo_models import DigitsModel
 from tests.conftest import create_key
 from tests.servers import serve_app
 

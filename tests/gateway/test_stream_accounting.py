@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backends.base import GenerateRequest, SamplingParams
-from backends.torch_llm.demo import write_tiny_llama
+from backends.demo_models.tiny_llama import write_tiny_llama
 from gateway.config import parse_config
 from gateway.core import GatewayCore
 from gateway.deployments import build_deployments, close_deployments, open_deployments

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from openai import NotFoundError, OpenAI
 
-from gateway.demo_models import digits_split
+from backends.demo_models.digits import digits_split
 
 
 @pytest.fixture(scope="module")

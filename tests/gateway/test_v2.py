@@ -11,7 +11,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from gateway.demo_models import digits_split
+from backends.demo_models.digits import digits_split
 from tests.conftest import ADMIN_HEADERS, Gateway
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.torch_llm.demo import write_tiny_llama
+from backends.demo_models.tiny_llama import write_tiny_llama
 from tests.gateway.test_stream_accounting import PROMPT, llm_request, llm_yaml, open_core, start
 
 

@@ -102,7 +102,7 @@ def _half_open_outcomes(tmp_path):  # type: ignore[no-untyped-def]
 def _non_answers() -> list[BaseException]:
     import asyncio
 
-    from policies.queueing.errors import QueueDeadlineExceeded, QueueFull
+    from policies.fair_queue.errors import QueueDeadlineExceeded, QueueFull
 
     return [
         asyncio.CancelledError(),

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from gateway.demo_models import DigitsModel, digits_split
+from backends.demo_models.digits import DigitsModel, digits_split
 from tests.conftest import ADMIN_KEY
 from tests.policies.conftest import redis_url  # noqa: F401 - re-exported fixture (real redis-server)
 from tests.servers import free_port

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from backends.base import SamplingParams  # noqa: E402
-from backends.torch_llm.demo import write_tiny_llama  # noqa: E402
+from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
 from backends.torch_llm.engine import LLMEngine  # noqa: E402
 from backends.torch_llm.factory import build_engine  # noqa: E402
 from backends.torch_llm.options import LLMOptions  # noqa: E402

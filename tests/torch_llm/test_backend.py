@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from backends.base import Backend, Capability, ChatMessage, GenerateRequest, SamplingParams, TensorRequest
+from backends.base import Backend, Capability, ChatMessage, GenerateRequest, SamplingParams, as_tensor
 from backends.errors import BackendUnavailable, InvalidInput
 from backends.spec import DeploymentSpec
 from backends.torch_llm.backend import TorchLLMBackend, create
@@ -89,8 +89,10 @@ async def test_bad_requests_are_invalid_input(backend) -> None:
         await collect(
             backend, GenerateRequest(request_id="tp", prompt="x", sampling=SamplingParams(top_p=0.0))
         )
-    with pytest.raises(InvalidInput, match="generates text"):
-        await backend.infer(TensorRequest(id="t", inputs=[]))
+    # tensors are not served: declared, so the gateway refuses them before the backend (400)
+    assert Capability.TENSOR not in backend.capabilities
+    with pytest.raises(TypeError, match="does not serve tensors"):
+        as_tensor(backend)
 
 
 async def test_abort_frees_blocks_at_once(backend) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from policies.queueing.base import SchedulingPolicy
-from policies.queueing.drr import DRRPolicy
-from policies.queueing.fcfs import FCFSPolicy
-from policies.queueing.spec import QueueSpec
-from policies.queueing.vtc import VTCPolicy
+from policies.fair_queue.base import SchedulingPolicy
+from policies.fair_queue.drr import DRRPolicy
+from policies.fair_queue.fcfs import FCFSPolicy
+from policies.fair_queue.spec import QueueSpec
+from policies.fair_queue.vtc import VTCPolicy
 
 #: weight of a tenant the weight table does not list
 DEFAULT_WEIGHT = 1.0

@@ -11,7 +11,7 @@ import heapq
 import math
 from collections.abc import Callable
 
-from policies.queueing.tenant_queue import Entry, EntryState
+from policies.fair_queue.tenant_queue import Entry, EntryState
 
 _MIN_TIMER_S = 0.001  # never re-arm tighter than this: an injected clock may not move at all
 

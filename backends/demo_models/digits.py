@@ -110,7 +110,7 @@ def write_all(out_dir: Path, *, savedmodel: bool = True, llama: bool = True) -> 
     written["digits.onnx"] = str(digits.onnx_path)
     log.info("demo_model_written", model="digits.onnx", test_accuracy=round(digits.test_accuracy, 4))
     try:
-        from backends.model_exports import write_openvino_ir, write_tf_savedmodel
+        from backends.demo_models.exports import write_openvino_ir, write_tf_savedmodel
 
         written["digits.xml"] = str(write_openvino_ir(digits.onnx_path, out_dir / "digits.xml"))
         if savedmodel:
@@ -121,7 +121,7 @@ def write_all(out_dir: Path, *, savedmodel: bool = True, llama: bool = True) -> 
         log.warning("demo_model_skipped", reason=str(exc))
     if llama:
         try:
-            from backends.torch_llm.demo import write_tiny_llama
+            from backends.demo_models.tiny_llama import write_tiny_llama
 
             written["tiny-llama"] = str(write_tiny_llama(out_dir / "tiny-llama"))
         except (ImportError, MissingRuntime) as exc:

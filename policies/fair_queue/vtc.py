@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 
-from policies.queueing.base import Head, WeightFn
+from policies.fair_queue.base import Head, WeightFn
 
 
 class VTCPolicy:

@@ -10,11 +10,11 @@ from collections import deque
 
 import msgspec
 
-from policies.queueing.base import Head, SchedulingPolicy
-from policies.queueing.errors import QueueDeadlineExceeded, QueueFull
-from policies.queueing.spec import QueueSpec
-from policies.queueing.tenant_queue import Entry, EntryState, TenantQueue
-from policies.queueing.types import TenantQueueStats, Ticket
+from policies.fair_queue.base import Head, SchedulingPolicy
+from policies.fair_queue.errors import QueueDeadlineExceeded, QueueFull
+from policies.fair_queue.spec import QueueSpec
+from policies.fair_queue.tenant_queue import Entry, EntryState, TenantQueue
+from policies.fair_queue.types import TenantQueueStats, Ticket
 
 _MAX_RETRY_AFTER_S = 60.0
 

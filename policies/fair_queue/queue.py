@@ -1,7 +1,7 @@
 """Fair queue in front of one deployment: per-tenant queues, a pluggable order, a capacity gate.
 
 Requests wait in per-tenant queues (highest priority first inside a tenant, then arrival order).
-Whenever the backend has capacity, the policy (FCFS, weighted VTC or DRR, see `policies.queueing`)
+Whenever the backend has capacity, the policy (FCFS, weighted VTC or DRR, see `policies.fair_queue`)
 picks the tenant whose head request is dispatched. The queue is work-conserving: it never leaves
 capacity idle while a request waits. Deadlines drop a waiting request with 504 before it reaches
 the backend; a cancelled waiter is removed at once; bounded queues answer 429 or 503.
@@ -26,13 +26,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
-from policies.queueing.backlog import Backlog
-from policies.queueing.deadlines import Deadlines, resolve_deadline
-from policies.queueing.errors import QueueDeadlineExceeded, QueueError, QueueFull
-from policies.queueing.factory import DEFAULT_WEIGHT, check_weights, make_policy
-from policies.queueing.spec import QueueSpec
-from policies.queueing.tenant_queue import Entry, EntryState
-from policies.queueing.types import QueueStats, TenantQueueStats, Ticket
+from policies.fair_queue.backlog import Backlog
+from policies.fair_queue.deadlines import Deadlines, resolve_deadline
+from policies.fair_queue.errors import QueueDeadlineExceeded, QueueError, QueueFull
+from policies.fair_queue.factory import DEFAULT_WEIGHT, check_weights, make_policy
+from policies.fair_queue.spec import QueueSpec
+from policies.fair_queue.tenant_queue import Entry, EntryState
+from policies.fair_queue.types import QueueStats, TenantQueueStats, Ticket
 
 __all__ = [
     "FairQueue",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from policies.queueing.base import Head
+from policies.fair_queue.base import Head
 
 
 class FCFSPolicy:

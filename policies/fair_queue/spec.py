@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import msgspec
+from fleetgate.spec import SpecBase
 
 PolicyName = Literal["fcfs", "vtc", "drr"]
 POLICY_NAMES: frozenset[str] = frozenset({"fcfs", "vtc", "drr"})
 
 
-class QueueSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+class QueueSpec(SpecBase):
     """Admission queue of one deployment.
 
     Attributes:

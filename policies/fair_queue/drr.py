@@ -11,7 +11,7 @@ import math
 from collections import deque
 from collections.abc import Collection, Mapping
 
-from policies.queueing.base import Head, WeightFn
+from policies.fair_queue.base import Head, WeightFn
 
 
 class DRRPolicy:
