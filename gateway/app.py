@@ -24,6 +24,7 @@ from gateway.config import Config, ConfigError
 from gateway.core import GatewayCore
 from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
 from gateway.errors import Protocol, describe, error_response
+from gateway.grpc_front.server import start_grpc
 from gateway.http import DEPENDENCIES, http_failure, open_call
 from gateway.protocols import kserve, openai, tfserving
 from gateway.reload import ROUTES as RELOAD_ROUTES
@@ -103,10 +104,13 @@ def create_app(
         retries = LoadRetries()
         app.state.load_retries = retries
         await open_deployments(deployments, retries)
+        app.state.grpc = await start_grpc(config, lambda: app.state.core)
         log.info("gateway_started", deployments=len(deployments), models=len(config.models))
         try:
             yield
         finally:
+            if app.state.grpc is not None:
+                await app.state.grpc.stop(config.server.graceful_shutdown_s)
             await retries.cancel()
             await liveness.stop(beating)
             await app.state.core.shadows.close()

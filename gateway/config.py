@@ -45,10 +45,16 @@ class ServerConfig(SpecBase):
     graceful_shutdown_s: float = 30.0
     #: a connection whose request headers are not all in after this long is closed (httptools server)
     header_timeout_s: float = 10.0
+    #: the gRPC front door (KServe v2 / Triton and TF Serving services, health, reflection) on the
+    #: same host; null turns it off. Omitted: `FLEETGATE_GRPC_PORT` when set (a number, or `off`),
+    #: else 8001. Messages may be as large as `max_body_bytes`.
+    grpc_port: int | None = 8001
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError("port must be in 0..65535")
+        if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
+            raise ValueError("grpc_port must be in 0..65535, or null")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
         if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
@@ -217,6 +223,24 @@ def _check_named_entries(raw: dict[str, Any]) -> None:
                 raise ConfigError(_rebase(str(exc), f"$.{section}.{name}")) from None
 
 
+def _default_grpc_port(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """`server.grpc_port` from `FLEETGATE_GRPC_PORT` when the config does not set it."""
+    value = environ.get("FLEETGATE_GRPC_PORT")
+    server = raw.get("server")
+    if value is None or (isinstance(server, dict) and "grpc_port" in server):
+        return
+    if server is None:
+        server = raw["server"] = {}
+    if not isinstance(server, dict):
+        return  # refused by the decoder with its path
+    if value.strip().lower() in ("off", "null", "none", ""):
+        server["grpc_port"] = None
+    elif value.strip().isdigit():
+        server["grpc_port"] = int(value)
+    else:
+        raise ConfigError(f"FLEETGATE_GRPC_PORT must be a port number or `off`, got {value!r}")
+
+
 def parse_config(text: str, *, base_dir: Path, env: dict[str, str] | None = None) -> Config:
     """Decode and check a YAML config. Raises ConfigError with one line naming the path."""
     try:
@@ -230,7 +254,9 @@ def parse_config(text: str, *, base_dir: Path, env: dict[str, str] | None = None
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a mapping of sections - at `$`")
-    raw = _interpolate(raw, "$", dict(os.environ) if env is None else env)
+    environ = dict(os.environ) if env is None else env
+    raw = _interpolate(raw, "$", environ)
+    _default_grpc_port(raw, environ)
     _check_named_entries(raw)
     try:
         config = msgspec.convert(raw, Config, strict=True)

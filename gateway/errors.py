@@ -15,7 +15,8 @@ from litestar import Response
 
 from fleetgate.errors import ServingError
 
-Protocol = Literal["openai", "v2", "tfserving", "plain"]
+#: the protocol a call arrived in: its error envelope, and the `protocol` label of metrics and logs
+Protocol = Literal["openai", "v2", "tfserving", "plain", "v2-grpc", "tfserving-grpc"]
 
 _encoder = msgspec.json.Encoder()
 

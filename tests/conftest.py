@@ -25,6 +25,9 @@ from tests.servers import serve_app
 ADMIN_KEY = "test-admin-key-0123456789"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
 UPSTREAM_KEY = "upstream-secret"
+# Many gateways run side by side in one session (and in subprocesses, which inherit this): the gRPC
+# front door is off unless a test's config asks for it with `server.grpc_port` (tests/gateway/test_grpc.py).
+os.environ["FLEETGATE_GRPC_PORT"] = "off"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,7 +17,8 @@ from gateway.protocols.v2_codec import DecodedInfer, decode_infer, encode_infer
 V2 = protocol_opt("v2")
 SERVER_NAME = "fleetgate"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "model_repository"]
+#: the protocol extensions served (say only what is served: no repository routes over HTTP)
+EXTENSIONS = ["binary_tensor_data"]
 
 
 @get("/v2", sync_to_thread=False)

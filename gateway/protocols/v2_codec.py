@@ -57,7 +57,7 @@ MAX_RANK = 32
 MAX_ELEMENTS = 2**40
 
 
-def _element_count(shape: list[int], name: str) -> int:
+def element_count(shape: list[int], name: str) -> int:
     """Elements in `shape`, after checks that cost O(rank) with small numbers.
 
     Rank and each dimension are capped before any arithmetic, so a body listing thousands of
@@ -79,7 +79,7 @@ def _element_count(shape: list[int], name: str) -> int:
     return count
 
 
-def _bytes_from_binary(raw: memoryview, count: int, name: str) -> np.ndarray:
+def bytes_from_binary(raw: memoryview, count: int, name: str) -> np.ndarray:
     items: list[bytes] = []
     offset = 0
     for _ in range(count):
@@ -153,7 +153,7 @@ def _decode_input(inp: _InputJSON, blob: memoryview, offset: int) -> tuple[np.nd
     """One input's array, from its JSON `data` or from the binary blob at `offset`; returns the next offset."""
     if inp.datatype not in V2_TO_NUMPY:
         raise InvalidInput(f"input {inp.name!r}: unsupported datatype {inp.datatype!r}")
-    count = _element_count(inp.shape, inp.name)
+    count = element_count(inp.shape, inp.name)
     size = inp.parameters.get("binary_data_size")
     if size is None:
         return _array_from_json(inp, count), offset
@@ -161,7 +161,7 @@ def _decode_input(inp: _InputJSON, blob: memoryview, offset: int) -> tuple[np.nd
         raise InvalidInput(f"input {inp.name!r}: binary_data_size {size} exceeds the binary data sent")
     raw = blob[offset : offset + size]
     if inp.datatype == "BYTES":
-        return _bytes_from_binary(raw, count, inp.name), offset + size
+        return bytes_from_binary(raw, count, inp.name), offset + size
     dtype = V2_TO_NUMPY[inp.datatype]
     if size != count * dtype.itemsize:
         raise InvalidInput(
@@ -208,7 +208,7 @@ def decode_infer(body: bytes, header_length: int | None, request_id: str) -> Dec
     return DecodedInfer(request=request, binary_outputs=binary_outputs, binary_default=binary_default)
 
 
-def _binary_of(data: np.ndarray, datatype: str) -> bytes:
+def binary_of(data: np.ndarray, datatype: str) -> bytes:
     if datatype == "BYTES":
         parts = []
         for v in data.reshape(-1):
@@ -237,7 +237,7 @@ def encode_infer(
     for t in response.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
         if decoded.binary_outputs.get(t.name, decoded.binary_default):
-            blob = _binary_of(t.data, t.datatype)
+            blob = binary_of(t.data, t.datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

@@ -1,0 +1,99 @@
+"""The gateway's gRPC server: opened and closed by the app's lifespan, on the same event loop.
+
+Services: `inference.GRPCInferenceService` (KServe v2 / Triton), TF Serving's `PredictionService` and
+`ModelService` where `tensorflow-serving-api` is installed, `grpc.health.v1.Health` (SERVING while the
+gateway is ready, as `/v2/health/ready` answers) and server reflection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from backends.lazy import require
+from gateway.config import Config
+from gateway.core import GatewayCore
+
+log = structlog.get_logger(__name__)
+
+#: how often the health service's status follows the gateway's readiness
+HEALTH_REFRESH_S = 1.0
+
+
+@dataclass
+class GrpcFront:
+    server: Any
+    port: int
+    services: list[str]
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def stop(self, grace_s: float) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.server.stop(grace_s)
+
+
+def _tfserving_services(core: Callable[[], GatewayCore], server: Any) -> list[str]:
+    """Add TF Serving's services when its generated stubs can be imported (they import TensorFlow)."""
+    try:
+        from gateway.grpc_front.tfserving_service import add_tfserving_services
+    except ImportError as exc:
+        log.warning("grpc_tfserving_unavailable", reason=str(exc))
+        return []
+    return add_tfserving_services(core, server)
+
+
+async def start_grpc(config: Config, core: Callable[[], GatewayCore]) -> GrpcFront | None:
+    """Start the gRPC server on `server.grpc_port`, or return None when it is off."""
+    port = config.server.grpc_port
+    if port is None:
+        return None
+    aio = require("grpc.aio", extra="grpc")
+    service_pb2 = require("tritonclient.grpc.service_pb2", extra="grpc")
+    service_grpc = require("tritonclient.grpc.service_pb2_grpc", extra="grpc")
+    model_config_pb2 = require("tritonclient.grpc.model_config_pb2", extra="grpc")
+    health = require("grpc_health.v1.health", extra="grpc")
+    health_pb2 = require("grpc_health.v1.health_pb2", extra="grpc")
+    health_pb2_grpc = require("grpc_health.v1.health_pb2_grpc", extra="grpc")
+    reflection = require("grpc_reflection.v1alpha.reflection", extra="grpc")
+    from gateway.grpc_front.v2_service import InferenceService
+
+    limit = config.server.max_body_bytes
+    server = aio.server(
+        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    )
+    service_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceService(core, service_pb2, model_config_pb2), server
+    )
+    names = [service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name]
+    names += _tfserving_services(core, server)
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
+    bound = server.add_insecure_port(f"{config.server.host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the gRPC port {config.server.host}:{port} (server.grpc_port)")
+    await server.start()
+    front = GrpcFront(server, bound, names)
+    front._tasks.append(asyncio.get_running_loop().create_task(_follow_readiness(core, checker, health_pb2)))
+    log.info("grpc_started", port=bound, services=names)
+    return front
+
+
+async def _follow_readiness(core: Callable[[], GatewayCore], checker: Any, health_pb2: Any) -> None:
+    """The health status ("" = the whole server) follows the gateway's readiness."""
+    status = health_pb2.HealthCheckResponse
+    last = None
+    while True:
+        ready = core().ready()
+        if ready != last:
+            value = status.SERVING if ready else status.NOT_SERVING
+            await checker.set("", value)
+            last = ready
+        await asyncio.sleep(HEALTH_REFRESH_S)
