@@ -192,7 +192,8 @@ def start_gateway(
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), *serve_args],
         cwd=ROOT,
-        env={**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY},
+        # gRPC off unless the config sets server.grpc_port: benches run gateways side by side
+        env={"FLEETGATE_GRPC_PORT": "off", **os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY},
         stdout=subprocess.DEVNULL,
         stderr=log_path.open("wb"),  # a file, not a pipe nobody drains
     )

@@ -66,7 +66,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config)],
             cwd=ROOT,
-            env={**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY, **self.env},
+            env={"FLEETGATE_GRPC_PORT": "off", **os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY, **self.env},
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -8,14 +8,18 @@ and `:regress` are refused on REST. Importing this module imports TensorFlow's p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-import numpy as np
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
-from tensorflow.core.protobuf import meta_graph_pb2
-from tensorflow_serving.apis import (
+# TensorFlow's protos import its python package, which prints to stderr at import unless told not to
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2  # noqa: E402
+from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
+from tensorflow_serving.apis import (  # noqa: E402
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_service_pb2_grpc,
