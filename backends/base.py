@@ -142,6 +142,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     #: the caller reads the answer as a stream; False: only the whole answer is used, so a backend
     #: that can may produce it in one piece (a remote upstream asked for plain JSON, not SSE)
     stream: bool = True
+    #: OpenAI sampling fields only some backends honour (penalties, logit_bias, response_format,
+    #: min_tokens), as the client sent them: a remote upstream receives them, a backend that cannot
+    #: honour one refuses the request naming it (never drops it silently)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class Usage(msgspec.Struct, kw_only=True):

@@ -264,6 +264,7 @@ class RemoteBackend:
             "top_p": s.top_p,
             "stream": request.stream,
         }
+        body.update(request.extra)  # fields the upstream honours and the gateway does not read
         if request.stream:
             body["stream_options"] = {"include_usage": True}
         if s.seed is not None:

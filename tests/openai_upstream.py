@@ -84,8 +84,14 @@ async def _events(body: dict[str, Any], chat: bool) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
+#: the last request bodies this upstream received (newest last), for tests of what is forwarded
+RECEIVED: list[dict[str, Any]] = []
+
+
 async def _handle(request: Request, chat: bool) -> Response[Any]:
     body = msgspec.json.decode(await request.body())
+    RECEIVED.append(body)
+    del RECEIVED[:-50]
     if body.get("model") == "missing":
         return Response(
             {"error": {"message": "model missing not found", "type": "not_found"}}, status_code=404

@@ -187,6 +187,7 @@ class TorchLLMBackend:
 
         The ids are kept for `generate` of the same request id, so a prompt is tokenized once.
         """
+        _check_supported(request)  # before admission: a request this engine cannot honour costs nothing
         ids = await self._tokenize(request)
         self._tokenized[request.request_id] = (_fingerprint(request), ids)
         self._tokenized_total += len(ids)
@@ -227,6 +228,7 @@ class TorchLLMBackend:
         if counted is not None:
             self._tokenized_total -= len(counted[1])
         ids = counted[1] if counted and counted[0] == _fingerprint(request) else await self._tokenize(request)
+        _check_supported(request)
         _check_sampling(request.sampling)
         max_len = self._parts.max_model_len
         if len(ids) >= max_len:
@@ -294,6 +296,13 @@ class TorchLLMBackend:
         if self._parts is None or self._parts.tokenizer is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
         return self._parts.tokenizer
+
+
+def _check_supported(request: GenerateRequest) -> None:
+    """Refuse, naming them, the OpenAI fields this engine does not implement (never drop them)."""
+    if request.extra:
+        names = ", ".join(f"`{name}`" for name in sorted(request.extra))
+        raise InvalidInput(f"{names} not supported by this deployment's engine; leave them out")
 
 
 def _check_sampling(p: SamplingParams) -> None:

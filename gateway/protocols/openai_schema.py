@@ -1,7 +1,11 @@
 """OpenAI request bodies, decoded with msgspec, and their translation to GenerateRequest.
 
-Unknown fields are tolerated (clients send many optional ones); fields we cannot honour (n > 1,
-best_of, tools) are refused with a 400 that names them rather than silently ignored.
+Unknown fields are tolerated (clients send many optional ones). Known fields are never silently
+dropped: those the gateway cannot honour for any backend (n > 1, best_of, echo, tools, tool_choice,
+logprobs, top_logprobs) are refused here with a 400 naming them; sampling fields that only some
+backends honour (penalties, logit_bias, response_format, min_tokens) travel in
+`GenerateRequest.extra`: a remote OpenAI upstream receives them as sent, the own engine refuses them
+with a 400 naming them.
 """
 
 from __future__ import annotations
@@ -37,6 +41,34 @@ class _Common(msgspec.Struct, kw_only=True):
     # extensions shared with vLLM
     top_k: int | None = None
     ignore_eos: bool = False
+    # honoured by some backends only (see the module docstring): forwarded or refused, never dropped
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    min_tokens: int | None = None
+
+
+#: fields forwarded to backends that honour them (`GenerateRequest.extra`), with their neutral value
+_FORWARDED = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": {},
+    "response_format": {"type": "text"},
+    "min_tokens": 0,
+}
+
+
+def _forwarded(body: _Common) -> dict[str, Any]:
+    """The forwarded fields the client set to anything but their neutral value."""
+    out = {}
+    for name, neutral in _FORWARDED.items():
+        value = getattr(body, name)
+        if value is not None and value != neutral:
+            out[name] = value
+    return out
 
 
 class CompletionBody(_Common, kw_only=True):
@@ -63,7 +95,9 @@ class ChatBody(_Common, kw_only=True):
     messages: list[ChatMessageBody]
     max_completion_tokens: int | None = None
     logprobs: bool = False
+    top_logprobs: int | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None
 
 
 completion_decoder = msgspec.json.Decoder(CompletionBody)
@@ -141,11 +175,14 @@ def completion_request(body: CompletionBody, request_id: str) -> GenerateRequest
             "`prompt` must be a string, a list of one string, a list of token ids (integers), "
             "or a list of one list of token ids"
         )
+    if body.logprobs is not None:
+        raise InvalidInput("`logprobs` is not supported yet: leave it out (the answer's logprobs are null)")
     return GenerateRequest(
         request_id=request_id,
         prompt=prompt,
         prompt_token_ids=token_ids,
-        sampling=_sampling(body, body.max_tokens, bool(body.logprobs)),
+        sampling=_sampling(body, body.max_tokens, False),
+        extra=_forwarded(body),
     )
 
 
@@ -165,6 +202,10 @@ def _content(message: ChatMessageBody, index: int) -> str:
 def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
     if body.tools:
         raise InvalidInput("`tools` are not supported by this deployment")
+    if body.tool_choice not in (None, "none"):
+        raise InvalidInput("`tool_choice` is not supported by this deployment (no tools are)")
+    if body.logprobs or body.top_logprobs:
+        raise InvalidInput("`logprobs` and `top_logprobs` are not supported yet: leave them out")
     if not body.messages:
         raise InvalidInput("`messages` must not be empty")
     roles = {"system", "user", "assistant", "developer", "tool"}
@@ -174,5 +215,8 @@ def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
     messages = [ChatMessage(role=m.role, content=_content(m, i)) for i, m in enumerate(body.messages)]
     max_tokens = body.max_completion_tokens or body.max_tokens
     return GenerateRequest(
-        request_id=request_id, messages=messages, sampling=_sampling(body, max_tokens, body.logprobs)
+        request_id=request_id,
+        messages=messages,
+        sampling=_sampling(body, max_tokens, False),
+        extra=_forwarded(body),
     )

@@ -1,0 +1,100 @@
+"""OpenAI request fields are honoured, forwarded or refused by name: never silently dropped.
+
+The own engine refuses what it does not implement (penalties, logit_bias, response_format,
+min_tokens) with a 400 naming the field; a remote OpenAI upstream receives those fields as sent.
+logprobs, top_logprobs and tool_choice are refused for every backend until they are served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from openai import OpenAI
+
+from backends.demo_models.tiny_llama import write_tiny_llama
+from gateway.app import create_app
+from gateway.config import parse_config
+from tests import openai_upstream
+from tests.conftest import create_key
+from tests.servers import serve_app
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory, upstream_url: str) -> Iterator[OpenAI]:
+    folder = write_tiny_llama(tmp_path_factory.mktemp("fields") / "tiny-llama")
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}}}}
+  up: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: echo-upstream, api_key_env: TEST_UPSTREAM_KEY}}
+models:
+  tiny: {{routes: [{{deployment: llm}}]}}
+  echo: {{routes: [{{deployment: up}}]}}
+""",
+        base_dir=Path("."),
+    )
+    with serve_app(create_app(config)) as url:
+        yield OpenAI(base_url=f"{url}/v1", api_key=create_key(url, "acme"), max_retries=0)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 1.0},
+        {"logit_bias": {"5": 10}},
+        {"response_format": {"type": "json_object"}},
+        {"extra_body": {"repetition_penalty": 1.2}},
+        {"extra_body": {"min_tokens": 3}},
+    ],
+)
+def test_the_own_engine_refuses_what_it_does_not_implement_by_name(both: OpenAI, fields: dict) -> None:
+    name = next(iter(fields.get("extra_body", fields)))
+    with pytest.raises(openai.BadRequestError) as info:
+        both.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2, **fields)
+    assert name in info.value.message
+
+
+def test_neutral_values_are_accepted(both: OpenAI) -> None:
+    out = both.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=2, presence_penalty=0, frequency_penalty=0, logit_bias={}
+    )
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"logprobs": True}, {"logprobs": True, "top_logprobs": 2}, {"tool_choice": "auto"}],
+)
+def test_fields_not_served_yet_are_refused_everywhere(both: OpenAI, fields: dict) -> None:
+    for model in ("tiny", "echo"):
+        with pytest.raises(openai.BadRequestError) as info:
+            both.chat.completions.create(model=model, messages=HELLO, max_tokens=2, **fields)
+        assert next(iter(fields)) in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        both.completions.create(model="echo", prompt="hi", max_tokens=2, logprobs=1)
+    assert "logprobs" in info.value.message
+
+
+def test_a_remote_upstream_receives_the_fields_as_sent(both: OpenAI) -> None:
+    out = both.chat.completions.create(
+        model="echo",
+        messages=HELLO,
+        max_tokens=3,
+        presence_penalty=0.5,
+        logit_bias={"7": -100},
+        response_format={"type": "json_object"},
+        extra_body={"repetition_penalty": 1.1, "min_tokens": 1},
+    )
+    assert out.choices[0].message.content
+    sent = openai_upstream.RECEIVED[-1]
+    assert sent["presence_penalty"] == 0.5 and sent["logit_bias"] == {"7": -100}
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["repetition_penalty"] == 1.1 and sent["min_tokens"] == 1
