@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from dataclasses import dataclass, field
@@ -89,7 +90,17 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, folder: pathlib.Path) -> ModelConfig:
-        return cls.from_dict(json.loads((folder / "config.json").read_text()))
+        """`config.json`, with the end-of-sequence ids of `generation_config.json` added: models
+        whose chat turns end with another token than the tokenizer's eos (Llama 3's `<|eot_id|>`)
+        list it there, and generation must stop on either."""
+        cfg = cls.from_dict(json.loads((folder / "config.json").read_text()))
+        generation = folder / "generation_config.json"
+        if generation.is_file():
+            eos = json.loads(generation.read_text()).get("eos_token_id")
+            extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+            ids = tuple(dict.fromkeys([*cfg.eos_token_ids, *(int(i) for i in extra)]))
+            cfg = dataclasses.replace(cfg, eos_token_ids=ids)
+        return cfg
 
 
 def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:

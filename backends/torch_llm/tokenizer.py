@@ -1,12 +1,21 @@
-"""Tokenizer and chat template from a local model folder (`tokenizer.json`, `tokenizer_config.json`)."""
+"""Tokenizer and chat template from a local model folder, as Hugging Face writes it.
+
+The chat template is read from `tokenizer_config.json` (`chat_template`, a string or named
+templates), else from `chat_template.jinja` beside it (what transformers 5's `save_pretrained`
+writes), else from `chat_template.json`. It is rendered in a sandboxed Jinja environment that offers
+what Hugging Face's does: `tojson` (non-ASCII kept, `indent`), `raise_exception`, `strftime_now`,
+and loop controls (`break` / `continue`).
+"""
 
 from __future__ import annotations
 
 import json
 import pathlib
+from datetime import datetime
 from typing import Any
 
 from jinja2.exceptions import TemplateError
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -20,6 +29,44 @@ def _token_text(value: Any) -> str | None:
 
 def _raise(message: str) -> None:
     raise TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson escapes HTML characters and non-ASCII text; chat templates expect plain JSON
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def chat_environment() -> ImmutableSandboxedEnvironment:
+    """The sandboxed Jinja environment chat templates are written for."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def read_chat_template(folder: pathlib.Path, config: dict[str, Any]) -> str | None:
+    """The model's default chat template, wherever its `save_pretrained` put it."""
+    template = config.get("chat_template")
+    if template is None and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text()
+    if template is None and (folder / "chat_template.json").is_file():
+        template = json.loads((folder / "chat_template.json").read_text()).get("chat_template")
+    if isinstance(template, list):  # named templates: use the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template if isinstance(template, str) and template.strip() else None
 
 
 class TextTokenizer:
@@ -39,15 +86,8 @@ class TextTokenizer:
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
-        template = cfg.get("chat_template")
-        if isinstance(template, list):  # named templates: use the default one
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        self.chat_template: str | None = template
-        self._template = None
-        if template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            self._template = env.from_string(template)
+        self.chat_template = read_chat_template(folder, cfg)
+        self._template = chat_environment().from_string(self.chat_template) if self.chat_template else None
 
     @property
     def vocab_size(self) -> int:
