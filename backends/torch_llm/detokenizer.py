@@ -1,54 +1,78 @@
 """Incremental detokenisation with stop strings.
 
-Decoding token by token breaks multi-byte characters and word-initial spaces, so each step decodes a
-small window (a few tokens of context + the new ones) and emits only the text past the context.
-Text that could be the start of a stop string is held back until it is known not to be one, so a
-stop string never reaches the client.
+Each generated token goes through the tokenizer's own streaming decoder (`tokenizers`'
+`DecodeStream`), which holds bytes back until they form whole UTF-8 characters and returns exactly
+what decoding all the output ids at once would, chunk by chunk: a stream never shows a U+FFFD
+that the final text does not have. When the sequence ends, the text is completed to
+`decode(all output ids)` (a dangling partial character at the end becomes U+FFFD, as Hugging Face
+gives it). On top of that, text that could be the start of a stop string is held back until it is
+known not to be one, so a stop string never reaches the client.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
-
-_CONTEXT_TOKENS = 5
 
 
 class Decoder(Protocol):
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str: ...
 
+    def decode_stream(self) -> Callable[[int], str | None]:
+        """A fresh streaming decoder: feed one id, get the text it completes (None: not yet)."""
+        ...
+
 
 class IncrementalDetokenizer:
-    """Turns one sequence's output tokens into text, step by step."""
+    """Turns one sequence's output tokens into text, step by step.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        prompt_token_ids: unused by the streaming decoder (the output decodes on its own, as
+            `decode(output ids)` does); kept so callers need not care.
+        stop: stop strings; the text is cut before the first one that appears.
+    """
 
     def __init__(self, tokenizer: Decoder, prompt_token_ids: list[int], stop: list[str]) -> None:
+        del prompt_token_ids
         self._tok = tokenizer
-        self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
+        self._step = tokenizer.decode_stream()
+        self._ids: list[int] = []
         self._stop = [s for s in stop if s]
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
         self.text = ""  # all output text so far (truncated at a stop string)
         self._emitted = 0
+        self._stopped = False
 
     def add(self, token_id: int) -> bool:
         """Add one generated token; True when a stop string appeared (the text is cut before it)."""
         self._ids.append(token_id)
-        prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._tok.decode(self._ids[self._prefix_offset :])
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return False  # an incomplete character: wait for more bytes
-        new = full[len(prefix) :]
-        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        new = self._step(token_id)
+        return bool(new) and self._append(new)
+
+    def _append(self, new: str) -> bool:
         start = max(0, len(self.text) - self._holdback)
         self.text += new
         hits = [i for i in (self.text.find(s, start) for s in self._stop) if i != -1]
         if hits:
             self.text = self.text[: min(hits)]
+            self._stopped = True
             return True
         return False
 
+    def finish(self) -> None:
+        """The sequence ended: complete the text to the decode of every output id (unless a stop
+        string cut it), so bytes still held back for an incomplete character are not lost."""
+        if self._stopped:
+            return
+        whole = self._tok.decode(self._ids)
+        if whole.startswith(self.text) and len(whole) > len(self.text):
+            self._append(whole[len(self.text) :])
+
     def take(self, final: bool) -> str:
         """Text not yet handed out; while not `final`, a possible stop-string prefix stays back."""
+        if final:
+            self.finish()
         end = (
             len(self.text) if final or not self._stop else max(self._emitted, len(self.text) - self._holdback)
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 
 def _token_text(value: Any) -> str | None:
@@ -98,6 +100,13 @@ class TextTokenizer:
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_stream(self) -> Callable[[int], str | None]:
+        """A streaming decoder for one sequence: each id gives the text it completes, or None while
+        a character is still incomplete; the chunks add up to `decode` of all the ids fed."""
+        stream = DecodeStream(skip_special_tokens=True)
+        tokenizer = self._tok
+        return lambda token_id: stream.step(tokenizer, token_id)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         """Render `messages` with the generation prompt appended, then tokenize.
