@@ -198,6 +198,7 @@ def estimate_prompt_tokens(request: GenerateRequest) -> int:
 class Capability(enum.Enum):
     TENSOR = "tensor"  # implements infer()
     GENERATE = "generate"  # implements generate() / abort()
+    EMBED = "embed"  # implements prepare_embedding() / embed()
 
 
 #: called with the number of requests and rows of each runtime batch a tensor backend runs (metrics)
@@ -260,6 +261,38 @@ class GenerativeBackend(Backend, Protocol):
     async def count_prompt_tokens(self, request: GenerateRequest) -> int:
         """Prompt tokens to reserve at admission for `request` (see `counts_prompt_tokens`)."""
         ...
+
+
+class EmbedRequest(msgspec.Struct, kw_only=True):
+    """Inputs of one embeddings call, tokenized: one list of ids per input (already truncated)."""
+
+    id: str
+    token_ids: list[list[int]]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the call costs (its usage)."""
+        return sum(len(ids) for ids in self.token_ids)
+
+
+@runtime_checkable
+class EmbeddingBackend(Backend, Protocol):
+    """A backend that declares `Capability.EMBED`: turns texts into vectors."""
+
+    def prepare_embedding(self, inputs: list[str] | list[list[int]], request_id: str) -> EmbedRequest:
+        """Tokenize (or check) the inputs; cheap enough for the event loop, done before admission."""
+        ...
+
+    async def embed(self, request: EmbedRequest) -> np.ndarray:
+        """One float32 vector per input, [inputs, dim], pooled (and normalized as configured)."""
+        ...
+
+
+def as_embedding(backend: Backend) -> EmbeddingBackend:
+    """`backend` as an embedding backend; raises TypeError when it does not declare `EMBED`."""
+    if Capability.EMBED not in backend.capabilities:
+        raise TypeError(f"backend {backend.name!r} does not embed text")
+    return backend  # type: ignore[return-value]  # declared by its capabilities
 
 
 def as_tensor(backend: Backend) -> TensorBackend:

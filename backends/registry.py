@@ -17,6 +17,10 @@ ADAPTERS: dict[str, str] = {
 }
 
 
+#: in-process tensor runtimes that can serve an `embedding:` encoder
+EMBEDDING_BACKENDS = frozenset({"onnxruntime", "openvino"})
+
+
 def create_backend(name: str, spec: DeploymentSpec) -> Backend:
     """Build (but do not load) the backend of one deployment.
 
@@ -29,4 +33,11 @@ def create_backend(name: str, spec: DeploymentSpec) -> Backend:
         raise ValueError(
             f"backend {spec.backend!r} cannot be imported ({exc}); is its extra installed?"
         ) from None
-    return module.create(name, spec)
+    backend = module.create(name, spec)
+    if spec.embedding is None:
+        return backend
+    if spec.backend not in EMBEDDING_BACKENDS:
+        raise ValueError(f"embedding: is served by {sorted(EMBEDDING_BACKENDS)} deployments, not {spec.backend}")
+    from backends.embedding import EmbeddingAdapter
+
+    return EmbeddingAdapter(backend, spec.embedding)

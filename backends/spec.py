@@ -55,6 +55,33 @@ class BatchingSpec(SpecBase):
             raise ValueError("max_queue must be >= 1")
 
 
+class EmbeddingSpec(SpecBase):
+    """A tensor deployment that is a sentence-embedding encoder (`POST /v1/embeddings`).
+
+    The model takes `input_ids` and `attention_mask` (and `token_type_ids` when it declares one),
+    as Hugging Face's ONNX exports do, and returns per-token hidden states [rows, tokens, dim].
+    """
+
+    #: folder holding the encoder's `tokenizer.json`
+    tokenizer: str
+    #: `mean` over the real tokens (attention mask), or the first (`cls`) token's state
+    pooling: Literal["mean", "cls"] = "mean"
+    #: scale each embedding to unit length (cosine similarity = dot product)
+    normalize: bool = True
+    #: tokens per input; longer inputs are truncated (as the tokenizer's own truncation does)
+    max_length: int = 512
+    #: the model output holding the hidden states; default: its first output
+    output: str | None = None
+    #: inputs per request at most
+    max_inputs: int = 2048
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_length <= 1 << 16:
+            raise ValueError("max_length must be in 1..65536")
+        if not 1 <= self.max_inputs <= 1 << 16:
+            raise ValueError("max_inputs must be in 1..65536")
+
+
 class DeploymentSpec(SpecBase):
     """One deployment. Which fields apply depends on `backend` (see each adapter)."""
 
@@ -80,4 +107,6 @@ class DeploymentSpec(SpecBase):
     #: free-form hardware label shown on metrics and in the response header (e.g. "h200", "xeon")
     hardware: str | None = None
     batching: BatchingSpec | None = None
+    #: serve this tensor deployment as a sentence-embedding model (onnxruntime, openvino)
+    embedding: EmbeddingSpec | None = None
     options: dict[str, Any] = msgspec.field(default_factory=dict)

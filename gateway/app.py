@@ -26,7 +26,7 @@ from gateway.deployments import LoadRetries, build_deployments, close_deployment
 from gateway.errors import Protocol, describe, error_response
 from gateway.grpc_front.server import start_grpc
 from gateway.http import DEPENDENCIES, http_failure, open_call
-from gateway.protocols import kserve, openai, tfserving
+from gateway.protocols import kserve, openai, openai_embeddings, tfserving
 from gateway.reload import ROUTES as RELOAD_ROUTES
 from gateway.reload import install_sighup
 from policies.admission import Admission
@@ -124,6 +124,7 @@ def create_app(
             *kserve.ROUTES,
             *tfserving.ROUTES,
             *openai.ROUTES,
+            *openai_embeddings.ROUTES,
             *ADMIN_ROUTES,
             *RELOAD_ROUTES,
         ],

@@ -151,10 +151,12 @@ def _resolve(path: str | None, base_dir: Path) -> str | None:
 
 
 def _resolve_paths(config: Config, base_dir: Path) -> Config:
-    deployments = {
-        name: msgspec.structs.replace(dep, model=_resolve(dep.model, base_dir))
-        for name, dep in config.deployments.items()
-    }
+    deployments = {}
+    for name, dep in config.deployments.items():
+        embedding = dep.embedding
+        if embedding is not None:
+            embedding = msgspec.structs.replace(embedding, tokenizer=_resolve(embedding.tokenizer, base_dir))
+        deployments[name] = msgspec.structs.replace(dep, model=_resolve(dep.model, base_dir), embedding=embedding)
     state = config.state
     if state.url.startswith("sqlite:///") and not state.url.startswith("sqlite:////"):
         relative = state.url.removeprefix("sqlite:///")

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+import numpy as np
 import structlog
 
 from backends.base import (
@@ -27,6 +28,7 @@ from backends.base import (
     TensorResponse,
     TokenEvent,
     Usage,
+    as_embedding,
     as_generative,
     as_tensor,
     estimate_prompt_tokens,
@@ -105,6 +107,16 @@ class GenerationInput:
     body: Any = None
 
 
+class NamesModel(Protocol):
+    """A decoded payload that names its model (generation and embeddings inputs)."""
+
+    @property
+    def model(self) -> ModelRef: ...
+
+
+P = TypeVar("P", bound=NamesModel)
+
+
 @dataclass
 class StartedGeneration:
     """A started generation: its events (iterate to the end or `aclose()`), who serves it, the
@@ -114,6 +126,25 @@ class StartedGeneration:
     served: Served
     body: Any
     deadline: Deadline
+
+
+@dataclass
+class EmbeddingsInput:
+    """What an adapter's embeddings loader returns: the model, the inputs, the decoded payload."""
+
+    model: ModelRef
+    inputs: list[str] | list[list[int]]
+    body: Any = None
+
+
+@dataclass
+class EmbeddingsOutcome:
+    """A served embeddings call: one vector per input, the tokens it cost, who served it."""
+
+    vectors: np.ndarray
+    tokens: int
+    served: Served
+    body: Any
 
 
 @dataclass
@@ -210,13 +241,7 @@ class GatewayCore:
         named in it), route, refuse early when the queue is full, build the request, count the
         prompt, admit, queue and start with fallbacks. The caller iterates the returned stream to
         its end or closes it; either settles the reservation and the queue."""
-        principal = await self.identify(call)
-        deadline = self.deadline(call)
-        async with deadline.scope():
-            given = await load()
-        call.model = given.model.name
-        plan = self.plan(principal, given.model.name, given.model.version, given.model.label, call.headers)
-        self.check_room(principal, plan)  # before tokenizing: a full queue refuses cheaply
+        principal, deadline, given, plan = await self._payload_call(call, load)
         request = given.build()
         request.tenant = principal.tenant
         async with deadline.scope():
@@ -226,6 +251,58 @@ class GatewayCore:
             )
         self._record_server(call, served)
         return StartedGeneration(stream, served, given.body, deadline)
+
+    async def serve_embeddings(
+        self, call: Call, load: Callable[[], Awaitable[EmbeddingsInput]]
+    ) -> EmbeddingsOutcome:
+        """Serve one embeddings call: authenticate, read and decode the payload, route, refuse early
+        when the queue is full, tokenize on the first candidate (the tokens are the cost charged to
+        token limits, quotas and the fair queue), admit, queue, embed with fallbacks, settle, record."""
+        principal, deadline, given, plan = await self._payload_call(call, load)
+        candidates = self._candidates(plan, Capability.EMBED)
+        first = as_embedding(candidates[0].backend).prepare_embedding(given.inputs, call.request_id)
+        cost = first.tokens
+        hints = queue_hints(call.headers)
+        async with deadline.scope():
+            reservation = await self._admit(principal, plan.model, cost)
+
+            async def attempt(dep: Deployment) -> tuple[np.ndarray, float, float]:
+                started = time.perf_counter()
+                backend = as_embedding(dep.backend)
+                request = (
+                    first
+                    if dep is candidates[0]
+                    else backend.prepare_embedding(given.inputs, call.request_id)
+                )
+                vectors, service_s = await self._run_queued(
+                    principal, dep, cost, backend.embed(request), hints
+                )
+                return vectors, time.perf_counter() - started, service_s
+
+            used = 0
+            try:
+                vectors, dep = await self._attempt_each(plan, candidates, attempt, lambda dep, exc: True)
+                used = cost
+            finally:
+                await self.admission.reconcile(reservation, used, failed=used == 0)
+        served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+        self._record_server(call, served)
+        return EmbeddingsOutcome(vectors, cost, served, given.body)
+
+    async def _payload_call(
+        self, call: Call, load: Callable[[], Awaitable[P]]
+    ) -> tuple[Principal, Deadline, P, Plan]:
+        """The first steps of a call whose model is named in its payload: authenticate, read and
+        decode the payload under the call's deadline, route, and refuse at once when the queue of
+        the first deployment has no room for the tenant (before tokenizing or admission)."""
+        principal = await self.identify(call)
+        deadline = self.deadline(call)
+        async with deadline.scope():
+            given = await load()
+        call.model = given.model.name
+        plan = self.plan(principal, given.model.name, given.model.version, given.model.label, call.headers)
+        self.check_room(principal, plan)
+        return principal, deadline, given, plan
 
     async def model_view(self, call: Call, model: ModelRef) -> ModelView:
         """A model as the caller may see it (metadata, versions, readiness)."""
@@ -326,7 +403,9 @@ class GatewayCore:
         chain = [self.deployments[d] for d in (plan.primary, *plan.fallbacks) if d in self.deployments]
         chain = [d for d in chain if capability in d.backend.capabilities]
         if not chain:
-            kind = "tensors" if capability is Capability.TENSOR else "text generation"
+            kind = {Capability.TENSOR: "tensors", Capability.GENERATE: "text generation"}.get(
+                capability, "embeddings"
+            )
             raise InvalidInput(f"model {plan.model!r} does not serve {kind} on this endpoint")
         healthy = [d for d in chain if self.is_healthy(d.name)]
         if not healthy:

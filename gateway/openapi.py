@@ -21,8 +21,9 @@ from gateway import probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin import CreateKeyBody
 from gateway.admin_guard import ADMIN_GUARD
-from gateway.protocols import kserve, openai, tfserving
-from gateway.protocols.openai_schema import ChatBody, CompletionBody
+from gateway.http import DEPENDENCIES
+from gateway.protocols import kserve, openai, openai_embeddings, tfserving
+from gateway.protocols.openai_schema import ChatBody, CompletionBody, EmbeddingsBody
 from gateway.protocols.v2_codec import InferRequestJSON
 from gateway.reload import ROUTES as RELOAD_ROUTES
 
@@ -116,6 +117,18 @@ _COMPLETION_RESPONSE = {
 }
 
 
+_EMBEDDINGS_RESPONSE = {
+    "type": "object",
+    "description": "an OpenAI list of embedding objects (float arrays, or base64 little-endian float32)",
+    "properties": {
+        "object": {"type": "string"},
+        "data": {"type": "array", "items": {"type": "object"}},
+        "model": {"type": "string"},
+        "usage": {"type": "object"},
+    },
+}
+
+
 def _protocol(path: str) -> str:
     if path.startswith("/admin"):
         return "plain"
@@ -142,6 +155,7 @@ def _request_bodies(refs: dict[str, dict[str, Any]]) -> dict[tuple[str, str], di
     return {
         ("/v1/completions", "post"): _json_body(refs["CompletionBody"]),
         ("/v1/chat/completions", "post"): _json_body(refs["ChatBody"]),
+        ("/v1/embeddings", "post"): _json_body(refs["EmbeddingsBody"]),
         ("/v2/models/{model}/infer", "post"): infer,
         ("/v2/models/{model}/versions/{version}/infer", "post"): infer,
         ("/v1/models/{segment}", "post"): predict,
@@ -154,6 +168,8 @@ def _request_bodies(refs: dict[str, dict[str, Any]]) -> dict[tuple[str, str], di
 def _success(path: str, method: str) -> dict[str, Any] | None:
     if path in ("/v1/completions", "/v1/chat/completions"):
         return _COMPLETION_RESPONSE
+    if path == "/v1/embeddings":
+        return _EMBEDDINGS_RESPONSE
     if path.endswith("/infer"):
         return _V2_RESPONSE
     if method == "post" and path.startswith("/v1/models/"):
@@ -191,10 +207,15 @@ def _complete(document: dict[str, Any], refs: dict[str, dict[str, Any]]) -> dict
 
 
 def _build(handlers: list[Any], title: str) -> dict[str, Any]:
-    app = Litestar(route_handlers=handlers, openapi_config=OpenAPIConfig(title=title, version=VERSION))
+    # the same dependencies as the served app: `core` and `call` are injected, not client parameters
+    app = Litestar(
+        route_handlers=handlers,
+        openapi_config=OpenAPIConfig(title=title, version=VERSION),
+        dependencies=DEPENDENCIES,
+    )
     document = app.openapi_schema.to_schema()
     _, refs = msgspec.json.schema_components(
-        [ChatBody, CompletionBody, InferRequestJSON, CreateKeyBody], ref_template=_REF
+        [ChatBody, CompletionBody, EmbeddingsBody, InferRequestJSON, CreateKeyBody], ref_template=_REF
     )
     document.setdefault("components", {}).setdefault("schemas", {}).update(refs)
     named = {name: {"$ref": _REF.format(name=name)} for name in refs}
@@ -204,7 +225,8 @@ def _build(handlers: list[Any], title: str) -> dict[str, Any]:
 @cache
 def client_document() -> dict[str, Any]:
     """Every client-facing route (OpenAI, Open Inference Protocol v2, TF Serving REST, probes)."""
-    return _build([*openai.ROUTES, *kserve.ROUTES, *tfserving.ROUTES, *probes.ROUTES], "fleetgate")
+    handlers = [*openai.ROUTES, *openai_embeddings.ROUTES, *kserve.ROUTES, *tfserving.ROUTES, *probes.ROUTES]
+    return _build(handlers, "fleetgate")
 
 
 @cache

@@ -220,3 +220,35 @@ def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
         sampling=_sampling(body, max_tokens, False),
         extra=_forwarded(body),
     )
+
+
+class EmbeddingsBody(msgspec.Struct, kw_only=True):
+    model: str
+    #: a string, a list of strings, a list of token ids, or a list of lists of token ids
+    input: str | list[Any]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+embeddings_decoder = msgspec.json.Decoder(EmbeddingsBody)
+
+
+def embedding_inputs(body: EmbeddingsBody) -> list[str] | list[list[int]]:
+    """The inputs of an embeddings body, one entry per vector to return."""
+    if body.encoding_format not in ("float", "base64"):
+        raise InvalidInput("`encoding_format` must be `float` or `base64`")
+    if body.dimensions is not None and body.dimensions < 1:
+        raise InvalidInput("`dimensions` must be >= 1")
+    value = body.input
+    if isinstance(value, str):
+        return [value]
+    if value and all(isinstance(x, str) for x in value):
+        return list(value)
+    if value and all(_is_token_id(x) for x in value):
+        return [list(value)]
+    if value and all(isinstance(x, list) and x and all(_is_token_id(t) for t in x) for x in value):
+        return [list(x) for x in value]
+    raise InvalidInput(
+        "`input` must be a string, a list of strings, a list of token ids, or a list of lists of token ids"
+    )

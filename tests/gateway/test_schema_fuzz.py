@@ -83,6 +83,10 @@ def test_no_request_gets_a_server_error(fuzz_gateway) -> None:  # type: ignore[n
     failures: list[str] = []
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 24  # every client route is in the document
+    # injected dependencies (the core, the call) are no client parameters
+    document = httpx.get(f"{url}/openapi.json").json()
+    names = {p["name"] for ops in document["paths"].values() for op in ops.values() for p in op.get("parameters", [])}
+    assert not names & {"core", "call", "request"}, names
 
     for operation in operations:
 
