@@ -23,6 +23,7 @@ from gateway.calls import register_metric_models
 from gateway.config import Config, ConfigError
 from gateway.core import GatewayCore
 from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
+from gateway.drain import DrainState
 from gateway.errors import Protocol, describe, error_response
 from gateway.grpc_front.server import start_grpc
 from gateway.http import DEPENDENCIES, http_failure, open_call
@@ -88,6 +89,8 @@ def create_app(
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
+    drain = DrainState()
+
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         store = await open_store(config.state.url)
@@ -95,6 +98,7 @@ def create_app(
         admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
         breakers = CircuitBreakers(config.breakers.failure_threshold, config.breakers.cooldown_s)
         app.state.core = GatewayCore.assemble(config, deployments, keys, admission, breakers, ServiceTimes())
+        app.state.core.drain = drain
         register_metric_models(config.models)
         app.state.store = store
         app.state.admin_attempts = AdminAttempts(config.admin.max_failures_per_minute)
@@ -117,7 +121,7 @@ def create_app(
             await close_deployments(deployments)
             await store.close()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             *probes.ROUTES,
             *openapi.ROUTES,
@@ -135,3 +139,5 @@ def create_app(
         openapi_config=None,
         debug=False,
     )
+    app.state.drain = drain  # read by `fleetgate serve`'s DrainingServer (gateway/drain.py)
+    return app

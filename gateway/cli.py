@@ -47,6 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app, create_served_app
+    from gateway.drain import DrainingServer
     from gateway.logs import configure_logging
 
     listen = {k: v for k, v in (("host", args.host or None), ("port", args.port)) if v is not None}
@@ -59,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=False,  # fleetgate writes its own access line, with tenant and deployment
         timeout_keep_alive=30,
         # a client that never finishes its request cannot keep the process alive after SIGTERM
-        timeout_graceful_shutdown=config.server.graceful_shutdown_s,
+        timeout_graceful_shutdown=config.server.shutdown_timeout_s,
         limit_concurrency=config.server.max_connections,
         # "auto" = httptools and uvloop (installed with fleetgate): bench/bench_http_stack.py measured
         # ~20 % less server CPU per request than h11 + asyncio, which stay selectable.
@@ -71,13 +72,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         options["http"] = use_header_timeout(config.server.header_timeout_s)
     if config.server.workers > 1:
+        # each worker is uvicorn's own server: SIGTERM stops them at once (no drain grace yet)
         from gateway.workers import prepare_environment
 
         create_app(config)  # every deployment's options and files are checked before forking
         prepare_environment(args.config, listen)
         uvicorn.run("gateway.workers:create_worker_app", factory=True, workers=config.server.workers, **options)
         return 0
-    uvicorn.run(create_served_app(config, args.config, listen), **options)
+    app = create_served_app(config, args.config, listen)
+    server = DrainingServer(uvicorn.Config(app, **options), app.state.drain, config.server.drain_grace_s)
+    server.run()
     return 0
 
 

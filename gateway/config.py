@@ -41,14 +41,26 @@ class ServerConfig(SpecBase):
     workers: int = 1
     #: open connections beyond this get 503 at once (a flood of idle or slow clients cannot pile up)
     max_connections: int = 2048
-    #: after SIGTERM, connections still open after this long are closed (slow clients included)
+    #: after SIGTERM, connections still open after this long are closed (slow clients included);
+    #: the drain timeout unless `drain_timeout_s` is set
     graceful_shutdown_s: float = 30.0
+    #: after SIGTERM, requests keep being served this long while readiness already says 503 (load
+    #: balancers need time to notice); then new requests get 503 + Retry-After (gateway/drain.py)
+    drain_grace_s: float = 5.0
+    #: after the grace, requests in flight and open streams may run this long before they are
+    #: cancelled (their reservations released); default: `graceful_shutdown_s`
+    drain_timeout_s: float | None = None
     #: a connection whose request headers are not all in after this long is closed (httptools server)
     header_timeout_s: float = 10.0
     #: the gRPC front door (KServe v2 / Triton and TF Serving services, health, reflection) on the
     #: same host; null turns it off. Omitted: `FLEETGATE_GRPC_PORT` when set (a number, or `off`),
     #: else 8001. Messages may be as large as `max_body_bytes`.
     grpc_port: int | None = 8001
+
+    @property
+    def shutdown_timeout_s(self) -> float:
+        """How long requests in flight may run after SIGTERM's grace (drain timeout)."""
+        return self.graceful_shutdown_s if self.drain_timeout_s is None else self.drain_timeout_s
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -65,6 +77,12 @@ class ServerConfig(SpecBase):
             raise ValueError("max_connections must be >= 1")
         if not (math.isfinite(self.graceful_shutdown_s) and self.graceful_shutdown_s >= 0):
             raise ValueError("graceful_shutdown_s must be a finite number >= 0")
+        if not (math.isfinite(self.drain_grace_s) and self.drain_grace_s >= 0):
+            raise ValueError("drain_grace_s must be a finite number >= 0")
+        if self.drain_timeout_s is not None and not (
+            math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0
+        ):
+            raise ValueError("drain_timeout_s must be a finite number >= 0")
         if not (math.isfinite(self.header_timeout_s) and self.header_timeout_s > 0):
             raise ValueError("header_timeout_s must be a finite number > 0")
 

@@ -40,6 +40,8 @@ from gateway.calls import Call, ModelRef
 from gateway.config import Config
 from gateway.deadline import Deadline
 from gateway.deployments import Deployment, FleetSignals
+from gateway.drain import DrainState
+from gateway.errors import GatewayError
 from gateway.outcomes import Outcomes
 from gateway.queue_hints import NO_HINTS, QueueHints, queue_hints
 from gateway.shadowing import Shadows
@@ -188,6 +190,8 @@ class GatewayCore:
         self.shadows = Shadows(deployments)
         #: what a running stream needs at its end (and the settlements still running)
         self.settlement = StreamSettlement(admission, self.shadows)
+        #: the process's drain after SIGTERM (gateway/drain.py): not ready, then refusing new calls
+        self.drain = DrainState()
 
     @classmethod
     def assemble(
@@ -207,7 +211,17 @@ class GatewayCore:
     # --- the one-pass API for protocol adapters ------------------------------------------------
 
     async def identify(self, call: Call) -> Principal:
-        """Authenticate the call's credential; the tenant is recorded on the call."""
+        """Authenticate the call's credential; the tenant is recorded on the call.
+
+        Every call of every protocol starts here, so a draining process refuses new work here.
+        """
+        if self.drain.refusing:
+            raise GatewayError(
+                503,
+                "shutting_down",
+                "this gateway instance is shutting down; retry (another instance will answer)",
+                headers={"Retry-After": "1"},
+            )
         if call.api_key is None:
             raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
         principal = await self.keys.authenticate(call.api_key)
@@ -356,6 +370,8 @@ class GatewayCore:
         `any`: at least one deployment is loaded and warmed up (a gateway with no deployments, an
         admin-only front, is ready); `all`: every deployment is.
         """
+        if self.drain.draining:
+            return False
         states = [d.ready for d in self.deployments.values()]
         if self.config.server.readiness == "all" or not states:
             return all(states)

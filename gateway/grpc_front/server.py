@@ -20,8 +20,8 @@ from gateway.core import GatewayCore
 
 log = structlog.get_logger(__name__)
 
-#: how often the health service's status follows the gateway's readiness
-HEALTH_REFRESH_S = 1.0
+#: how often the health service's status follows the gateway's readiness (a drain shows within this)
+HEALTH_REFRESH_S = 0.25
 
 
 @dataclass
