@@ -11,6 +11,10 @@ PIP := $(PY) -m pip
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-10)
 CONFIG ?= configs/demo.yaml
+# extras installed by `make install` (the container image uses EXTRAS=all: no test tools)
+EXTRAS ?= all,dev
+# set to 1 where a CUDA torch wheel is wanted on a machine without a GPU (building a CUDA image)
+ALLOW_CUDA ?=
 PORT ?= 8000
 
 .PHONY: run test install system-deps lint demo-models bench clean
@@ -21,8 +25,8 @@ $(PY):
 $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) install -q -e '.[all,dev]'
-	@$(PY) -c "import torch, sys; gpu = __import__('shutil').which('nvidia-smi'); \
+	$(PIP) install -q -e '.[$(EXTRAS)]'
+	@$(PY) -c "import torch, sys; gpu = __import__('shutil').which('nvidia-smi') or '$(ALLOW_CUDA)'; \
 	  sys.exit('CUDA torch wheel on a machine without a GPU: set TORCH_INDEX' if torch.version.cuda and not gpu else 0)"
 	rm -f $(VENV)/.installed-*
 	touch $@
