@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 
 from litestar import Request, Response, get
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from gateway import metrics
 from gateway.admin_guard import operator_key_presented
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError, exception_response
+from gateway.vllm_metrics import VllmNames
 from gateway.workers import multiprocess_metrics
 
 
@@ -73,9 +74,9 @@ def metrics_endpoint(request: Request) -> Response[bytes]:
         for deployment, weight in core.router.effective_weights(model).items():
             metrics.ROUTE_WEIGHT.labels(model, deployment).set(weight)
     merged = multiprocess_metrics()  # server.workers > 1: every worker's series, summed
-    return Response(
-        content=merged if merged is not None else generate_latest(), media_type=CONTENT_TYPE_LATEST
-    )
+    if merged is None:  # one process: the default registry, and the engine's vLLM-named copies
+        merged = generate_latest() + generate_latest(VllmNames(REGISTRY))
+    return Response(content=merged, media_type=CONTENT_TYPE_LATEST)
 
 
 ROUTES = [health_live, health_ready, metrics_endpoint]

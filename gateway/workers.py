@@ -59,6 +59,8 @@ def multiprocess_metrics() -> bytes | None:
         return None
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
+    from gateway.vllm_metrics import VllmNames
+
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=directory)
-    return generate_latest(registry)
+    return generate_latest(registry) + generate_latest(VllmNames(registry))

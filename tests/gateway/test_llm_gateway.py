@@ -17,7 +17,7 @@ from backends.base import GenerateRequest
 from backends.demo_models.tiny_llama import write_tiny_llama
 from gateway.app import create_app
 from gateway.config import parse_config
-from tests.conftest import create_key
+from tests.conftest import ADMIN_HEADERS, create_key
 from tests.servers import serve_app
 
 
@@ -185,3 +185,30 @@ async def test_stream_is_settled_when_the_client_leaves_during_a_blocked_send(mo
         prompt = await dep.backend.count_prompt_tokens(GenerateRequest(request_id="n", prompt="hello"))
         rows = [r for r in await core.admission.usage("acme") if len(r.period) == 10]
         assert [(r.requests, r.tokens) for r in rows] == [(1, prompt + 1)]  # the one token it was sent
+
+
+def test_engine_metrics_are_also_exported_under_vllms_names(llm_gateway):
+    """vLLM dashboards and KEDA scalers read `vllm:*{model_name=...}`: the same samples as fleetgate_llm_*."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, key = llm_gateway
+    client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    text = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert value(f"vllm:{name}", model_name="llm") == value(f"fleetgate_llm_{name}", deployment="llm")
+    assert value("vllm:gpu_cache_usage_perc", model_name="llm") == value("vllm:kv_cache_usage_perc", model_name="llm")
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        count = value(f"vllm:{name}_count", model_name="llm")
+        assert count >= 1 and count == value(f"fleetgate_llm_{name}_count", deployment="llm")
+    assert value("vllm:generation_tokens_total", model_name="llm") >= 3
+    assert not any(name.startswith("vllm:kv_cache_waste") for name, _ in samples)
