@@ -43,6 +43,7 @@ from backends.json_errors import JSON_DECODE_ERRORS
 from backends.spec import DeploymentSpec, SpecBase, decode_options
 from backends.upstream_http import UpstreamPool, UpstreamTooLong, UpstreamUnreachable
 from backends.validation import validate_request
+from fleetgate import tracing
 
 
 class RemoteOptions(SpecBase):
@@ -164,7 +165,11 @@ class RemoteBackend:
     async def _request(self, method: str, path: str, body: Any = None) -> Any:
         assert self._client is not None, "load() first"
         content = _json_encode.encode(body) if body is not None else None
-        headers = {"content-type": "application/json"} if content else None
+        # the request's trace goes on upstream (W3C traceparent); nothing while tracing is off
+        headers = {
+            **({"content-type": "application/json"} if content else {}),
+            **tracing.trace_headers(),
+        } or None
         try:
             async with asyncio.timeout(self.spec.timeout_s):
                 response = await self._client.request(method, path, content, headers)
@@ -283,13 +288,15 @@ class RemoteBackend:
         assert self._client is not None, "load() first"
         path, body = self._openai_body(request)
         limit = self.options.max_response_bytes
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", **tracing.trace_headers()}
         try:
             # the deadline of the answer's start; each later event has the same allowance
             async with asyncio.timeout(self.spec.timeout_s):
                 response = await self._client.request("POST", path, _json_encode.encode(body), headers)
         except TimeoutError:
-            raise BackendTimeout(f"upstream {self.name!r} did not answer in {self.spec.timeout_s:g}s") from None
+            raise BackendTimeout(
+                f"upstream {self.name!r} did not answer in {self.spec.timeout_s:g}s"
+            ) from None
         except UpstreamUnreachable as exc:
             raise BackendUnavailable(f"upstream {self.name!r} failed: {exc}") from None
         try:
@@ -304,7 +311,9 @@ class RemoteBackend:
             async for event in self._parse_sse(request.request_id, lines):
                 yield event
         except TimeoutError:
-            raise BackendTimeout(f"upstream {self.name!r} sent nothing for {self.spec.timeout_s:g}s") from None
+            raise BackendTimeout(
+                f"upstream {self.name!r} sent nothing for {self.spec.timeout_s:g}s"
+            ) from None
         except UpstreamUnreachable as exc:
             raise BackendUnavailable(f"upstream {self.name!r} failed: {exc}") from None
         except UpstreamTooLong as exc:
@@ -322,7 +331,8 @@ class RemoteBackend:
                 text = (choice.get("message") or {}).get("content") or ""
             u = payload.get("usage") or {}
             usage = Usage(
-                prompt_tokens=int(u.get("prompt_tokens", 0)), completion_tokens=int(u.get("completion_tokens", 0))
+                prompt_tokens=int(u.get("prompt_tokens", 0)),
+                completion_tokens=int(u.get("completion_tokens", 0)),
             )
         except (*JSON_DECODE_ERRORS, AttributeError, TypeError, ValueError, IndexError):
             raise BackendInternalError(f"upstream {self.name!r} sent a malformed completion") from None

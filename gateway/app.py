@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import structlog
 from litestar import Litestar, Request, Response
@@ -30,6 +31,7 @@ from gateway.http import DEPENDENCIES, http_failure, open_call
 from gateway.protocols import kserve, openai, openai_embeddings, tfserving
 from gateway.reload import ROUTES as RELOAD_ROUTES
 from gateway.reload import install_sighup
+from gateway.telemetry import setup_tracing, shutdown_tracing
 from policies.admission import Admission
 from policies.keys import KeyService
 from policies.stores import open_store
@@ -76,7 +78,11 @@ def create_served_app(config: Config, config_path: str | Path, listen: dict[str,
 
 
 def create_app(
-    config: Config, *, clock: Callable[[], float] = time.time, config_path: str | Path | None = None
+    config: Config,
+    *,
+    clock: Callable[[], float] = time.time,
+    config_path: str | Path | None = None,
+    span_exporter: Any = None,
 ) -> Litestar:
     """Build the gateway app for `config`; `config_path` enables reload (`POST /admin/reload`, SIGHUP).
 
@@ -93,6 +99,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        tracer_provider = setup_tracing(config.tracing, span_exporter)
         store = await open_store(config.state.url)
         keys = KeyService(store, clock, tenants=list(config.tenants))
         admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
@@ -120,6 +127,7 @@ def create_app(
             await app.state.core.shadows.close()
             await close_deployments(deployments)
             await store.close()
+            shutdown_tracing(tracer_provider)
 
     app = Litestar(
         route_handlers=[

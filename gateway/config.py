@@ -99,6 +99,22 @@ class StateConfig(SpecBase):
             raise ValueError("url must start with memory://, sqlite:///, redis:// or rediss://")
 
 
+class TracingConfig(SpecBase):
+    """OpenTelemetry traces (`fleetgate[tracing]`): one trace per request, exported over OTLP/HTTP."""
+
+    #: off by default: no span is made and nothing is imported
+    enabled: bool = False
+    #: the collector's OTLP/HTTP traces endpoint
+    otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    service_name: str = "fleetgate"
+    #: fraction of traces kept when the client sent no sampling decision (parent-based sampling)
+    sample_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sample_ratio <= 1.0:
+            raise ValueError("sample_ratio must be in 0..1")
+
+
 class AdminConfig(SpecBase):
     #: environment variable holding the admin API bearer key; no variable set = admin API off
     key_env: str = "FLEETGATE_ADMIN_KEY"
@@ -123,6 +139,7 @@ class Config(SpecBase):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     state: StateConfig = msgspec.field(default_factory=StateConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
+    tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
     tenants: dict[str, TenantSpec] = msgspec.field(default_factory=dict)
     deployments: dict[str, DeploymentConfig] = msgspec.field(default_factory=dict)
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)

@@ -35,6 +35,7 @@ from backends.base import (
 )
 from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput, ModelNotFound
 from backends.validation import validate_request
+from fleetgate import tracing
 from gateway import metrics
 from gateway.calls import Call, ModelRef
 from gateway.config import Config
@@ -224,7 +225,8 @@ class GatewayCore:
             )
         if call.api_key is None:
             raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
-        principal = await self.keys.authenticate(call.api_key)
+        with tracing.span("authenticate"):
+            principal = await self.keys.authenticate(call.api_key)
         if principal.tenant not in self.config.tenants:
             raise Unauthenticated("the API key belongs to a tenant that is no longer configured")
         call.tenant = principal.tenant
@@ -237,6 +239,14 @@ class GatewayCore:
         read and decode the payload (`load`, given the first candidate deployment's metadata), admit, queue,
         run with fallbacks, settle and record. All of it under the call's deadline."""
         call.model = model.name
+        with tracing.span(
+            "fleetgate.request", tracing.extract_context(call.headers), **_call_attributes(call)
+        ) as span:
+            return await self._serve_tensors(call, model, load, span)
+
+    async def _serve_tensors(
+        self, call: Call, model: ModelRef, load: Callable[[ModelMetadata], Awaitable[D]], span: Any
+    ) -> TensorOutcome[D]:
         principal = await self.identify(call)
         plan = self.plan(principal, model.name, model.version, model.label, call.headers)
         self.check_room(principal, plan)
@@ -245,7 +255,7 @@ class GatewayCore:
             # needs its signature); one that is down is skipped as `infer` skips it
             decoded = await load(self._candidates(plan, Capability.TENSOR)[0].backend.metadata())
             response, served = await self.infer(principal, plan, decoded.request, queue_hints(call.headers))
-        self._record_server(call, served)
+        self._record_server(call, served, span)
         return TensorOutcome(decoded, response, served)
 
     async def serve_generation(
@@ -255,15 +265,24 @@ class GatewayCore:
         named in it), route, refuse early when the queue is full, build the request, count the
         prompt, admit, queue and start with fallbacks. The caller iterates the returned stream to
         its end or closes it; either settles the reservation and the queue."""
-        principal, deadline, given, plan = await self._payload_call(call, load)
-        request = given.build()
-        request.tenant = principal.tenant
-        async with deadline.scope():
-            prompt_tokens = await self.estimate_prompt_tokens(plan, request)
-            stream, served = await self.start_generation(
-                principal, plan, request, prompt_tokens, queue_hints(call.headers)
-            )
-        self._record_server(call, served)
+        # the request's span ends when its stream settles (GenerationStream), not here
+        span = tracing.start_span(
+            "fleetgate.request", tracing.extract_context(call.headers), **_call_attributes(call)
+        )
+        try:
+            with tracing.current(span):
+                principal, deadline, given, plan = await self._payload_call(call, load)
+                request = given.build()
+                request.tenant = principal.tenant
+                async with deadline.scope():
+                    prompt_tokens = await self.estimate_prompt_tokens(plan, request)
+                    stream, served = await self.start_generation(
+                        principal, plan, request, prompt_tokens, queue_hints(call.headers), span
+                    )
+        except BaseException as exc:
+            _end_span(span, exc)
+            raise
+        self._record_server(call, served, span)
         return StartedGeneration(stream, served, given.body, deadline)
 
     async def serve_embeddings(
@@ -272,6 +291,14 @@ class GatewayCore:
         """Serve one embeddings call: authenticate, read and decode the payload, route, refuse early
         when the queue is full, tokenize on the first candidate (the tokens are the cost charged to
         token limits, quotas and the fair queue), admit, queue, embed with fallbacks, settle, record."""
+        with tracing.span(
+            "fleetgate.request", tracing.extract_context(call.headers), **_call_attributes(call)
+        ) as span:
+            return await self._serve_embeddings(call, load, span)
+
+    async def _serve_embeddings(
+        self, call: Call, load: Callable[[], Awaitable[EmbeddingsInput]], span: Any
+    ) -> EmbeddingsOutcome:
         principal, deadline, given, plan = await self._payload_call(call, load)
         candidates = self._candidates(plan, Capability.EMBED)
         first = as_embedding(candidates[0].backend).prepare_embedding(given.inputs, call.request_id)
@@ -300,7 +327,7 @@ class GatewayCore:
             finally:
                 await self.admission.reconcile(reservation, used, failed=used == 0)
         served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
-        self._record_server(call, served)
+        self._record_server(call, served, span)
         return EmbeddingsOutcome(vectors, cost, served, given.body)
 
     async def _payload_call(
@@ -346,9 +373,17 @@ class GatewayCore:
         return Deadline(self.config.server.request_timeout_s, call.started)
 
     @staticmethod
-    def _record_server(call: Call, served: Served) -> None:
+    def _record_server(call: Call, served: Served, span: Any = None) -> None:
         dep = served.deployment
         call.served_by(dep.name, dep.spec.backend, dep.device)
+        if span is not None:
+            span.set_attributes(
+                {
+                    "fleetgate.tenant": call.tenant,
+                    "fleetgate.deployment": dep.name,
+                    "fleetgate.backend": dep.spec.backend,
+                }
+            )
 
     # --- identity and visibility -----------------------------------------------------------
 
@@ -403,7 +438,8 @@ class GatewayCore:
         headers: dict[str, str] | Any,
     ) -> Plan:
         self.check_visible(principal, model)
-        return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
+        with tracing.span("route"):
+            return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
 
     def check_room(self, principal: Principal, plan: Plan) -> None:
         """Refuse now (429/503) when the plan's first deployment has no queue room for this tenant.
@@ -538,16 +574,20 @@ class GatewayCore:
         """
         queued_at = time.perf_counter()
         try:
-            ticket = await dep.queue.acquire(
-                principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
-            )
+            with tracing.span("queue", **{"fleetgate.deployment": dep.name}):
+                ticket = await dep.queue.acquire(
+                    principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
+                )
         except BaseException:
             work.close()  # never awaited: close it so Python does not warn
             raise
         granted = time.perf_counter()
         metrics.QUEUE_TIME.labels(dep.name, principal.tenant).observe(granted - queued_at)
         try:
-            return await work, time.perf_counter() - granted
+            with tracing.span(
+                "backend", **{"fleetgate.deployment": dep.name, "fleetgate.backend": dep.spec.backend}
+            ):
+                return await work, time.perf_counter() - granted
         finally:
             dep.queue.release(ticket, cost)
 
@@ -556,7 +596,8 @@ class GatewayCore:
         leave a reservation the store granted without anyone to settle it."""
         task = asyncio.ensure_future(self.admission.admit(principal, model, cost))
         try:
-            return await asyncio.shield(task)
+            with tracing.span("admit", **{"fleetgate.cost": cost}):
+                return await asyncio.shield(task)
         except asyncio.CancelledError:
             task.add_done_callback(self._settle_abandoned)
             raise
@@ -586,6 +627,7 @@ class GatewayCore:
         request: GenerateRequest,
         prompt_tokens: int,
         hints: QueueHints = NO_HINTS,
+        span: Any = None,
     ) -> tuple[GenerationStream, Served]:
         """Admit and start a generation; returns the stream once the first event is in hand.
 
@@ -601,13 +643,15 @@ class GatewayCore:
         reservation = await self._admit(principal, plan.model, cost)
 
         async def attempt(dep: Deployment) -> tuple[GenerationStream, float, float]:
-            ticket = await dep.queue.acquire(
-                principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
-            )
+            with tracing.span("queue", **{"fleetgate.deployment": dep.name}):
+                ticket = await dep.queue.acquire(
+                    principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
+                )
             started = time.perf_counter()
             stream = as_generative(dep.backend).generate(request)
             try:
-                first = await anext(stream)
+                with tracing.span("backend.first_token", **{"fleetgate.deployment": dep.name}):
+                    first = await anext(stream)
             except StopAsyncIteration:
                 first = TokenEvent(request_id=request.request_id, finish_reason="stop", usage=Usage())
             except BaseException:
@@ -616,7 +660,9 @@ class GatewayCore:
             # A stream's latency and service time are its time to first event: the rest of it runs
             # at the pace the client reads, which says nothing about the deployment's load.
             first_event_s = time.perf_counter() - started
-            job = StreamJob(principal, plan, dep, request, ticket, reservation, prompt_tokens)
+            if span is not None:
+                span.set_attribute("llm.time_to_first_token_s", first_event_s)
+            job = StreamJob(principal, plan, dep, request, ticket, reservation, prompt_tokens, span)
             return GenerationStream(self.settlement, job, stream, first), first_event_s, first_event_s
 
         try:
@@ -627,3 +673,20 @@ class GatewayCore:
             await self.admission.reconcile(reservation, 0, failed=True)
             raise
         return events, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+
+
+def _call_attributes(call: Call) -> dict[str, Any]:
+    """A request span's attributes: never the key, the prompt or the payload."""
+    return {
+        "fleetgate.protocol": call.protocol,
+        "fleetgate.model": call.model or None,
+        "fleetgate.request_id": call.request_id,
+    }
+
+
+def _end_span(span: Any, error: BaseException | None = None) -> None:
+    if span is None:
+        return
+    if error is not None:
+        span.set_attribute("error.type", type(error).__name__)
+    span.end()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from backends.base import BYTES_PER_TOKEN, GenerateRequest, TokenEvent, Usage, estimate_text_tokens
 from gateway import metrics
@@ -52,6 +53,8 @@ class StreamJob:
     reservation: Reservation
     #: prompt tokens reserved at admission (exact where the backend has a tokenizer)
     prompt_tokens: int
+    #: the request's trace span, ended when the stream settles (None while tracing is off)
+    span: Any = None
 
 
 class GenerationStream:
@@ -181,6 +184,14 @@ class GenerationStream:
             # tokens were computed and stay charged)
             failed = self._errored and self.delivered == 0
             await settlement.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
+            if job.span is not None:
+                job.span.set_attributes(
+                    {
+                        "llm.prompt_tokens": usage.prompt_tokens,
+                        "llm.completion_tokens": usage.completion_tokens,
+                    }
+                )
+                job.span.end()
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

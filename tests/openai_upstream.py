@@ -86,12 +86,15 @@ async def _events(body: dict[str, Any], chat: bool) -> AsyncIterator[bytes]:
 
 #: the last request bodies this upstream received (newest last), for tests of what is forwarded
 RECEIVED: list[dict[str, Any]] = []
+RECEIVED_HEADERS: list[dict[str, str]] = []
 
 
 async def _handle(request: Request, chat: bool) -> Response[Any]:
     body = msgspec.json.decode(await request.body())
     RECEIVED.append(body)
     del RECEIVED[:-50]
+    RECEIVED_HEADERS.append(dict(request.headers))
+    del RECEIVED_HEADERS[:-50]
     if body.get("model") == "missing":
         return Response(
             {"error": {"message": "model missing not found", "type": "not_found"}}, status_code=404

@@ -1,0 +1,94 @@
+"""OpenTelemetry traces: one trace per request with spans for authentication, routing, admission,
+queue wait and the backend; a client's `traceparent` continued and sent on to remote upstreams;
+tenant, model and deployment as attributes, never the key (the SDK's in-memory exporter)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from backends.demo_models.digits import digits_split
+from gateway.app import create_app
+from gateway.config import parse_config
+from tests import openai_upstream
+from tests.conftest import create_key
+from tests.servers import serve_app
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+@pytest.fixture(scope="module")
+def traced(digits, upstream_url: str) -> Iterator[tuple[str, str, InMemorySpanExporter]]:  # noqa: ANN001
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  ort: {{backend: onnxruntime, model: {digits.onnx_path}}}
+  up: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: echo-upstream, api_key_env: TEST_UPSTREAM_KEY}}
+models:
+  digits: {{routes: [{{deployment: ort}}]}}
+  echo: {{routes: [{{deployment: up}}]}}
+""",
+        base_dir=Path("."),
+    )
+    exporter = InMemorySpanExporter()
+    with serve_app(create_app(config, span_exporter=exporter)) as url:
+        yield url, create_key(url, "acme"), exporter
+
+
+def test_a_tensor_request_is_one_trace_continuing_the_clients(traced) -> None:  # noqa: ANN001
+    url, key, exporter = traced
+    exporter.clear()
+    row = digits_split()[1][0].tolist()
+    body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": row}]}
+    headers = {"Authorization": f"Bearer {key}", "traceparent": TRACEPARENT}
+    assert httpx.post(f"{url}/v2/models/digits/infer", json=body, headers=headers).status_code == 200
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert {"fleetgate.request", "authenticate", "route", "admit", "queue", "backend"} <= set(spans)
+    root = spans["fleetgate.request"]
+    assert format(root.context.trace_id, "032x") == TRACE_ID  # the client's trace, continued
+    assert all(s.context.trace_id == root.context.trace_id for s in spans.values())
+    assert all(
+        spans[n].parent.span_id == root.context.span_id
+        for n in ("authenticate", "route", "admit", "queue", "backend")
+    )
+    attrs = dict(root.attributes)
+    assert attrs["fleetgate.tenant"] == "acme" and attrs["fleetgate.model"] == "digits"
+    assert attrs["fleetgate.deployment"] == "ort" and attrs["fleetgate.protocol"] == "v2"
+    everything = " ".join(str(v) for s in spans.values() for v in dict(s.attributes).values())
+    assert key not in everything and key[:12] not in everything
+
+
+def test_a_stream_is_traced_to_its_end_and_the_trace_goes_upstream(traced) -> None:  # noqa: ANN001
+    url, key, exporter = traced
+    exporter.clear()
+    client = OpenAI(
+        base_url=f"{url}/v1", api_key=key, max_retries=0, default_headers={"traceparent": TRACEPARENT}
+    )
+    stream = client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "hello"}], max_tokens=4, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text
+    (root,) = [s for s in exporter.get_finished_spans() if s.name == "fleetgate.request"]
+    assert format(root.context.trace_id, "032x") == TRACE_ID
+    attrs = dict(root.attributes)
+    assert attrs["llm.completion_tokens"] >= 1 and attrs["llm.time_to_first_token_s"] > 0
+    sent = openai_upstream.RECEIVED_HEADERS[-1]["traceparent"]
+    assert sent.split("-")[1] == TRACE_ID  # the upstream joins the same trace
+
+
+def test_tracing_is_off_by_default() -> None:
+    from gateway.config import TracingConfig
+    from gateway.telemetry import setup_tracing
+
+    config = parse_config("state: {url: 'memory://'}", base_dir=Path("."))
+    assert config.tracing == TracingConfig() and config.tracing.enabled is False
+    assert setup_tracing(config.tracing) is None  # nothing set up, nothing imported
