@@ -81,7 +81,7 @@ tracing: {{enabled: {str(tracing).lower()}, otlp_endpoint: "http://127.0.0.1:{si
         try:
             for _ in range(args.rounds):
                 result = {}
-                for name, (proc, port, key) in (("off", off), ("on", on)):
+                for name, (_proc, port, key) in (("off", off), ("on", on)):
                     request = v2_request("digits", row, key, port)
                     for c in (1, 16):
                         asyncio.run(_load(port, request, c, 0.3))
