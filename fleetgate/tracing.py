@@ -16,6 +16,7 @@ from typing import Any
 _tracer: Any = None  # an opentelemetry Tracer once `enable` ran
 _propagator: Any = None
 _use_span: Any = None
+_current_span: Any = None
 _NULL = contextlib.nullcontext()
 
 
@@ -23,23 +24,37 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-def enable(tracer: Any, propagator: Any, use_span: Any) -> None:
-    """Turn tracing on: an OpenTelemetry tracer, a text-map propagator and `trace.use_span`."""
-    global _tracer, _propagator, _use_span
-    _tracer, _propagator, _use_span = tracer, propagator, use_span
+def enable(tracer: Any, propagator: Any, use_span: Any, current_span: Any) -> None:
+    """Turn tracing on: an OpenTelemetry tracer, a text-map propagator, `trace.use_span` and
+    `trace.get_current_span`."""
+    global _tracer, _propagator, _use_span, _current_span
+    _tracer, _propagator, _use_span, _current_span = tracer, propagator, use_span, current_span
 
 
 def disable() -> None:
-    global _tracer, _propagator, _use_span
-    _tracer = _propagator = _use_span = None
+    global _tracer, _propagator, _use_span, _current_span
+    _tracer = _propagator = _use_span = _current_span = None
 
 
 def span(name: str, context: Any = None, **attributes: Any) -> Any:
-    """A context manager around a span named `name` (a no-op while tracing is off)."""
+    """A context manager around a span named `name` (a no-op while tracing is off).
+
+    Inside a request that was not sampled, child spans are no-ops too: only the root span is made
+    (it carries the sampling decision), so `sample_ratio` really lowers the cost.
+    """
     if _tracer is None:
         return _NULL
     clean = {k: v for k, v in attributes.items() if v is not None}
     return _tracer.start_as_current_span(name, context=context, attributes=clean)
+
+
+def child(name: str, **attributes: Any) -> Any:
+    """A span under the current one, or a no-op when tracing is off or this trace is not sampled."""
+    if _tracer is None or not _current_span().is_recording():
+        return _NULL
+    return _tracer.start_as_current_span(
+        name, attributes={k: v for k, v in attributes.items() if v is not None}
+    )
 
 
 def start_span(name: str, context: Any = None, **attributes: Any) -> Any:

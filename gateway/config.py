@@ -53,9 +53,17 @@ class ServerConfig(SpecBase):
     #: a connection whose request headers are not all in after this long is closed (httptools server)
     header_timeout_s: float = 10.0
     #: the gRPC front door (KServe v2 / Triton and TF Serving services, health, reflection) on the
-    #: same host; null turns it off. Omitted: `FLEETGATE_GRPC_PORT` when set (a number, or `off`),
-    #: else 8001. Messages may be as large as `max_body_bytes`.
-    grpc_port: int | None = 8001
+    #: same host; null turns it off; `auto` (the default) is `port + 1` (8001 beside 8000, and it
+    #: moves with `--port`). Omitted: `FLEETGATE_GRPC_PORT` when set (a number, or `off`).
+    #: Messages may be as large as `max_body_bytes`.
+    grpc_port: int | Literal["auto"] | None = "auto"
+
+    @property
+    def grpc_listen_port(self) -> int | None:
+        """The gRPC port to bind (`auto`: the HTTP port + 1), or None when gRPC is off."""
+        if self.grpc_port == "auto":
+            return self.port + 1 if 0 < self.port < 65535 else 0
+        return self.grpc_port
 
     @property
     def shutdown_timeout_s(self) -> float:
@@ -65,8 +73,10 @@ class ServerConfig(SpecBase):
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError("port must be in 0..65535")
-        if self.grpc_port is not None and not 0 <= self.grpc_port <= 65535:
-            raise ValueError("grpc_port must be in 0..65535, or null")
+        if isinstance(self.grpc_port, int) and not 0 <= self.grpc_port <= 65535:
+            raise ValueError("grpc_port must be in 0..65535, auto, or null")
+        if self.grpc_port is not None and self.grpc_port != 0 and self.grpc_listen_port == self.port:
+            raise ValueError("grpc_port must differ from port")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
         if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):

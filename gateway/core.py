@@ -225,7 +225,7 @@ class GatewayCore:
             )
         if call.api_key is None:
             raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
-        with tracing.span("authenticate"):
+        with tracing.child("authenticate"):
             principal = await self.keys.authenticate(call.api_key)
         if principal.tenant not in self.config.tenants:
             raise Unauthenticated("the API key belongs to a tenant that is no longer configured")
@@ -438,7 +438,7 @@ class GatewayCore:
         headers: dict[str, str] | Any,
     ) -> Plan:
         self.check_visible(principal, model)
-        with tracing.span("route"):
+        with tracing.child("route"):
             return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
 
     def check_room(self, principal: Principal, plan: Plan) -> None:
@@ -574,7 +574,7 @@ class GatewayCore:
         """
         queued_at = time.perf_counter()
         try:
-            with tracing.span("queue", **{"fleetgate.deployment": dep.name}):
+            with tracing.child("queue", **{"fleetgate.deployment": dep.name}):
                 ticket = await dep.queue.acquire(
                     principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
                 )
@@ -596,7 +596,7 @@ class GatewayCore:
         leave a reservation the store granted without anyone to settle it."""
         task = asyncio.ensure_future(self.admission.admit(principal, model, cost))
         try:
-            with tracing.span("admit", **{"fleetgate.cost": cost}):
+            with tracing.child("admit", **{"fleetgate.cost": cost}):
                 return await asyncio.shield(task)
         except asyncio.CancelledError:
             task.add_done_callback(self._settle_abandoned)
@@ -643,14 +643,14 @@ class GatewayCore:
         reservation = await self._admit(principal, plan.model, cost)
 
         async def attempt(dep: Deployment) -> tuple[GenerationStream, float, float]:
-            with tracing.span("queue", **{"fleetgate.deployment": dep.name}):
+            with tracing.child("queue", **{"fleetgate.deployment": dep.name}):
                 ticket = await dep.queue.acquire(
                     principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
                 )
             started = time.perf_counter()
             stream = as_generative(dep.backend).generate(request)
             try:
-                with tracing.span("backend.first_token", **{"fleetgate.deployment": dep.name}):
+                with tracing.child("backend.first_token", **{"fleetgate.deployment": dep.name}):
                     first = await anext(stream)
             except StopAsyncIteration:
                 first = TokenEvent(request_id=request.request_id, finish_reason="stop", usage=Usage())

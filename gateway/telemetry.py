@@ -36,7 +36,10 @@ def setup_tracing(config: TracingConfig, exporter: Any = None) -> Any:
     )
     provider.add_span_processor(processor)
     tracing.enable(
-        provider.get_tracer("fleetgate"), propagation.TraceContextTextMapPropagator(), trace.use_span
+        provider.get_tracer("fleetgate"),
+        propagation.TraceContextTextMapPropagator(),
+        trace.use_span,
+        trace.get_current_span,
     )
     return provider
 

@@ -50,7 +50,7 @@ def _tfserving_services(core: Callable[[], GatewayCore], server: Any) -> list[st
 
 async def start_grpc(config: Config, core: Callable[[], GatewayCore]) -> GrpcFront | None:
     """Start the gRPC server on `server.grpc_port`, or return None when it is off."""
-    port = config.server.grpc_port
+    port = config.server.grpc_listen_port
     if port is None:
         return None
     aio = require("grpc.aio", extra="grpc")
