@@ -102,7 +102,7 @@ def calibrate(workdir: Path, target_row_s: float, tokens: int) -> tuple[Path, in
     return path, layers, per_row_seconds(path, tokens)
 
 
-def gateway_config(port: int, backend: str, workers: int, vtc_burst: float) -> str:
+def gateway_config(port: int, backend: str, workers: int, vtc_burst: float, split_rows: int | None = None) -> str:
     """One deployment (and one model name) per policy, all on the same backend.
 
     `backend` is the YAML of the deployment's backend fields (ORT file or remote upstream)."""
@@ -113,7 +113,8 @@ def gateway_config(port: int, backend: str, workers: int, vtc_burst: float) -> s
         deployments.append(
             f"  dep-{name}: {{{backend}, "
             f"queue: {{policy: {policy}, max_concurrency: {workers}, vtc_burst: {burst}, "
-            f"max_queue_per_tenant: 256, max_queue_total: 4096, drr_quantum: 8}}}}"
+            f"max_queue_per_tenant: 256, max_queue_total: 4096, drr_quantum: 8, "
+            f"split_rows: {'null' if split_rows is None else split_rows}}}}}"
         )
         models.append(f"  m-{name}: {{routes: [{{deployment: dep-{name}}}]}}")
     tenants = ", ".join(f"{t}: {{weight: {w}}}" for t, w in WEIGHTS.items())
@@ -488,6 +489,9 @@ def main() -> None:
     parser.add_argument("--quiet-utilization", type=float, default=0.3)
     parser.add_argument("--vtc-burst", type=float, default=None, help="rows (default workers x 32: about seven mean requests of the trace)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--split-rows", type=int, default=0, help="queue.split_rows of every deployment (0: off)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/fairness_gateway[_ort]")
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
@@ -514,7 +518,7 @@ def main() -> None:
             info["flood_window_s"] = flood
             log.info("deployment ready", **info)
             proc, port, _ = start_gateway(
-                Path(tmp), lambda p: gateway_config(p, backend, args.workers, burst)
+                Path(tmp), lambda p: gateway_config(p, backend, args.workers, burst, args.split_rows or None)
             )
             try:
                 rounds, records = run_rounds(args, port, proc.pid, trace, info)
@@ -536,6 +540,7 @@ def main() -> None:
             "until_trace_s": args.until,
             "workers": args.workers,
             "vtc_burst_rows": burst,
+            "split_rows": args.split_rows or None,
             "weights": WEIGHTS,
             "quiet_demand_rows_s": quiet_rows_s,
             "tokens_per_row": args.tokens,

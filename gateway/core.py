@@ -45,6 +45,7 @@ from gateway.drain import DrainState
 from gateway.errors import GatewayError
 from gateway.outcomes import Outcomes
 from gateway.queue_hints import NO_HINTS, QueueHints, queue_hints
+from gateway.row_slices import CONTINUING_PRIORITY, join_row_slices, row_slices
 from gateway.shadowing import Shadows
 from gateway.streams import GenerationStream, StreamJob, StreamSettlement
 from policies.admission import Admission, Reservation
@@ -520,8 +521,12 @@ class GatewayCore:
 
         async def attempt(dep: Deployment) -> tuple[TensorResponse, float, float]:
             started = time.perf_counter()
-            work = as_tensor(dep.backend).infer(request)
-            response, service_s = await self._run_queued(principal, dep, cost, work, hints)
+            slices = row_slices(request, dep.queue.spec.split_rows, dep.backend.metadata())
+            if slices is None:
+                work = as_tensor(dep.backend).infer(request)
+                response, service_s = await self._run_queued(principal, dep, cost, work, hints)
+            else:
+                response, service_s = await self._run_in_slices(principal, dep, slices, hints)
             return response, time.perf_counter() - started, service_s
 
         def caller_fault(dep: Deployment, exc: BaseException) -> bool:
@@ -537,6 +542,25 @@ class GatewayCore:
             await self.admission.reconcile(reservation, used, failed=used == 0)
         self.shadows.mirror_tensor(plan, dep, request, response)
         return response, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+
+    async def _run_in_slices(
+        self, principal: Principal, dep: Deployment, slices: list[TensorRequest], hints: QueueHints
+    ) -> tuple[TensorResponse, float]:
+        """Run a large request slice by slice, each slice taking its own turn in the fair queue
+        (`queue.split_rows`); the outputs are joined along dimension 0. Later slices go first among
+        their own tenant's requests (a started request finishes before the tenant's next one)."""
+        backend = as_tensor(dep.backend)
+        continuing = QueueHints(priority=CONTINUING_PRIORITY, timeout_s=hints.timeout_s)
+        parts: list[TensorResponse] = []
+        service_s = 0.0
+        for index, part in enumerate(slices):
+            work = backend.infer(part)
+            answer, seconds = await self._run_queued(
+                principal, dep, part.batch_rows, work, hints if index == 0 else continuing
+            )
+            parts.append(answer)
+            service_s += seconds
+        return join_row_slices(slices[0].id, parts), service_s
 
     def _refused_by_every_route(self, plan: Plan, refused_by: Deployment, request: TensorRequest) -> bool:
         """Whether the other routes of the model would refuse `request` too (the caller's mistake).

@@ -29,6 +29,10 @@ class QueueSpec(SpecBase):
             keep (a token bucket refilled at its fair share); 0 is the paper's lift to the
             minimum. About `max_concurrency` x a typical request's cost lets a quiet tenant's
             short burst through ahead of a flood; a newcomer's lead grows by at most this much.
+        split_rows: a tensor request with more rows than this runs as several runtime calls of at
+            most this many rows, each taking its own turn in the queue: a quiet tenant's request
+            waits behind one slice of a large request, not the whole of it. Only for models whose
+            rows are independent (every input and output batched along dimension 0); None: off.
     """
 
     policy: PolicyName = "vtc"
@@ -38,6 +42,7 @@ class QueueSpec(SpecBase):
     default_deadline_s: float | None = None
     drr_quantum: float = 16.0
     vtc_burst: float = 0.0
+    split_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -56,3 +61,5 @@ class QueueSpec(SpecBase):
             raise ValueError("drr_quantum must be a finite number > 0")
         if not (math.isfinite(self.vtc_burst) and self.vtc_burst >= 0):
             raise ValueError("vtc_burst must be a finite number >= 0")
+        if self.split_rows is not None and self.split_rows < 1:
+            raise ValueError("split_rows must be >= 1 (or null)")
