@@ -118,6 +118,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
     logprobs: bool = False
+    #: fields the caller left unset (an OpenAI request without `temperature`...): a backend may
+    #: fill them from the model's own defaults (`generation_config.json`), as vLLM does
+    model_defaults: frozenset[str] = frozenset()
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):

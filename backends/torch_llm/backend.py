@@ -7,11 +7,13 @@ engine in a worker thread; `generate()` streams `TokenEvent`s from the engine th
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import structlog
 
 from backends.base import (
@@ -108,6 +110,8 @@ class TorchLLMBackend:
         #: prompt ids counted at admission, by request id, waiting for `generate`
         self._tokenized: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()
         self._tokenized_total = 0
+        #: the model's sampling defaults (generation_config.json) for fields a request leaves unset
+        self._sampling_defaults: dict[str, Any] = {}
         self.capacity: Callable[[], tuple[int, int]] | None = self._free_capacity
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -129,6 +133,7 @@ class TorchLLMBackend:
             waiting=self._waiting,
         )
         self._parts = parts
+        self._sampling_defaults = read_sampling_defaults(self.folder)
         self._engine = AsyncLLMEngine(parts.engine, name=self.name)
         self._engine.start()
         log.info(
@@ -229,7 +234,8 @@ class TorchLLMBackend:
             self._tokenized_total -= len(counted[1])
         ids = counted[1] if counted and counted[0] == _fingerprint(request) else await self._tokenize(request)
         _check_supported(request)
-        _check_sampling(request.sampling)
+        sampling = with_model_defaults(request.sampling, self._sampling_defaults)
+        _check_sampling(sampling)
         max_len = self._parts.max_model_len
         if len(ids) >= max_len:
             raise InvalidInput(
@@ -238,7 +244,7 @@ class TorchLLMBackend:
             )
         scope = (request.tenant or "") if self.options.prefix_cache_scope == "tenant" else ""
         try:
-            queue = engine.add(request.request_id, ids, request.sampling, scope)
+            queue = engine.add(request.request_id, ids, sampling, scope)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         completion = 0
@@ -296,6 +302,30 @@ class TorchLLMBackend:
         if self._parts is None or self._parts.tokenizer is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
         return self._parts.tokenizer
+
+
+#: generation_config.json keys -> SamplingParams fields a request may leave to the model
+_GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+
+
+def read_sampling_defaults(folder: pathlib.Path) -> dict[str, Any]:
+    """The sampling defaults a checkpoint's `generation_config.json` declares (those we honour)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    out: dict[str, Any] = {}
+    for key, field in _GENERATION_DEFAULTS.items():
+        value = raw.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[field] = int(value) if field == "top_k" else float(value)
+    return out
+
+
+def with_model_defaults(sampling: SamplingParams, defaults: dict[str, Any]) -> SamplingParams:
+    """`sampling` with the model's defaults filled in for the fields the caller left unset."""
+    chosen = {k: v for k, v in defaults.items() if k in sampling.model_defaults}
+    return msgspec.structs.replace(sampling, **chosen) if chosen else sampling
 
 
 def _check_supported(request: GenerateRequest) -> None:

@@ -140,6 +140,9 @@ def _sampling(body: _Common, max_tokens: int | None, logprobs: bool) -> Sampling
         stop=[s for s in stop if s],
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        model_defaults=frozenset(
+            name for name in ("temperature", "top_p", "top_k") if getattr(body, name) is None
+        ),
     )
 
 

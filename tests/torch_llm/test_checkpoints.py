@@ -40,7 +40,7 @@ TEMPLATES = {
     ),
 }
 CHAT = [
-    {"role": "user", "content": "héllo 你好 🙂 \"quoted\" <b>"},
+    {"role": "user", "content": 'héllo 你好 🙂 "quoted" <b>'},
     {"role": "assistant", "content": "salut"},
     {"role": "user", "content": "  and again  "},
 ]
@@ -85,3 +85,41 @@ def test_generation_config_eos_ids_end_generation(tmp_path: Path) -> None:
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [before[0], 7]}))
     after = ModelConfig.from_folder(folder).eos_token_ids
     assert 7 not in before and after == (*before, 7)
+
+
+async def test_generation_config_sampling_defaults_fill_what_the_request_leaves_unset(tmp_path: Path) -> None:
+    """generation_config.json's temperature applies when a request omits it (as vLLM does), never
+    over a value the request sets."""
+    from backends.base import GenerateRequest, SamplingParams
+    from backends.spec import DeploymentSpec
+    from backends.torch_llm.backend import create, with_model_defaults
+
+    folder = write_tiny_llama(tmp_path / "m")
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 5}))
+    backend = create("llm", DeploymentSpec(backend="torch_llm", model=str(folder), device="cpu"))
+    await backend.load()
+    try:
+
+        async def text(rid: str, sampling: SamplingParams) -> str:
+            request = GenerateRequest(request_id=rid, prompt="hello there", sampling=sampling)
+            return "".join([e.text async for e in backend.generate(request)])
+
+        unset = frozenset({"temperature", "top_p", "top_k"})
+        left_to_model = [
+            await text(f"d{i}", SamplingParams(max_tokens=12, ignore_eos=True, model_defaults=unset))
+            for i in range(3)
+        ]
+        assert len(set(left_to_model)) == 1  # the model's default (greedy) applied: the same text each time
+        greedy = await text("g", SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0))
+        assert left_to_model[0] == greedy
+        explicit = [
+            await text(f"e{i}", SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.0, seed=i))
+            for i in range(3)
+        ]
+        assert len(set(explicit)) > 1  # a temperature the request sets is kept
+    finally:
+        await backend.close()
+    chosen = with_model_defaults(
+        SamplingParams(temperature=0.7, model_defaults=frozenset({"top_k"})), {"temperature": 0.0, "top_k": 5}
+    )
+    assert chosen.temperature == 0.7 and chosen.top_k == 5
