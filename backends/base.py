@@ -118,6 +118,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
     logprobs: bool = False
+    #: with `logprobs`: the most likely alternatives to report per token (0..20)
+    top_logprobs: int = 0
     #: fields the caller left unset (an OpenAI request without `temperature`...): a backend may
     #: fill them from the model's own defaults (`generation_config.json`), as vLLM does
     model_defaults: frozenset[str] = frozenset()
@@ -160,6 +162,16 @@ class Usage(msgspec.Struct, kw_only=True):
         return self.prompt_tokens + self.completion_tokens
 
 
+class TokenLogprob(msgspec.Struct, kw_only=True):
+    """A token as OpenAI's logprobs show it: its text, its raw bytes, its log-probability, and the
+    most likely alternatives at its position (each without alternatives of its own)."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+    top: list[TokenLogprob] = msgspec.field(default_factory=list)
+
+
 class TokenEvent(msgspec.Struct, kw_only=True):
     """One step of a generation stream.
 
@@ -171,6 +183,8 @@ class TokenEvent(msgspec.Struct, kw_only=True):
     text: str = ""
     token_ids: list[int] = msgspec.field(default_factory=list)
     logprobs: list[float] | None = None
+    #: with `sampling.logprobs`: one entry per token of `token_ids` (text, bytes, logprob, alternatives)
+    token_logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
 

@@ -262,6 +262,8 @@ class RemoteBackend:
         s = request.sampling
         if s.max_tokens < 1:
             raise InvalidInput(f"max_tokens must be >= 1, got {s.max_tokens}")
+        if s.logprobs:
+            raise InvalidInput("`logprobs` is not served for remote deployments yet: leave it out")
         body: dict[str, Any] = {
             "model": request.upstream_model or self._upstream_model,
             "max_tokens": s.max_tokens,

@@ -23,6 +23,7 @@ from backends.base import (
     SamplingParams,
     TensorSpec,
     TokenEvent,
+    TokenLogprob,
     Usage,
 )
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
@@ -262,6 +263,7 @@ class TorchLLMBackend:
                     text=out.text,
                     token_ids=out.token_ids,
                     logprobs=out.logprobs,
+                    token_logprobs=self._token_logprobs(out) if sampling.logprobs else None,
                     finish_reason=out.finish_reason,
                     usage=Usage(prompt_tokens=len(ids), completion_tokens=completion) if done else None,
                 )
@@ -271,6 +273,24 @@ class TorchLLMBackend:
         finally:
             if not finished:  # the consumer went away (client disconnect): free the blocks
                 engine.abort_nowait(request.request_id)
+
+    def _token_logprobs(self, out: Any) -> list[TokenLogprob] | None:
+        """The output's tokens as OpenAI logprobs entries (text, raw bytes, logprob, alternatives)."""
+        if out.logprobs is None:
+            return None
+        tok = self._tokenizer()
+
+        def entry(token_id: int, logprob: float) -> TokenLogprob:
+            raw = tok.token_bytes(token_id)
+            return TokenLogprob(token=raw.decode("utf-8", "replace"), bytes=list(raw), logprob=logprob)
+
+        tops = out.top_logprobs or [[] for _ in out.token_ids]
+        entries = []
+        for token_id, logprob, top in zip(out.token_ids, out.logprobs, tops, strict=True):
+            item = entry(token_id, logprob)
+            item.top = [entry(i, lp) for i, lp in top]
+            entries.append(item)
+        return entries
 
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
         given = [x is not None for x in (request.prompt, request.prompt_token_ids, request.messages)]
@@ -341,6 +361,7 @@ def _check_sampling(p: SamplingParams) -> None:
         ("temperature", p.temperature >= 0.0, "must be >= 0"),
         ("top_p", 0.0 < p.top_p <= 1.0, "must be in (0, 1]"),
         ("top_k", p.top_k >= 0, "must be >= 0"),
+        ("top_logprobs", 0 <= p.top_logprobs <= 20, "must be in 0..20"),
     ]
     for name, ok, why in checks:
         if not ok:

@@ -20,11 +20,15 @@ from backends.torch_llm.detokenizer import Decoder, IncrementalDetokenizer
 from backends.torch_llm.engine_checks import check_prompt_ids, check_seed
 from backends.torch_llm.kv_waste import KVWasteStats
 from backends.torch_llm.runner import ModelRunner
-from backends.torch_llm.sampler import SamplingState, sample
+from backends.torch_llm.sampler import SamplingState, sample, top_logprobs
 from backends.torch_llm.scheduler import Scheduler, WaitingQueue
 from backends.torch_llm.sequence import Sequence, SequenceStatus
 
 log = structlog.get_logger(__name__)
+
+#: one sampled row: (token id, its logprob or None, the alternatives or None)
+Picked = tuple[int, float | None, list[tuple[int, float]] | None]
+
 
 @dataclass
 class RequestOutput:
@@ -34,6 +38,8 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     logprobs: list[float] | None = None
+    #: with `top_logprobs`: per token, the most likely (token id, logprob) pairs at its position
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -208,7 +214,7 @@ class LLMEngine:
                 results.append(self._fail(seq, choice))
                 continue
             try:
-                results.append(self._append(seq, choice[0], choice[1], now))
+                results.append(self._append(seq, choice[0], choice[1], now, choice[2]))
             except Exception as exc:  # noqa: BLE001 - this request's own failure (detokeniser, stop)
                 log.exception("llm_request_failed", deployment=self._label, request_id=seq.request_id)
                 results.append(self._fail(seq, exc))
@@ -242,20 +248,30 @@ class LLMEngine:
         logits = torch.cat(rows) if rows else torch.empty(0)
         return logits, sampled, ran, failed
 
-    def _sample(
-        self, logits: torch.Tensor, sampled: list[Sequence]
-    ) -> list[tuple[int, float | None] | Exception]:
-        """(token, logprob) per row; when the batched call fails, row by row so only bad rows fail."""
+    def _sample(self, logits: torch.Tensor, sampled: list[Sequence]) -> list[Picked | Exception]:
+        """(token, logprob, alternatives) per row; when the batched call fails, row by row so only
+        bad rows fail."""
         states = [seq.data.sampling for seq in sampled]
         try:
             tokens, logprobs = sample(logits, states)
-            return [(t, None if logprobs is None else logprobs[i]) for i, t in enumerate(tokens)]
+            tops = top_logprobs(logits, states)
+            return [
+                (t, None if logprobs is None else logprobs[i], None if tops is None else tops[i])
+                for i, t in enumerate(tokens)
+            ]
         except Exception:  # noqa: BLE001 - find the row(s) at fault
-            picked: list[tuple[int, float | None] | Exception] = []
+            picked: list[Picked | Exception] = []
             for row, state in enumerate(states):
                 try:
                     tokens, logprobs = sample(logits[row : row + 1], [state])
-                    picked.append((tokens[0], None if logprobs is None else logprobs[0]))
+                    tops = top_logprobs(logits[row : row + 1], [state])
+                    picked.append(
+                        (
+                            tokens[0],
+                            None if logprobs is None else logprobs[0],
+                            None if tops is None else tops[0],
+                        )
+                    )
                 except Exception as exc:  # noqa: BLE001
                     log.exception("llm_sampling_failed", request_id=sampled[row].request_id)
                     picked.append(exc)
@@ -283,7 +299,14 @@ class LLMEngine:
         m.NUM_WAITING.labels(label).set(len(sched.waiting))
         m.KV_USAGE.labels(label).set(self.block_manager.usage)
 
-    def _append(self, seq: Sequence, token: int, logprob: float | None, now: float) -> RequestOutput:
+    def _append(
+        self,
+        seq: Sequence,
+        token: int,
+        logprob: float | None,
+        now: float,
+        top: list[tuple[int, float]] | None = None,
+    ) -> RequestOutput:
         req: _Request = seq.data
         seq.append_token(token)
         m.GENERATION_TOKENS.labels(self._label).inc()
@@ -309,6 +332,7 @@ class LLMEngine:
             token_ids=[token],
             text=req.detok.take(final=reason is not None) if req.detok else "",
             logprobs=None if logprob is None or not req.sampling.params.logprobs else [logprob],
+            top_logprobs=None if top is None or not req.sampling.params.logprobs else [top],
             finish_reason=reason,
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,

@@ -67,3 +67,17 @@ def sample(
         return token_list, None
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     return token_list, logprobs.tolist()
+
+
+def top_logprobs(logits: torch.Tensor, states: list[SamplingState]) -> list[list[tuple[int, float]]] | None:
+    """Per row, the `top_logprobs` most likely tokens and their log-probabilities (raw model
+    distribution, like the chosen token's), or None when no row asked for alternatives."""
+    k = max((st.params.top_logprobs for st in states if st.params.logprobs), default=0)
+    if k <= 0:
+        return None
+    values, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+    out = []
+    for row, st in enumerate(states):
+        n = st.params.top_logprobs if st.params.logprobs else 0
+        out.append(list(zip(ids[row, :n].tolist(), values[row, :n].tolist(), strict=True)))
+    return out

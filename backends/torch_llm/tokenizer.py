@@ -29,6 +29,24 @@ def _token_text(value: Any) -> str | None:
     return value
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's scheme), inverted: char -> byte.
+
+    Printable Latin-1 bytes stand for themselves; the others (controls, space, ...) are moved to
+    code points from 256 up, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    table = {chr(b): b for b in keep}
+    shift = 0
+    for b in range(256):
+        if b not in keep:
+            table[chr(256 + shift)] = b
+            shift += 1
+    return table
+
+
+_UNICODE_TO_BYTE = _byte_alphabet()
+
+
 def _raise(message: str) -> None:
     raise TemplateError(message)
 
@@ -83,6 +101,8 @@ class TextTokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer.json in {folder}")
         self._tok = Tokenizer.from_file(str(path))
+        #: GPT-2 style byte-level BPE: pieces are written in a printable alphabet of the 256 bytes
+        self._byte_level = (json.loads(path.read_text()).get("decoder") or {}).get("type") == "ByteLevel"
         cfg_path = folder / "tokenizer_config.json"
         cfg: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         self.bos_token = _token_text(cfg.get("bos_token"))
@@ -100,6 +120,26 @@ class TextTokenizer:
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (OpenAI's logprobs `bytes`), even a partial character.
+
+        Byte-level BPE pieces map back through the byte alphabet, byte-fallback pieces (`<0xE4>`)
+        are their byte, SentencePiece pieces have `▁` for a space; anything else is its decoded text.
+        """
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        if self._byte_level and all(c in _UNICODE_TO_BYTE for c in piece):
+            return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        if "\u2581" in piece:
+            return piece.replace("\u2581", " ").encode()
+        return self._tok.decode([token_id], skip_special_tokens=False).encode()
 
     def decode_stream(self) -> Callable[[int], str | None]:
         """A streaming decoder for one sequence: each id gives the text it completes, or None while

@@ -17,7 +17,7 @@ from litestar import Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from backends.base import Usage
+from backends.base import TokenLogprob, Usage
 from gateway import metrics
 from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore, GenerationInput, StartedGeneration
@@ -77,32 +77,66 @@ class _Shape:
             "choices": choices,
         }
 
-    def chunk(self, text: str, finish: str | None, first: bool) -> dict[str, Any]:
+    def chunk(
+        self, text: str, finish: str | None, first: bool, logprobs: list[TokenLogprob] | None = None
+    ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"content": text} if text or not first else {"content": ""}
             if first:
                 delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {
+                "index": 0,
+                "delta": delta,
+                "finish_reason": finish,
+                "logprobs": self.logprobs(logprobs),
+            }
             return self._envelope([choice], "chat.completion.chunk")
-        return self._envelope(
-            [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}], "text_completion"
-        )
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": self.logprobs(logprobs)}
+        return self._envelope([choice], "text_completion")
+
+    def logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        """OpenAI's logprobs object: chat's `content` list, or completions' parallel lists."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": [_chat_logprob(e) for e in entries], "refusal": None}
+        offsets, at = [], 0
+        for e in entries:
+            offsets.append(at)
+            at += len(e.token)
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries],
+            "text_offset": offsets,
+        }
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._envelope([], obj), "usage": _usage_json(usage)}
 
-    def whole(self, text: str, finish: str, usage: Usage) -> dict[str, Any]:
+    def whole(
+        self, text: str, finish: str, usage: Usage, logprobs: list[TokenLogprob] | None = None
+    ) -> dict[str, Any]:
         if self.chat:
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": finish,
-                "logprobs": None,
+                "logprobs": self.logprobs(logprobs),
             }
             return {**self._envelope([choice], "chat.completion"), "usage": _usage_json(usage)}
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": self.logprobs(logprobs)}
         return {**self._envelope([choice], "text_completion"), "usage": _usage_json(usage)}
+
+
+def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": entry.bytes,
+        "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in entry.top],
+    }
 
 
 def _finish_reason(reason: str | None) -> str:
@@ -115,6 +149,7 @@ async def _sse(
     events, deadline = started.stream, started.deadline
     first = True
     usage = Usage()
+    pending: list[TokenLogprob] | None = None
     last = time.perf_counter()
     labels = (call.model, started.served.deployment.name)
     status = 200
@@ -134,10 +169,14 @@ async def _sse(
                 last = now
             if event.usage is not None:
                 usage = event.usage
+            if event.token_logprobs is not None:  # a chunk may carry tokens whose text is held back
+                pending = (pending or []) + event.token_logprobs
             if event.text or first or event.finish_reason:
                 finish = _finish_reason(event.finish_reason) if event.finish_reason else None
-                yield b"data: " + _encoder.encode(shape.chunk(event.text, finish, first)) + b"\n\n"
+                chunk = shape.chunk(event.text, finish, first, pending)
+                yield b"data: " + _encoder.encode(chunk) + b"\n\n"
                 first = False
+                pending = None
         if include_usage:
             yield b"data: " + _encoder.encode(shape.usage_chunk(usage)) + b"\n\n"
     except Exception as exc:  # noqa: BLE001 - the stream has started: end it with an error event
@@ -206,11 +245,14 @@ async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Respons
             background=BackgroundTask(_close_all, sse, events),
         )
     parts: list[str] = []
+    logprobs: list[TokenLogprob] | None = None
     usage, finish = Usage(), "stop"
     try:
         async with started.deadline.scope():
             async for event in events:
                 parts.append(event.text)
+                if event.token_logprobs is not None:
+                    logprobs = (logprobs or []) + event.token_logprobs
                 if event.usage is not None:
                     usage = event.usage
                 if event.finish_reason:
@@ -218,7 +260,7 @@ async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Respons
     finally:
         await events.aclose()
     call.done(200)
-    return json_response(shape.whole("".join(parts), finish, usage), headers=out_headers)
+    return json_response(shape.whole("".join(parts), finish, usage, logprobs), headers=out_headers)
 
 
 async def _close_all(sse: AsyncGenerator[bytes, None], events: GenerationStream) -> None:

@@ -1,8 +1,9 @@
 """OpenAI request bodies, decoded with msgspec, and their translation to GenerateRequest.
 
 Unknown fields are tolerated (clients send many optional ones). Known fields are never silently
-dropped: those the gateway cannot honour for any backend (n > 1, best_of, echo, tools, tool_choice,
-logprobs, top_logprobs) are refused here with a 400 naming them; sampling fields that only some
+dropped: those the gateway cannot honour for any backend (n > 1, best_of, echo, tools, tool_choice)
+are refused here with a 400 naming them; `logprobs` / `top_logprobs` are served by the own engine
+(a remote deployment refuses them until it carries them back); sampling fields that only some
 backends honour (penalties, logit_bias, response_format, min_tokens) travel in
 `GenerateRequest.extra`: a remote OpenAI upstream receives them as sent, the own engine refuses them
 with a 400 naming them.
@@ -178,13 +179,14 @@ def completion_request(body: CompletionBody, request_id: str) -> GenerateRequest
             "`prompt` must be a string, a list of one string, a list of token ids (integers), "
             "or a list of one list of token ids"
         )
-    if body.logprobs is not None:
-        raise InvalidInput("`logprobs` is not supported yet: leave it out (the answer's logprobs are null)")
+    if body.logprobs is not None and not 0 <= body.logprobs <= 5:
+        raise InvalidInput("`logprobs` must be in 0..5 (the alternatives to list per token)")
+    sampling = _sampling(body, body.max_tokens, body.logprobs is not None)
     return GenerateRequest(
         request_id=request_id,
         prompt=prompt,
         prompt_token_ids=token_ids,
-        sampling=_sampling(body, body.max_tokens, False),
+        sampling=msgspec.structs.replace(sampling, top_logprobs=body.logprobs or 0),
         extra=_forwarded(body),
     )
 
@@ -207,8 +209,10 @@ def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
         raise InvalidInput("`tools` are not supported by this deployment")
     if body.tool_choice not in (None, "none"):
         raise InvalidInput("`tool_choice` is not supported by this deployment (no tools are)")
-    if body.logprobs or body.top_logprobs:
-        raise InvalidInput("`logprobs` and `top_logprobs` are not supported yet: leave them out")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidInput("`top_logprobs` needs `logprobs: true`")
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
+        raise InvalidInput("`top_logprobs` must be in 0..20")
     if not body.messages:
         raise InvalidInput("`messages` must not be empty")
     roles = {"system", "user", "assistant", "developer", "tool"}
@@ -217,10 +221,11 @@ def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
             raise InvalidInput(f"messages[{i}].role {m.role!r} is not one of {sorted(roles)}")
     messages = [ChatMessage(role=m.role, content=_content(m, i)) for i, m in enumerate(body.messages)]
     max_tokens = body.max_completion_tokens or body.max_tokens
+    sampling = _sampling(body, max_tokens, body.logprobs)
     return GenerateRequest(
         request_id=request_id,
         messages=messages,
-        sampling=_sampling(body, max_tokens, False),
+        sampling=msgspec.structs.replace(sampling, top_logprobs=body.top_logprobs or 0),
         extra=_forwarded(body),
     )
 

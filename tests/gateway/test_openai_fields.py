@@ -2,7 +2,8 @@
 
 The own engine refuses what it does not implement (penalties, logit_bias, response_format,
 min_tokens) with a 400 naming the field; a remote OpenAI upstream receives those fields as sent.
-logprobs, top_logprobs and tool_choice are refused for every backend until they are served.
+logprobs / top_logprobs come from the own engine (refused for remote deployments); tool_choice is
+refused everywhere.
 """
 
 from __future__ import annotations
@@ -69,18 +70,49 @@ def test_neutral_values_are_accepted(both: OpenAI) -> None:
     assert out.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [{"logprobs": True}, {"logprobs": True, "top_logprobs": 2}, {"tool_choice": "auto"}],
-)
-def test_fields_not_served_yet_are_refused_everywhere(both: OpenAI, fields: dict) -> None:
+@pytest.mark.parametrize("fields", [{"logprobs": True}, {"logprobs": True, "top_logprobs": 2}])
+def test_logprobs_are_refused_where_they_cannot_be_carried_back(both: OpenAI, fields: dict) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        both.chat.completions.create(model="echo", messages=HELLO, max_tokens=2, **fields)
+    assert "logprobs" in info.value.message
+
+
+def test_tool_choice_is_refused_everywhere(both: OpenAI) -> None:
     for model in ("tiny", "echo"):
         with pytest.raises(openai.BadRequestError) as info:
-            both.chat.completions.create(model=model, messages=HELLO, max_tokens=2, **fields)
-        assert next(iter(fields)) in info.value.message
-    with pytest.raises(openai.BadRequestError) as info:
-        both.completions.create(model="echo", prompt="hi", max_tokens=2, logprobs=1)
-    assert "logprobs" in info.value.message
+            both.chat.completions.create(model=model, messages=HELLO, max_tokens=2, tool_choice="auto")
+        assert "tool_choice" in info.value.message
+
+
+def test_chat_logprobs_from_the_engine(both: OpenAI) -> None:
+    out = both.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens == 8
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert abs(entry.top_logprobs[0].logprob - entry.logprob) < 1e-5  # greedy picks the likeliest
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+    assert bytes(b for e in content for b in e.bytes).decode("utf-8", "replace") == out.choices[0].message.content
+    streamed = both.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 5)) for e in chunks] == [(e.token, round(e.logprob, 5)) for e in content]
+
+
+def test_completion_logprobs_from_the_engine(both: OpenAI) -> None:
+    out = both.completions.create(
+        model="tiny", prompt="hello", max_tokens=6, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert all(len(top) <= 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+    with pytest.raises(openai.BadRequestError):
+        both.completions.create(model="tiny", prompt="hello", max_tokens=2, logprobs=9)
 
 
 def test_a_remote_upstream_receives_the_fields_as_sent(both: OpenAI) -> None:
