@@ -120,6 +120,16 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     logprobs: bool = False
     #: with `logprobs`: the most likely alternatives to report per token (0..20)
     top_logprobs: int = 0
+    #: OpenAI's penalties on the logits of tokens already generated: once (presence) and per time
+    #: (frequency), -2..2; `repetition_penalty` (> 0, 1 = off) divides the positive logits (and
+    #: multiplies the negative ones) of every token seen in the prompt or the output, as HF does
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    #: added to the logits of these token ids (-100..100)
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    #: end-of-sequence and stop tokens are not chosen before this many tokens
+    min_tokens: int = 0
     #: fields the caller left unset (an OpenAI request without `temperature`...): a backend may
     #: fill them from the model's own defaults (`generation_config.json`), as vLLM does
     model_defaults: frozenset[str] = frozenset()

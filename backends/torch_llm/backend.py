@@ -28,7 +28,7 @@ from backends.base import (
 )
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
 from backends.spec import DeploymentSpec
-from backends.torch_llm.engine_checks import check_prompt_ids, check_seed
+from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
 from backends.torch_llm.model_config import ModelConfig
 from backends.torch_llm.options import LLMOptions, decode_options
 
@@ -237,6 +237,10 @@ class TorchLLMBackend:
         _check_supported(request)
         sampling = with_model_defaults(request.sampling, self._sampling_defaults)
         _check_sampling(sampling)
+        try:  # checked here too: a refusal inside the engine thread would end the stream as an error
+            check_token_biases(sampling.logit_bias, self._parts.config.vocab_size)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         max_len = self._parts.max_model_len
         if len(ids) >= max_len:
             raise InvalidInput(
@@ -348,10 +352,15 @@ def with_model_defaults(sampling: SamplingParams, defaults: dict[str, Any]) -> S
     return msgspec.structs.replace(sampling, **chosen) if chosen else sampling
 
 
+#: OpenAI fields (`GenerateRequest.extra`) this engine applies through SamplingParams
+_HONOURED = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"})
+
+
 def _check_supported(request: GenerateRequest) -> None:
     """Refuse, naming them, the OpenAI fields this engine does not implement (never drop them)."""
-    if request.extra:
-        names = ", ".join(f"`{name}`" for name in sorted(request.extra))
+    unsupported = sorted(set(request.extra) - _HONOURED)
+    if unsupported:
+        names = ", ".join(f"`{name}`" for name in unsupported)
         raise InvalidInput(f"{names} not supported by this deployment's engine; leave them out")
 
 
@@ -362,6 +371,10 @@ def _check_sampling(p: SamplingParams) -> None:
         ("top_p", 0.0 < p.top_p <= 1.0, "must be in (0, 1]"),
         ("top_k", p.top_k >= 0, "must be >= 0"),
         ("top_logprobs", 0 <= p.top_logprobs <= 20, "must be in 0..20"),
+        ("presence_penalty", -2.0 <= p.presence_penalty <= 2.0, "must be in -2..2"),
+        ("frequency_penalty", -2.0 <= p.frequency_penalty <= 2.0, "must be in -2..2"),
+        ("repetition_penalty", 0.0 < p.repetition_penalty <= 10.0, "must be in (0, 10]"),
+        ("min_tokens", 0 <= p.min_tokens <= p.max_tokens, "must be in 0..max_tokens"),
     ]
     for name, ok, why in checks:
         if not ok:

@@ -17,7 +17,7 @@ from backends.base import SamplingParams
 from backends.torch_llm import metrics as m
 from backends.torch_llm.block_manager import BlockManager
 from backends.torch_llm.detokenizer import Decoder, IncrementalDetokenizer
-from backends.torch_llm.engine_checks import check_prompt_ids, check_seed
+from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
 from backends.torch_llm.kv_waste import KVWasteStats
 from backends.torch_llm.runner import ModelRunner
 from backends.torch_llm.sampler import SamplingState, sample, top_logprobs
@@ -148,15 +148,22 @@ class LLMEngine:
             raise ValueError(f"duplicate request id {request_id!r}")
         check_prompt_ids(prompt_token_ids, self.config.vocab_size)
         check_seed(params.seed)
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.config.eos_token_ids
+        )
+        check_token_biases(params.logit_bias, self.config.vocab_size)
         state = _Request(
             sampling=SamplingState.create(
-                params, self.runner.device, fallback_seed=self.config.seed + self._next_id
+                params,
+                self.runner.device,
+                fallback_seed=self.config.seed + self._next_id,
+                prompt_ids=prompt_token_ids,
+                stop_ids=stop_ids,
             ),
             detok=IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
             if self.tokenizer
             else None,
-            stop_ids=frozenset(params.stop_token_ids)
-            | (frozenset() if params.ignore_eos else self.config.eos_token_ids),
+            stop_ids=stop_ids,
         )
         seq = Sequence(
             self._next_id,
@@ -309,6 +316,7 @@ class LLMEngine:
     ) -> RequestOutput:
         req: _Request = seq.data
         seq.append_token(token)
+        req.sampling.observe(token)
         m.GENERATION_TOKENS.labels(self._label).inc()
         if req.first_token_at is None:
             req.first_token_at = now

@@ -25,3 +25,16 @@ def check_seed(seed: int | None) -> None:
     """Raise ValueError unless `seed` is None or an int a torch generator accepts."""
     if seed is not None and (type(seed) is not int or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise ValueError(f"seed must be an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+
+
+def check_token_biases(biases: dict[int, float], vocab_size: int) -> None:
+    """`logit_bias` names token ids of the vocabulary, with finite biases in -100..100.
+
+    Raises:
+        ValueError: naming the first bad entry.
+    """
+    for token, bias in biases.items():
+        if type(token) is not int or not 0 <= token < vocab_size:
+            raise ValueError(f"logit_bias: token id {token!r} is not in the vocabulary (0..{vocab_size - 1})")
+        if not -100.0 <= bias <= 100.0:
+            raise ValueError(f"logit_bias: the bias of token {token} must be in -100..100")

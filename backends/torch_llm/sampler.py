@@ -8,7 +8,7 @@ race: argmax(p / E) with E ~ Exp(1) picks index i with probability p_i.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,18 +17,66 @@ from backends.base import SamplingParams
 
 @dataclass
 class SamplingState:
-    """Per-request sampling parameters and the request's own random generator."""
+    """Per-request sampling parameters, the request's own random generator, and what the logit
+    processors need (the prompt's tokens, the output's token counts, the stop tokens)."""
 
     params: SamplingParams
     generator: torch.Generator | None  # None for greedy
+    prompt_ids: frozenset[int] = frozenset()
+    stop_ids: frozenset[int] = frozenset()
+    counts: dict[int, int] = field(default_factory=dict)
+    produced: int = 0
 
     @classmethod
-    def create(cls, params: SamplingParams, device: torch.device, fallback_seed: int) -> SamplingState:
+    def create(
+        cls,
+        params: SamplingParams,
+        device: torch.device,
+        fallback_seed: int,
+        prompt_ids: list[int] | None = None,
+        stop_ids: frozenset[int] = frozenset(),
+    ) -> SamplingState:
+        seen = frozenset(prompt_ids or ()) if params.repetition_penalty != 1.0 else frozenset()
         if params.temperature <= 0.0:
-            return cls(params, None)
+            return cls(params, None, seen, stop_ids)
         gen = torch.Generator(device=device)
         gen.manual_seed(params.seed if params.seed is not None else fallback_seed)
-        return cls(params, gen)
+        return cls(params, gen, seen, stop_ids)
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether any logit processor applies to this request now."""
+        p = self.params
+        return bool(
+            p.presence_penalty
+            or p.frequency_penalty
+            or p.repetition_penalty != 1.0
+            or p.logit_bias
+            or (self.produced < p.min_tokens and self.stop_ids)
+        )
+
+    def observe(self, token: int) -> None:
+        """Count a generated token (the penalties look at the output so far)."""
+        self.produced += 1
+        self.counts[token] = self.counts.get(token, 0) + 1
+
+    def adjusted(self, logits: torch.Tensor) -> torch.Tensor:  # [V] -> [V], a new tensor
+        p = self.params
+        out = logits.clone()
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(self.prompt_ids | self.counts.keys()), dtype=torch.long, device=out.device)
+            if seen.numel():
+                values = out[seen]
+                out[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and self.counts:
+            ids = torch.tensor(list(self.counts), dtype=torch.long, device=out.device)
+            times = torch.tensor(list(self.counts.values()), dtype=out.dtype, device=out.device)
+            out[ids] -= p.presence_penalty + p.frequency_penalty * times
+        for token, bias in p.logit_bias.items():
+            out[token] += bias
+        if self.produced < p.min_tokens and self.stop_ids:
+            out[torch.tensor(sorted(self.stop_ids), dtype=torch.long, device=out.device)] = float("-inf")
+        return out
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:  # [V] -> [V]
@@ -53,6 +101,12 @@ def sample(
     Returns:
         (token ids, logprobs or None when no row asked for them).
     """
+    raw = logits
+    if any(st.adjusts for st in states):  # penalties, logit bias, min_tokens: on a copy
+        logits = logits.clone()
+        for row, st in enumerate(states):
+            if st.adjusts:
+                logits[row] = st.adjusted(logits[row])
     tokens = torch.argmax(logits, dim=-1)  # greedy for everyone first, one batched op
     for row, st in enumerate(states):
         if st.generator is None:
@@ -65,7 +119,8 @@ def sample(
     token_list = tokens.tolist()
     if not any(st.params.logprobs for st in states):
         return token_list, None
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+    # the model's own distribution (before penalties and biases), as the alternatives are
+    logprobs = torch.log_softmax(raw, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     return token_list, logprobs.tolist()
 
 

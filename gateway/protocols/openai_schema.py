@@ -5,8 +5,8 @@ dropped: those the gateway cannot honour for any backend (n > 1, best_of, echo, 
 are refused here with a 400 naming them; `logprobs` / `top_logprobs` are served by the own engine
 (a remote deployment refuses them until it carries them back); sampling fields that only some
 backends honour (penalties, logit_bias, response_format, min_tokens) travel in
-`GenerateRequest.extra`: a remote OpenAI upstream receives them as sent, the own engine refuses them
-with a 400 naming them.
+`GenerateRequest.extra` to a remote OpenAI upstream as sent; the own engine applies the penalties,
+logit_bias and min_tokens (SamplingParams) and refuses response_format with a 400 naming it.
 """
 
 from __future__ import annotations
@@ -144,7 +144,22 @@ def _sampling(body: _Common, max_tokens: int | None, logprobs: bool) -> Sampling
         model_defaults=frozenset(
             name for name in ("temperature", "top_p", "top_k") if getattr(body, name) is None
         ),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logit_bias=_token_biases(body.logit_bias),
+        min_tokens=body.min_tokens or 0,
     )
+
+
+def _token_biases(raw: dict[str, float] | None) -> dict[int, float]:
+    """`logit_bias` as token ids: its keys are JSON strings of non-negative integers."""
+    out: dict[int, float] = {}
+    for key, bias in (raw or {}).items():
+        if not key.isdigit():
+            raise InvalidInput(f"`logit_bias` keys must be token ids, got {key!r}")
+        out[int(key)] = float(bias)
+    return out
 
 
 def _is_token_id(x: object) -> bool:
