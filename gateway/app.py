@@ -121,8 +121,11 @@ def create_app(
             yield
         finally:
             if app.state.grpc is not None:
-                await app.state.grpc.stop(config.server.graceful_shutdown_s)
+                # SIGTERM's drain covers HTTP; gRPC calls in flight get a short grace of their own
+                await app.state.grpc.stop(min(5.0, config.server.shutdown_timeout_s))
             await retries.cancel()
+            # settlements of streams the shutdown cut still write usage: let them finish first
+            await app.state.core.settlement.wait_all()
             await liveness.stop(beating)
             await app.state.core.shadows.close()
             await close_deployments(deployments)

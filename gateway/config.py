@@ -75,7 +75,7 @@ class ServerConfig(SpecBase):
             raise ValueError("port must be in 0..65535")
         if isinstance(self.grpc_port, int) and not 0 <= self.grpc_port <= 65535:
             raise ValueError("grpc_port must be in 0..65535, auto, or null")
-        if self.grpc_port is not None and self.grpc_port != 0 and self.grpc_listen_port == self.port:
+        if self.port != 0 and self.grpc_port not in (None, 0) and self.grpc_listen_port == self.port:
             raise ValueError("grpc_port must differ from port")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")

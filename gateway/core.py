@@ -381,6 +381,7 @@ class GatewayCore:
             span.set_attributes(
                 {
                     "fleetgate.tenant": call.tenant,
+                    "fleetgate.model": call.model,
                     "fleetgate.deployment": dep.name,
                     "fleetgate.backend": dep.spec.backend,
                 }
@@ -556,7 +557,7 @@ class GatewayCore:
         for index, part in enumerate(slices):
             work = backend.infer(part)
             answer, seconds = await self._run_queued(
-                principal, dep, part.batch_rows, work, hints if index == 0 else continuing
+                principal, dep, part.batch_rows, work, hints if index == 0 else continuing, index > 0
             )
             parts.append(answer)
             service_s += seconds
@@ -590,7 +591,13 @@ class GatewayCore:
         return True
 
     async def _run_queued(
-        self, principal: Principal, dep: Deployment, cost: float, work: Any, hints: QueueHints
+        self,
+        principal: Principal,
+        dep: Deployment,
+        cost: float,
+        work: Any,
+        hints: QueueHints,
+        continuing: bool = False,
     ) -> tuple[Any, float]:
         """Wait for a turn in the deployment's fair queue, then await `work` (a coroutine).
 
@@ -600,7 +607,11 @@ class GatewayCore:
         try:
             with tracing.child("queue", **{"fleetgate.deployment": dep.name}):
                 ticket = await dep.queue.acquire(
-                    principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
+                    principal.tenant,
+                    cost,
+                    priority=hints.priority,
+                    timeout_s=hints.timeout_s,
+                    continuing=continuing,
                 )
         except BaseException:
             work.close()  # never awaited: close it so Python does not warn
@@ -608,7 +619,7 @@ class GatewayCore:
         granted = time.perf_counter()
         metrics.QUEUE_TIME.labels(dep.name, principal.tenant).observe(granted - queued_at)
         try:
-            with tracing.span(
+            with tracing.child(
                 "backend", **{"fleetgate.deployment": dep.name, "fleetgate.backend": dep.spec.backend}
             ):
                 return await work, time.perf_counter() - granted

@@ -40,6 +40,11 @@ class StreamSettlement:
         self.running.add(task)
         task.add_done_callback(self.running.discard)
 
+    async def wait_all(self) -> None:
+        """Until every settlement has finished (at shutdown, before the state store closes)."""
+        while self.running:
+            await asyncio.gather(*list(self.running), return_exceptions=True)
+
 
 @dataclass
 class StreamJob:
@@ -183,15 +188,17 @@ class GenerationStream:
             # failed before anything was delivered: no answer, so no request is counted (its prompt's
             # tokens were computed and stay charged)
             failed = self._errored and self.delivered == 0
-            await settlement.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
-            if job.span is not None:
-                job.span.set_attributes(
-                    {
-                        "llm.prompt_tokens": usage.prompt_tokens,
-                        "llm.completion_tokens": usage.completion_tokens,
-                    }
-                )
-                job.span.end()
+            try:
+                await settlement.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
+            finally:
+                if job.span is not None:
+                    job.span.set_attributes(
+                        {
+                            "llm.prompt_tokens": usage.prompt_tokens,
+                            "llm.completion_tokens": usage.completion_tokens,
+                        }
+                    )
+                    job.span.end()
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

@@ -1,11 +1,12 @@
 """Incremental detokenisation with stop strings.
 
 Each generated token goes through the tokenizer's own streaming decoder (`tokenizers`'
-`DecodeStream`), which holds bytes back until they form whole UTF-8 characters and returns exactly
-what decoding all the output ids at once would, chunk by chunk: a stream never shows a U+FFFD
-that the final text does not have. When the sequence ends, the text is completed to
-`decode(all output ids)` (a dangling partial character at the end becomes U+FFFD, as Hugging Face
-gives it). On top of that, text that could be the start of a stop string is held back until it is
+`DecodeStream`), primed with the last prompt tokens, which holds bytes back until they form whole
+UTF-8 characters and returns, chunk by chunk, what decoding the output after that context gives: a
+stream never shows a U+FFFD that the final text does not have, and a SentencePiece model's first
+word keeps its leading space (" Paris" after "The capital of France is", as vLLM gives it; for
+byte-level tokenizers this is exactly `decode(output ids)`). When the sequence ends, the text is
+completed to that decode (a dangling partial character at the end becomes U+FFFD). On top of that, text that could be the start of a stop string is held back until it is
 known not to be one, so a stop string never reaches the client.
 """
 
@@ -14,12 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+#: prompt tokens that prime the decoder: enough for a word boundary or a split character
+_CONTEXT_TOKENS = 5
+
 
 class Decoder(Protocol):
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str: ...
 
-    def decode_stream(self) -> Callable[[int], str | None]:
-        """A fresh streaming decoder: feed one id, get the text it completes (None: not yet)."""
+    def decode_stream(self, context: list[int]) -> Callable[[int], str | None]:
+        """A fresh streaming decoder primed with `context`: feed one id, get the text it completes
+        (None: not yet)."""
         ...
 
 
@@ -28,15 +33,14 @@ class IncrementalDetokenizer:
 
     Args:
         tokenizer: the model's tokenizer.
-        prompt_token_ids: unused by the streaming decoder (the output decodes on its own, as
-            `decode(output ids)` does); kept so callers need not care.
+        prompt_token_ids: the prompt; its last few tokens prime the decoder (word boundaries).
         stop: stop strings; the text is cut before the first one that appears.
     """
 
     def __init__(self, tokenizer: Decoder, prompt_token_ids: list[int], stop: list[str]) -> None:
-        del prompt_token_ids
         self._tok = tokenizer
-        self._step = tokenizer.decode_stream()
+        self._context = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self._step = tokenizer.decode_stream(self._context)
         self._ids: list[int] = []
         self._stop = [s for s in stop if s]
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
@@ -65,7 +69,9 @@ class IncrementalDetokenizer:
         string cut it), so bytes still held back for an incomplete character are not lost."""
         if self._stopped:
             return
-        whole = self._tok.decode(self._ids)
+        before = self._tok.decode(self._context)
+        whole = self._tok.decode(self._context + self._ids)
+        whole = whole[len(before) :] if whole.startswith(before) else self._tok.decode(self._ids)
         if whole.startswith(self.text) and len(whole) > len(self.text):
             self._append(whole[len(self.text) :])
 

@@ -141,10 +141,11 @@ class TextTokenizer:
             return piece.replace("\u2581", " ").encode()
         return self._tok.decode([token_id], skip_special_tokens=False).encode()
 
-    def decode_stream(self) -> Callable[[int], str | None]:
-        """A streaming decoder for one sequence: each id gives the text it completes, or None while
-        a character is still incomplete; the chunks add up to `decode` of all the ids fed."""
-        stream = DecodeStream(skip_special_tokens=True)
+    def decode_stream(self, context: list[int] | None = None) -> Callable[[int], str | None]:
+        """A streaming decoder for one sequence, primed with `context` (the prompt's last ids): each
+        id gives the text it completes after what came before, or None while a character is still
+        incomplete."""
+        stream = DecodeStream(ids=list(context or []), skip_special_tokens=True)
         tokenizer = self._tok
         return lambda token_id: stream.step(tokenizer, token_id)
 

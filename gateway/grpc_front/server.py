@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from backends.lazy import require
+from backends.lazy import MissingRuntime, require
 from gateway.config import Config
 from gateway.core import GatewayCore
 
@@ -53,7 +53,16 @@ async def start_grpc(config: Config, core: Callable[[], GatewayCore]) -> GrpcFro
     port = config.server.grpc_listen_port
     if port is None:
         return None
-    aio = require("grpc.aio", extra="grpc")
+    try:
+        aio = require("grpc.aio", extra="grpc")
+        require("tritonclient.grpc.service_pb2", extra="grpc")
+        require("grpc_health.v1.health", extra="grpc")
+        require("grpc_reflection.v1alpha.reflection", extra="grpc")
+    except MissingRuntime as exc:
+        if config.server.grpc_port != "auto":
+            raise  # asked for by port: refuse to start without it
+        log.warning("grpc_front_off", reason=str(exc))  # the default: serve HTTP alone
+        return None
     service_pb2 = require("tritonclient.grpc.service_pb2", extra="grpc")
     service_grpc = require("tritonclient.grpc.service_pb2_grpc", extra="grpc")
     model_config_pb2 = require("tritonclient.grpc.model_config_pb2", extra="grpc")

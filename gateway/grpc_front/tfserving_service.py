@@ -70,7 +70,7 @@ def _array(name: str, proto: Any, spec: TensorSpec) -> np.ndarray:
             raise InvalidInput(f"input {name!r}: shape {dims} is larger than the gateway accepts")
     try:
         return from_tensor_proto(proto)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:  # a count that does not fit, a value out of range
         raise InvalidInput(f"input {name!r}: {exc}") from None
 
 

@@ -119,6 +119,7 @@ class FairQueue:
         priority: int = 0,
         deadline: float | None = None,
         timeout_s: float | None = None,
+        continuing: bool = False,
     ) -> Ticket:
         """Wait for the request's turn and a free unit of capacity.
 
@@ -129,6 +130,8 @@ class FairQueue:
             deadline: absolute time on this queue's clock after which a waiting request is dropped.
             timeout_s: relative alternative to `deadline` (the earlier of both applies); without
                 either, `spec.default_deadline_s` applies.
+            continuing: a later part of a request already admitted here (`split_rows` slices): not
+                refused for a full queue, so a started request is never cut half-way.
 
         Returns:
             The ticket to pass to `charge` and `release`.
@@ -145,7 +148,8 @@ class FairQueue:
         if deadline is not None and deadline <= now:
             self._backlog.stats_of(tenant).expired += 1
             raise QueueDeadlineExceeded("request deadline passed before it was queued")
-        self.check_room(tenant)
+        if not continuing:
+            self.check_room(tenant)
         self._loop = asyncio.get_running_loop()
         entry = Entry(
             seq=next(self._seq),

@@ -180,3 +180,12 @@ def test_demo_configs_are_valid(tmp_path):
             load_config(path, env={"EDGE1_KEY": "x", "FLEETGATE_ADMIN_KEY": "x"})
         except ConfigError as exc:
             assert "does not exist" in str(exc), f"{path}: {exc}"
+
+
+def test_grpc_port_follows_the_http_port(tmp_path):
+    assert _parse("server: {port: 9000}", tmp_path, env={}).server.grpc_listen_port == 9001
+    assert _parse("server: {port: 0}", tmp_path, env={}).server.grpc_listen_port == 0  # both ephemeral
+    assert _parse("server: {port: 9000, grpc_port: null}", tmp_path, env={}).server.grpc_listen_port is None
+    assert _parse("server: {port: 9000}", tmp_path, env={"FLEETGATE_GRPC_PORT": "off"}).server.grpc_listen_port is None
+    with pytest.raises(ConfigError, match="grpc_port must differ from port"):
+        _parse("server: {port: 9000, grpc_port: 9000}", tmp_path, env={})

@@ -74,3 +74,25 @@ def test_engine_outputs_equal_the_decode_of_their_ids(llama_dir) -> None:
         assert "".join(chunks) == final, rid
         if "\ufffd" not in final:
             assert not any("\ufffd" in c for c in chunks), rid
+
+
+def test_a_sentencepiece_first_word_keeps_its_space(tmp_path) -> None:  # noqa: ANN001
+    """Metaspace tokenizers (Llama 2, Mistral) drop a leading space when the output is decoded on
+    its own; primed with the prompt, the stream reads " Paris" after "...France is", as vLLM's."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    spm = SentencePieceBPETokenizer()
+    spm.train_from_iterator(["the capital of france is paris", "paris is nice"] * 50, vocab_size=120)
+    spm.save(str(tmp_path / "tokenizer.json"))
+    tok = TextTokenizer(tmp_path)
+    prompt = tok.encode("the capital of france is", add_special_tokens=False)
+    whole = tok.encode("the capital of france is paris", add_special_tokens=False)
+    assert whole[: len(prompt)] == prompt
+    output = whole[len(prompt) :]
+    assert tok.decode(output) == "paris"  # decoded alone, the space is gone
+    detok = IncrementalDetokenizer(tok, prompt, [])
+    streamed = ""
+    for i, token in enumerate(output):
+        detok.add(token)
+        streamed += detok.take(final=i == len(output) - 1)
+    assert streamed == " paris"
