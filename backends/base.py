@@ -295,6 +295,9 @@ class EmbedRequest(msgspec.Struct, kw_only=True):
 
     id: str
     token_ids: list[list[int]]
+    #: keep the first N components of each vector (rescaled to unit length when the model
+    #: normalizes); None: all of them
+    dimensions: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -306,8 +309,11 @@ class EmbedRequest(msgspec.Struct, kw_only=True):
 class EmbeddingBackend(Backend, Protocol):
     """A backend that declares `Capability.EMBED`: turns texts into vectors."""
 
-    def prepare_embedding(self, inputs: list[str] | list[list[int]], request_id: str) -> EmbedRequest:
-        """Tokenize (or check) the inputs; cheap enough for the event loop, done before admission."""
+    def prepare_embedding(
+        self, inputs: list[str] | list[list[int]], request_id: str, dimensions: int | None = None
+    ) -> EmbedRequest:
+        """Tokenize (or check) the inputs and `dimensions`; cheap enough for the event loop, done
+        before admission (a refused request costs nothing)."""
         ...
 
     async def embed(self, request: EmbedRequest) -> np.ndarray:

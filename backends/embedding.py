@@ -113,9 +113,14 @@ class EmbeddingAdapter:
         if self.spec.output is not None and self.spec.output not in outputs:
             raise RuntimeError(f"embedding.output: the model has no output {self.spec.output!r} ({outputs})")
 
-    def prepare_embedding(self, inputs: list[str] | list[list[int]], request_id: str) -> EmbedRequest:
+    def prepare_embedding(
+        self, inputs: list[str] | list[list[int]], request_id: str, dimensions: int | None = None
+    ) -> EmbedRequest:
         if self._tokenizer is None:
             raise RuntimeError("prepare_embedding() before load()")
+        width = self._width()
+        if dimensions is not None and not 1 <= dimensions <= width:
+            raise InvalidInput(f"`dimensions` is {dimensions}; this model's embeddings have {width}")
         if not inputs:
             raise InvalidInput("`input` must not be empty")
         if len(inputs) > self.spec.max_inputs:
@@ -131,7 +136,14 @@ class EmbeddingAdapter:
                 if not item or any(type(t) is not int or not 0 <= t < vocab for t in item):  # type: ignore[union-attr]
                     raise InvalidInput(f"input[{i}]: token ids must be a non-empty list of ids below {vocab}")
                 ids.append(list(item)[: self.spec.max_length])  # type: ignore[arg-type]
-        return EmbedRequest(id=request_id, token_ids=ids)
+        return EmbedRequest(id=request_id, token_ids=ids, dimensions=dimensions)
+
+    def _width(self) -> int:
+        """The size of the model's vectors (the hidden states' last dimension)."""
+        meta = self.inner.metadata()
+        name = self.spec.output or meta.outputs[0].name
+        (spec,) = [s for s in meta.outputs if s.name == name]
+        return spec.shape[-1] if spec.shape and spec.shape[-1] > 0 else 1 << 16
 
     def _tensors(self, request: EmbedRequest) -> tuple[TensorRequest, np.ndarray]:
         meta = self.inner.metadata()
@@ -163,6 +175,8 @@ class EmbeddingAdapter:
         else:
             weights = mask[:, :, None].astype(np.float32)
             vectors = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+        if request.dimensions is not None:
+            vectors = vectors[:, : request.dimensions]
         if self.spec.normalize:
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return vectors.astype(np.float32, copy=False)

@@ -139,6 +139,8 @@ class EmbeddingsInput:
     model: ModelRef
     inputs: list[str] | list[list[int]]
     body: Any = None
+    #: keep the first N components of each vector (checked against the model before admission)
+    dimensions: int | None = None
 
 
 @dataclass
@@ -302,7 +304,7 @@ class GatewayCore:
     ) -> EmbeddingsOutcome:
         principal, deadline, given, plan = await self._payload_call(call, load)
         candidates = self._candidates(plan, Capability.EMBED)
-        first = as_embedding(candidates[0].backend).prepare_embedding(given.inputs, call.request_id)
+        first = as_embedding(candidates[0].backend).prepare_embedding(given.inputs, call.request_id, given.dimensions)
         cost = first.tokens
         hints = queue_hints(call.headers)
         async with deadline.scope():
@@ -314,7 +316,7 @@ class GatewayCore:
                 request = (
                     first
                     if dep is candidates[0]
-                    else backend.prepare_embedding(given.inputs, call.request_id)
+                    else backend.prepare_embedding(given.inputs, call.request_id, given.dimensions)
                 )
                 vectors, service_s = await self._run_queued(
                     principal, dep, cost, backend.embed(request), hints

@@ -2,8 +2,9 @@
 
 `input` may be a string, a list of strings, token ids, or lists of token ids; `encoding_format`
 `float` (JSON numbers) or `base64` (little-endian float32, as the OpenAI SDK decodes it);
-`dimensions` keeps the first N components and scales them back to unit length (Matryoshka-style
-truncation: meaningful for models trained for it, and allowed up to the model's width).
+`dimensions` keeps the first N components (scaled back to unit length when the deployment
+normalizes; Matryoshka-style truncation, meaningful for models trained for it), checked against
+the model's width before admission.
 `usage.prompt_tokens` is what the call cost the tenant's token limits and quotas.
 """
 
@@ -15,23 +16,11 @@ from typing import Any
 import numpy as np
 from litestar import Request, Response, post
 
-from backends.errors import InvalidInput
 from gateway.calls import Call, ModelRef
 from gateway.core import EmbeddingsInput, GatewayCore
 from gateway.http import http_failure, json_response, protocol_opt, read_body
 from gateway.protocols.openai_schema import EmbeddingsBody, decode, embedding_inputs, embeddings_decoder
 from router.planner import split_model_name
-
-
-def _shaped(vectors: np.ndarray, body: EmbeddingsBody) -> np.ndarray:
-    if body.dimensions is None:
-        return vectors
-    if body.dimensions > vectors.shape[1]:
-        raise InvalidInput(
-            f"`dimensions` is {body.dimensions}; this model's embeddings have {vectors.shape[1]}"
-        )
-    cut = vectors[:, : body.dimensions]
-    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
 
 
 def _encoded(vector: np.ndarray, encoding: str) -> Any:
@@ -51,12 +40,12 @@ async def embeddings(request: Request, core: GatewayCore, call: Call) -> Respons
         )
         body: EmbeddingsBody = decode(raw, embeddings_decoder)
         name, version, label = split_model_name(body.model)
-        return EmbeddingsInput(ModelRef(name, version, label), embedding_inputs(body), body)
+        return EmbeddingsInput(ModelRef(name, version, label), embedding_inputs(body), body, body.dimensions)
 
     try:
         outcome = await core.serve_embeddings(call, load)
         body = outcome.body
-        vectors = _shaped(outcome.vectors, body)
+        vectors = outcome.vectors
         data = [
             {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
             for i, v in enumerate(vectors)

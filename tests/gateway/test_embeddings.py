@@ -185,3 +185,19 @@ def test_a_tensor_model_is_not_an_embedding_model(client) -> None:  # noqa: ANN0
     with pytest.raises(openai.BadRequestError) as info:
         sdk.embeddings.create(model="digits", input="x")
     assert "embeddings" in info.value.message
+
+
+def test_a_refused_dimensions_costs_nothing(client) -> None:  # noqa: ANN001
+    import httpx
+
+    from tests.conftest import ADMIN_HEADERS
+
+    sdk, url, _ = client
+
+    def used() -> list:
+        return httpx.get(f"{url}/admin/usage", params={"tenant": "acme"}, headers=ADMIN_HEADERS).json()["usage"]
+
+    before = used()
+    with pytest.raises(openai.BadRequestError):
+        sdk.embeddings.create(model="mini-embed", input=TEXTS, dimensions=4096)
+    assert used() == before  # refused before admission: no request, no tokens
