@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+import msgspec
 import numpy as np
 import structlog
 
@@ -47,7 +48,7 @@ from gateway.outcomes import Outcomes
 from gateway.queue_hints import NO_HINTS, QueueHints, queue_hints
 from gateway.row_slices import CONTINUING_PRIORITY, join_row_slices, row_slices
 from gateway.shadowing import Shadows
-from gateway.streams import GenerationStream, StreamJob, StreamSettlement
+from gateway.streams import ChoiceShare, GenerationStream, StreamJob, StreamSettlement
 from policies.admission import Admission, Reservation
 from policies.errors import PolicyError, Unauthenticated
 from policies.keys import KeyService
@@ -109,6 +110,8 @@ class GenerationInput:
     build: Callable[[], GenerateRequest]
     #: the decoded payload, handed back to the adapter for encoding
     body: Any = None
+    #: choices to generate for the same prompt (OpenAI `n`), admitted together
+    n: int = 1
 
 
 class NamesModel(Protocol):
@@ -130,6 +133,12 @@ class StartedGeneration:
     served: Served
     body: Any
     deadline: Deadline
+    #: every choice's stream (OpenAI `n`); `stream` is the first
+    streams: list[GenerationStream] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.streams:
+            self.streams = [self.stream]
 
 
 @dataclass
@@ -279,14 +288,89 @@ class GatewayCore:
                 request.tenant = principal.tenant
                 async with deadline.scope():
                     prompt_tokens = await self.estimate_prompt_tokens(plan, request)
-                    stream, served = await self.start_generation(
-                        principal, plan, request, prompt_tokens, queue_hints(call.headers), span
-                    )
+                    hints = queue_hints(call.headers)
+                    if given.n == 1:
+                        stream, served = await self.start_generation(
+                            principal, plan, request, prompt_tokens, hints, span
+                        )
+                        streams = [stream]
+                    else:
+                        streams, served = await self._start_choices(
+                            principal, plan, request, prompt_tokens, given.n, hints, span
+                        )
         except BaseException as exc:
             _end_span(span, exc)
             raise
         self._record_server(call, served, span)
-        return StartedGeneration(stream, served, given.body, deadline)
+        return StartedGeneration(streams[0], served, given.body, deadline, streams)
+
+    async def _start_choices(
+        self,
+        principal: Principal,
+        plan: Plan,
+        request: GenerateRequest,
+        prompt_tokens: int,
+        n: int,
+        hints: QueueHints,
+        span: Any,
+    ) -> tuple[list[GenerationStream], Served]:
+        """Start `n` choices of one prompt on the plan's first healthy deployment: one admission and
+        one fair-queue turn for all of them (settled once by `ChoiceShare`), then one engine request
+        per choice (the engine queues those beyond its free slots and shares the prompt's KV blocks).
+        A seeded request gives choice i the seed + i. If one cannot start, the started ones are
+        closed and the request fails as a whole (no fallback per choice)."""
+        dep = self._candidates(plan, Capability.GENERATE)[0]
+        cost = n * (prompt_tokens + request.sampling.max_tokens)
+        reservation = await self._admit(principal, plan.model, cost)
+        try:
+            with tracing.child("queue", **{"fleetgate.deployment": dep.name}):
+                ticket = await dep.queue.acquire(
+                    principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
+                )
+        except BaseException:
+            await self.admission.reconcile(reservation, 0, failed=True)
+            raise
+        share = ChoiceShare(self.admission, reservation, n, span, dep.queue, ticket)
+        backend = as_generative(dep.backend)
+        streams: list[GenerationStream] = []
+        self.breakers.on_attempt(dep.name)
+        started = time.perf_counter()
+        try:
+            for i in range(n):
+                seed = request.sampling.seed
+                choice = msgspec.structs.replace(
+                    request,
+                    request_id=f"{request.request_id}-{i}",
+                    sampling=msgspec.structs.replace(
+                        request.sampling, seed=None if seed is None else seed + i
+                    ),
+                )
+                events = backend.generate(choice)
+                try:
+                    first = await anext(events)
+                except StopAsyncIteration:
+                    first = TokenEvent(request_id=choice.request_id, finish_reason="stop", usage=Usage())
+                job = StreamJob(
+                    principal,
+                    plan,
+                    dep,
+                    choice,
+                    share.choice_ticket(),
+                    reservation,
+                    prompt_tokens,
+                    None,
+                    share,
+                )
+                streams.append(GenerationStream(self.settlement, job, events, first))
+        except BaseException as exc:
+            self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started, caller_fault=True)
+            for stream in streams:
+                await stream.aclose()
+            await share.settle_rest()
+            raise
+        first_event_s = time.perf_counter() - started
+        self.outcomes.record(plan.model, dep, None, first_event_s, first_event_s)
+        return streams, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
 
     async def serve_embeddings(
         self, call: Call, load: Callable[[], Awaitable[EmbeddingsInput]]
@@ -304,7 +388,9 @@ class GatewayCore:
     ) -> EmbeddingsOutcome:
         principal, deadline, given, plan = await self._payload_call(call, load)
         candidates = self._candidates(plan, Capability.EMBED)
-        first = as_embedding(candidates[0].backend).prepare_embedding(given.inputs, call.request_id, given.dimensions)
+        first = as_embedding(candidates[0].backend).prepare_embedding(
+            given.inputs, call.request_id, given.dimensions
+        )
         cost = first.tokens
         hints = queue_hints(call.headers)
         async with deadline.scope():

@@ -22,7 +22,14 @@ from policies.fair_queue import Ticket
 from policies.principal import Principal
 from router.planner import Plan
 
-__all__ = ["BYTES_PER_TOKEN", "GenerationStream", "StreamJob", "StreamSettlement", "estimate_text_tokens"]
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "ChoiceShare",
+    "GenerationStream",
+    "StreamJob",
+    "StreamSettlement",
+    "estimate_text_tokens",
+]
 
 
 class StreamSettlement:
@@ -46,6 +53,70 @@ class StreamSettlement:
             await asyncio.gather(*list(self.running), return_exceptions=True)
 
 
+class ChoiceShare:
+    """One admission shared by the `n` choices of a request (OpenAI `n` > 1): each choice's stream
+    reports what it used when it settles, and the reservation is reconciled once, when all have: the
+    prompt counted once, the completions summed; failed only if every choice failed."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        reservation: Reservation,
+        parts: int,
+        span: Any = None,
+        queue: Any = None,
+        ticket: Ticket | None = None,
+    ) -> None:
+        self.admission = admission
+        self.reservation = reservation
+        #: the one fair-queue ticket of all the choices, released with their total service at the end
+        self._queue = queue
+        self._ticket = ticket
+        self._left = parts
+        self._parts = parts
+        self._failed = 0
+        self._prompt = 0
+        self._completion = 0
+        self._span = span
+
+    def choice_ticket(self) -> Ticket:
+        """A ticket for one choice's stream: already released, so the stream neither charges nor
+        releases the queue (the shared ticket is settled here, once)."""
+        t = self._ticket
+        assert t is not None
+        return Ticket(
+            id=t.id, tenant=t.tenant, cost=0.0, priority=t.priority, enqueued_at=t.enqueued_at,
+            dispatched_at=t.dispatched_at, dispatch_seq=t.dispatch_seq, released=True,
+        )  # fmt: skip
+
+    async def settle_rest(self) -> None:
+        """Settle the choices that never started (the request failed as a whole)."""
+        while self._left > 0:
+            await self.settle(Usage(), failed=True)
+
+    async def settle(self, usage: Usage, failed: bool) -> None:
+        if self._left <= 0:
+            return
+        self._left -= 1
+        self._failed += failed
+        self._prompt = max(self._prompt, usage.prompt_tokens)
+        self._completion += usage.completion_tokens
+        if self._left > 0:
+            return
+        if self._queue is not None and self._ticket is not None:
+            self._queue.release(self._ticket, float(self._prompt + 2 * self._completion))
+        try:
+            await self.admission.reconcile(
+                self.reservation, self._prompt + self._completion, failed=self._failed == self._parts
+            )
+        finally:
+            if self._span is not None:
+                self._span.set_attributes(
+                    {"llm.prompt_tokens": self._prompt, "llm.completion_tokens": self._completion}
+                )
+                self._span.end()
+
+
 @dataclass
 class StreamJob:
     """Who and what a started generation is accounted to."""
@@ -60,6 +131,8 @@ class StreamJob:
     prompt_tokens: int
     #: the request's trace span, ended when the stream settles (None while tracing is off)
     span: Any = None
+    #: with OpenAI `n` > 1: the admission this choice shares with the others (settled by it)
+    share: ChoiceShare | None = None
 
 
 class GenerationStream:
@@ -188,17 +261,24 @@ class GenerationStream:
             # failed before anything was delivered: no answer, so no request is counted (its prompt's
             # tokens were computed and stay charged)
             failed = self._errored and self.delivered == 0
-            try:
-                await settlement.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
-            finally:
-                if job.span is not None:
-                    job.span.set_attributes(
-                        {
-                            "llm.prompt_tokens": usage.prompt_tokens,
-                            "llm.completion_tokens": usage.completion_tokens,
-                        }
-                    )
-                    job.span.end()
+            if job.share is not None:
+                await job.share.settle(usage, failed)
+            else:
+                await self._reconcile(usage, failed)
+
+    async def _reconcile(self, usage: Usage, failed: bool) -> None:
+        job = self.job
+        try:
+            await self._settlement.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
+        finally:
+            if job.span is not None:
+                job.span.set_attributes(
+                    {
+                        "llm.prompt_tokens": usage.prompt_tokens,
+                        "llm.completion_tokens": usage.completion_tokens,
+                    }
+                )
+                job.span.end()
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

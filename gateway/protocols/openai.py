@@ -23,6 +23,7 @@ from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore, GenerationInput, StartedGeneration
 from gateway.errors import describe
 from gateway.http import answer_json, http_failure, json_response, protocol_opt, read_body
+from gateway.protocols.openai_choices import answer_choices, finish_reason
 from gateway.protocols.openai_schema import (
     chat_decoder,
     chat_request,
@@ -139,10 +140,6 @@ def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
     }
 
 
-def _finish_reason(reason: str | None) -> str:
-    return "length" if reason == "length" else "stop"
-
-
 async def _sse(
     started: StartedGeneration, shape: _Shape, include_usage: bool, call: Call
 ) -> AsyncIterator[bytes]:
@@ -172,7 +169,7 @@ async def _sse(
             if event.token_logprobs is not None:  # a chunk may carry tokens whose text is held back
                 pending = (pending or []) + event.token_logprobs
             if event.text or first or event.finish_reason:
-                finish = _finish_reason(event.finish_reason) if event.finish_reason else None
+                finish = finish_reason(event.finish_reason) if event.finish_reason else None
                 chunk = shape.chunk(event.text, finish, first, pending)
                 yield b"data: " + _encoder.encode(chunk) + b"\n\n"
                 first = False
@@ -212,7 +209,7 @@ async def _generate(request: Request, core: GatewayCore, call: Call, chat: bool)
             gen.stream = bool(body.stream)
             return gen
 
-        return GenerationInput(ModelRef(model, version, label), build, body)
+        return GenerationInput(ModelRef(model, version, label), build, body, n=body.n)
 
     try:
         started = await core.serve_generation(call, load)
@@ -235,6 +232,8 @@ async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Respons
     body, events = started.body, started.stream
     out_headers = started.served.response_headers(call)
     shape = _Shape(chat, body.model, call.request_id)
+    if len(started.streams) > 1:  # OpenAI `n`: several choices of one prompt
+        return await answer_choices(started, shape, call, out_headers)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         sse = _sse(started, shape, include_usage, call)
@@ -256,7 +255,7 @@ async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Respons
                 if event.usage is not None:
                     usage = event.usage
                 if event.finish_reason:
-                    finish = _finish_reason(event.finish_reason)
+                    finish = finish_reason(event.finish_reason)
     finally:
         await events.aclose()
     call.done(200)

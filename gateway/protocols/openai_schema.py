@@ -1,7 +1,7 @@
 """OpenAI request bodies, decoded with msgspec, and their translation to GenerateRequest.
 
 Unknown fields are tolerated (clients send many optional ones). Known fields are never silently
-dropped: those the gateway cannot honour for any backend (n > 1, best_of, echo, tools, tool_choice)
+dropped: those the gateway cannot honour for any backend (best_of, echo, tools, tool_choice)
 are refused here with a 400 naming them; `logprobs` / `top_logprobs` are served by the own engine
 (a remote deployment refuses them until it carries them back); sampling fields that only some
 backends honour (penalties, logit_bias, response_format, min_tokens) travel in
@@ -20,6 +20,8 @@ from backends.errors import InvalidInput
 from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 
 DEFAULT_MAX_TOKENS = 256
+#: choices one request may ask for (`n`): each is a generation of its own, admitted together
+MAX_CHOICES = 16
 #: far above any context window: a bound so that reservations stay ordinary integers
 MAX_TOKENS_LIMIT = 2**31 - 1
 
@@ -113,8 +115,8 @@ def decode(body: bytes, decoder: msgspec.json.Decoder) -> Any:
 
 
 def _sampling(body: _Common, max_tokens: int | None, logprobs: bool) -> SamplingParams:
-    if body.n != 1:
-        raise InvalidInput("`n` must be 1: one completion per request")
+    if not 1 <= body.n <= MAX_CHOICES:
+        raise InvalidInput(f"`n` must be in 1..{MAX_CHOICES}")
     temperature = 1.0 if body.temperature is None else body.temperature
     top_p = 1.0 if body.top_p is None else body.top_p
     if not 0.0 <= temperature <= 2.0:

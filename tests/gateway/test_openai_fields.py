@@ -170,3 +170,56 @@ def test_a_remote_upstream_receives_the_fields_as_sent(both: OpenAI) -> None:
     assert sent["presence_penalty"] == 0.5 and sent["logit_bias"] == {"7": -100}
     assert sent["response_format"] == {"type": "json_object"}
     assert sent["repetition_penalty"] == 1.1 and sent["min_tokens"] == 1
+
+
+def _usage_tokens(both: OpenAI, model: str) -> tuple[int, int]:
+    import httpx
+
+    from tests.conftest import ADMIN_HEADERS
+
+    url = str(both.base_url).removesuffix("/").removesuffix("/v1")
+    rows = httpx.get(f"{url}/admin/usage", params={"tenant": "acme"}, headers=ADMIN_HEADERS).json()["usage"]
+    day = [r for r in rows if len(r["period"]) == 10 and r["model"] == model]
+    return (day[0]["requests"], day[0]["tokens"]) if day else (0, 0)
+
+
+@pytest.mark.parametrize("model", ["tiny", "echo"])
+def test_n_choices_whole(both: OpenAI, model: str) -> None:
+    before = _usage_tokens(both, model)
+    out = both.chat.completions.create(
+        model=model, messages=HELLO, max_tokens=6, n=3, temperature=1.0, seed=5, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.message.content for c in out.choices)
+    if model == "tiny":
+        assert len({c.message.content for c in out.choices}) > 1  # seeds 5, 6, 7: different samples
+        assert out.usage.completion_tokens == 18
+    requests, tokens = _usage_tokens(both, model)
+    # one request, charged the prompt once and every choice's completion: what the answer reports
+    assert requests - before[0] == 1
+    assert tokens - before[1] == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+def test_n_choices_streamed(both: OpenAI) -> None:
+    stream = both.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=5, n=2, stream=True, stream_options={"include_usage": True},
+        temperature=1.0, seed=1, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    texts = {0: "", 1: ""}
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts[0] and texts[1] and usage is not None and usage.completion_tokens == 10
+    whole = both.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=5, n=2, temperature=1.0, seed=1, extra_body={"ignore_eos": True}
+    )
+    assert [c.message.content for c in whole.choices] == [texts[0], texts[1]]  # same seeds, same text
+
+
+def test_n_is_bounded(both: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        both.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2, n=99)
+    assert "`n`" in info.value.message

@@ -97,7 +97,7 @@ def test_upstream_404_maps_to_clean_error(client):
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"n": 2}, "`n` must be 1"),
+        ({"n": 99}, "`n` must be in 1..16"),
         ({"temperature": 5}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
     ],

@@ -1,0 +1,168 @@
+"""OpenAI `n` > 1: several choices of one prompt, answered whole or as one merged SSE stream.
+
+Each choice is a generation of its own (the engine shares the prompt's KV blocks through its prefix
+cache); the core admits them together and settles them once (`ChoiceShare`). Here their events are
+read concurrently: a whole answer lists the choices by index, a stream interleaves their chunks as
+they come, each chunk naming its choice's index. Usage counts the prompt once and every choice's
+completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from backends.base import TokenEvent, TokenLogprob, Usage
+from gateway.calls import Call
+from gateway.core import StartedGeneration
+from gateway.errors import describe
+from gateway.http import json_response
+from gateway.streams import GenerationStream
+
+_encoder = msgspec.json.Encoder()
+
+
+def finish_reason(reason: str | None) -> str:
+    """OpenAI's finish reason for an engine's (`length`, or `stop` for every other ending)."""
+    return "length" if reason == "length" else "stop"
+
+
+def _total(usages: list[Usage]) -> Usage:
+    return Usage(
+        prompt_tokens=max((u.prompt_tokens for u in usages), default=0),
+        completion_tokens=sum(u.completion_tokens for u in usages),
+    )
+
+
+async def _collect(stream: GenerationStream) -> tuple[str, str, list[TokenLogprob] | None, Usage]:
+    parts: list[str] = []
+    logprobs: list[TokenLogprob] | None = None
+    usage, finish = Usage(), "stop"
+    async for event in stream:
+        parts.append(event.text)
+        if event.token_logprobs is not None:
+            logprobs = (logprobs or []) + event.token_logprobs
+        if event.usage is not None:
+            usage = event.usage
+        if event.finish_reason:
+            finish = finish_reason(event.finish_reason)
+    return "".join(parts), finish, logprobs, usage
+
+
+async def _merged(streams: list[GenerationStream]) -> AsyncIterator[tuple[int, TokenEvent | None]]:
+    """Every choice's events as they come, `(index, event)`; `(index, None)` when one ends."""
+    queue: asyncio.Queue[tuple[int, TokenEvent | None] | BaseException] = asyncio.Queue()
+
+    async def pump(index: int, stream: GenerationStream) -> None:
+        try:
+            async for event in stream:
+                await queue.put((index, event))
+            await queue.put((index, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            await queue.put(exc)
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        open_streams = len(streams)
+        while open_streams:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item[1] is None:
+                open_streams -= 1
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def answer_choices(
+    started: StartedGeneration, shape: Any, call: Call, headers: dict[str, str]
+) -> Response[Any]:
+    """The response for `n` started choices: SSE when the body asks for a stream, else whole."""
+    streams, body = started.streams, started.body
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        sse = _sse(started, shape, include_usage, call)
+        return Stream(
+            sse,
+            media_type="text/event-stream",
+            headers={**headers, "cache-control": "no-cache"},
+            background=BackgroundTask(_close, sse, streams),
+        )
+    try:
+        async with started.deadline.scope():
+            answers = await asyncio.gather(*(_collect(s) for s in streams))
+    finally:
+        await _close(None, streams)
+    whole = shape.whole("", "stop", _total([a[3] for a in answers]))
+    choices = []
+    for index, (text, finish, logprobs, usage) in enumerate(answers):
+        choice = shape.whole(text, finish, usage, logprobs)["choices"][0]
+        choice["index"] = index
+        choices.append(choice)
+    whole["choices"] = choices
+    call.done(200)
+    return json_response(whole, headers=headers)
+
+
+async def _sse(
+    started: StartedGeneration, shape: Any, include_usage: bool, call: Call
+) -> AsyncIterator[bytes]:
+    streams = started.streams
+    first = [True] * len(streams)
+    usages = [Usage() for _ in streams]
+    pending: list[list[TokenLogprob] | None] = [None] * len(streams)
+    status = 200
+    events = _merged(streams)
+    try:
+        while True:
+            async with started.deadline.scope():
+                item = await anext(events, None)
+            if item is None:
+                break
+            index, event = item
+            if event is None:
+                continue
+            if event.usage is not None:
+                usages[index] = event.usage
+            if event.token_logprobs is not None:
+                pending[index] = (pending[index] or []) + event.token_logprobs
+            if event.text or first[index] or event.finish_reason:
+                finish = finish_reason(event.finish_reason) if event.finish_reason else None
+                chunk = shape.chunk(event.text, finish, first[index], pending[index])
+                chunk["choices"][0]["index"] = index
+                yield b"data: " + _encoder.encode(chunk) + b"\n\n"
+                first[index] = False
+                pending[index] = None
+        if include_usage:
+            yield b"data: " + _encoder.encode(shape.usage_chunk(_total(usages))) + b"\n\n"
+    except Exception as exc:  # noqa: BLE001 - the stream has started: end it with an error event
+        known = describe(exc)
+        status = known[0] if known else 500
+        error = {
+            "message": known[2] if known else "internal error; see the gateway log",
+            "type": "server_error",
+            "code": known[1] if known else "internal_error",
+        }
+        yield b"data: " + _encoder.encode({"error": error}) + b"\n\n"
+    finally:
+        call.done(status)
+        await events.aclose()
+        await _close(None, streams)
+    yield b"data: [DONE]\n\n"
+
+
+async def _close(sse: Any, streams: list[GenerationStream]) -> None:
+    """Close the SSE generator (if any) and every choice: each settles its part once."""
+    if sse is not None:
+        await sse.aclose()
+    for stream in streams:
+        await stream.aclose()
