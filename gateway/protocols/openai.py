@@ -23,7 +23,7 @@ from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore, GenerationInput, StartedGeneration
 from gateway.errors import describe
 from gateway.http import answer_json, http_failure, json_response, protocol_opt, read_body
-from gateway.protocols.openai_choices import answer_choices, finish_reason
+from gateway.protocols.openai_choices import answer_choices, collect_choice, finish_reason
 from gateway.protocols.openai_schema import (
     chat_decoder,
     chat_request,
@@ -243,23 +243,13 @@ async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Respons
             headers={**out_headers, "cache-control": "no-cache"},
             background=BackgroundTask(_close_all, sse, events),
         )
-    parts: list[str] = []
-    logprobs: list[TokenLogprob] | None = None
-    usage, finish = Usage(), "stop"
     try:
         async with started.deadline.scope():
-            async for event in events:
-                parts.append(event.text)
-                if event.token_logprobs is not None:
-                    logprobs = (logprobs or []) + event.token_logprobs
-                if event.usage is not None:
-                    usage = event.usage
-                if event.finish_reason:
-                    finish = finish_reason(event.finish_reason)
+            text, finish, logprobs, usage = await collect_choice(events)
     finally:
         await events.aclose()
     call.done(200)
-    return json_response(shape.whole("".join(parts), finish, usage, logprobs), headers=out_headers)
+    return json_response(shape.whole(text, finish, usage, logprobs), headers=out_headers)
 
 
 async def _close_all(sse: AsyncGenerator[bytes, None], events: GenerationStream) -> None:

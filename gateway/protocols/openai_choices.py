@@ -40,7 +40,8 @@ def _total(usages: list[Usage]) -> Usage:
     )
 
 
-async def _collect(stream: GenerationStream) -> tuple[str, str, list[TokenLogprob] | None, Usage]:
+async def collect_choice(stream: GenerationStream) -> tuple[str, str, list[TokenLogprob] | None, Usage]:
+    """A whole choice: its text, finish reason, logprobs entries (if asked) and usage."""
     parts: list[str] = []
     logprobs: list[TokenLogprob] | None = None
     usage, finish = Usage(), "stop"
@@ -99,7 +100,7 @@ async def answer_choices(
         )
     try:
         async with started.deadline.scope():
-            answers = await asyncio.gather(*(_collect(s) for s in streams))
+            answers = await asyncio.gather(*(collect_choice(s) for s in streams))
     finally:
         await _close(None, streams)
     whole = shape.whole("", "stop", _total([a[3] for a in answers]))
