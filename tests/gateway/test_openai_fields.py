@@ -223,3 +223,49 @@ def test_n_is_bounded(both: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         both.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2, n=99)
     assert "`n`" in info.value.message
+
+
+def test_n_choices_stream_cut_by_the_client_settles_everything(llm_folder: Path) -> None:
+    """A client that leaves an `n` = 3 stream early: every choice is aborted, the one queue turn is
+    given back and the request is charged once, for what was generated."""
+    import time
+
+    import httpx
+
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  llm: {{backend: torch_llm, model: {llm_folder}, device: cpu, options: {{max_num_seqs: 2}}}}
+models:
+  tiny: {{routes: [{{deployment: llm}}]}}
+""",
+        base_dir=Path("."),
+    )
+    app = create_app(config)
+    with serve_app(app) as url:
+        key = create_key(url, "acme")
+        body = {"model": "tiny", "messages": HELLO, "max_tokens": 1500, "n": 3, "stream": True, "ignore_eos": True}
+        with httpx.stream(
+            "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
+            seen = 0
+            for line in response.iter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 5:
+                    break  # the client goes away mid-stream
+        core = app.state.core
+        deadline = time.monotonic() + 20
+        while core.deployments["llm"].queue.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert core.deployments["llm"].queue.in_flight == 0
+        engine = core.deployments["llm"].backend._engine.engine  # noqa: SLF001 - the engine's own state
+        while engine.has_unfinished and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.has_unfinished  # every choice aborted, none runs to 1,500 tokens
+        from tests.conftest import ADMIN_HEADERS
+
+        rows = httpx.get(f"{url}/admin/usage", params={"tenant": "acme"}, headers=ADMIN_HEADERS).json()["usage"]
+        (day,) = [r for r in rows if len(r["period"]) == 10]
+        assert day["requests"] == 1 and 0 < day["tokens"] < 3 * 1500
