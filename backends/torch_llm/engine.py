@@ -53,6 +53,8 @@ class _Request:
     detok: IncrementalDetokenizer | None
     stop_ids: frozenset[int]
     first_token_at: float | None = None
+    #: when a step first computed this request (its queue time ends, its prefill begins)
+    first_scheduled_at: float | None = None
     last_token_at: float | None = None
 
 
@@ -200,6 +202,10 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        started = self.clock()
+        for seq, _ in out.scheduled:
+            if seq.data.first_scheduled_at is None:
+                seq.data.first_scheduled_at = started
         try:
             logits, sampled = self.runner.execute(out.scheduled)
             scheduled, failed = out.scheduled, []
@@ -334,6 +340,7 @@ class LLMEngine:
             self.scheduler.finish(seq, reason)
             self._seqs.pop(seq.request_id, None)
             m.E2E.labels(self._label).observe(now - seq.arrival_time)
+            self._observe_phases(req, seq.arrival_time, now)
             m.REQUEST_SUCCESS.labels(self._label, reason).inc()
         return RequestOutput(
             request_id=seq.request_id,
@@ -345,6 +352,15 @@ class LLMEngine:
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
         )
+
+    def _observe_phases(self, req: _Request, arrival: float, now: float) -> None:
+        """A finished request's queue, prefill and decode times (vLLM's request phase histograms)."""
+        scheduled, first = req.first_scheduled_at, req.first_token_at
+        if scheduled is None or first is None:
+            return
+        m.QUEUE_TIME.labels(self._label).observe(max(0.0, scheduled - arrival))
+        m.PREFILL_TIME.labels(self._label).observe(max(0.0, first - scheduled))
+        m.DECODE_TIME.labels(self._label).observe(max(0.0, now - first))
 
     def _record_step(self, num_tokens: int, num_preempted: int, queries: int, hits: int) -> None:
         self.num_steps += 1

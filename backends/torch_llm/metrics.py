@@ -18,6 +18,9 @@ Names follow vLLM's (`vllm:<name>` becomes `fleetgate_llm_<name>`), labelled by 
 | fleetgate_llm_e2e_request_latency_seconds | vllm:e2e_request_latency_seconds |
 | fleetgate_llm_iteration_tokens_total | vllm:iteration_tokens_total (histogram of tokens per step) |
 | fleetgate_llm_request_success_total | vllm:request_success (label finished_reason) |
+| fleetgate_llm_request_queue_time_seconds | vllm:request_queue_time_seconds (arrival to first scheduled) |
+| fleetgate_llm_request_prefill_time_seconds | vllm:request_prefill_time_seconds (first scheduled to first token) |
+| fleetgate_llm_request_decode_time_seconds | vllm:request_decode_time_seconds (first token to the end) |
 """
 
 from __future__ import annotations
@@ -51,4 +54,13 @@ ITERATION_TOKENS = Histogram(
 )
 REQUEST_SUCCESS = Counter(
     "fleetgate_llm_request_success", "Finished requests by finish reason.", ("deployment", "finished_reason")
+)
+QUEUE_TIME = Histogram(
+    "fleetgate_llm_request_queue_time_seconds", "Arrival to first scheduled step.", _L, buckets=_LATENCY
+)
+PREFILL_TIME = Histogram(
+    "fleetgate_llm_request_prefill_time_seconds", "First scheduled step to first token.", _L, buckets=_LATENCY
+)
+DECODE_TIME = Histogram(
+    "fleetgate_llm_request_decode_time_seconds", "First token to the request's end.", _L, buckets=_LATENCY
 )

@@ -207,7 +207,13 @@ def test_engine_metrics_are_also_exported_under_vllms_names(llm_gateway):
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
         assert value(f"vllm:{name}", model_name="llm") == value(f"fleetgate_llm_{name}", deployment="llm")
     assert value("vllm:gpu_cache_usage_perc", model_name="llm") == value("vllm:kv_cache_usage_perc", model_name="llm")
-    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+    for name in (
+        "time_to_first_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+    ):
         count = value(f"vllm:{name}_count", model_name="llm")
         assert count >= 1 and count == value(f"fleetgate_llm_{name}_count", deployment="llm")
     assert value("vllm:generation_tokens_total", model_name="llm") >= 3
