@@ -79,9 +79,13 @@ def summarize(latencies: list[float], seconds: float) -> dict[str, float]:
 # --- (a) direct onnxruntime ----------------------------------------------------------------------
 
 
-def run_direct(model: Path, concurrency: int, seconds: float, d_in: int) -> dict[str, float]:
+def run_direct(
+    model: Path, concurrency: int, seconds: float, d_in: int, x: np.ndarray | None = None
+) -> dict[str, float]:
+    """`session.run` on `x` (default: one random row of `d_in`) from `concurrency` threads."""
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(1).standard_normal((1, d_in), np.float32)
+    if x is None:
+        x = np.random.default_rng(1).standard_normal((1, d_in), np.float32)
     session.run(None, {"input": x})
     stop = time.perf_counter() + seconds
     per_thread: list[list[float]] = [[] for _ in range(concurrency)]

@@ -26,7 +26,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench_fairness_gateway import thread_cpu_s  # noqa: E402
-from bench_gateway import _load, pct, start_gateway, v2_request  # noqa: E402
+from bench_gateway import _load, pct, run_direct, start_gateway, v2_request  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 ROWS = (1, 64)
@@ -59,29 +58,6 @@ def summarize(latencies: list[float], seconds: float, cpu_s: float | None = None
     if cpu_s is not None and latencies:
         out["gateway_cpu_ms_per_request"] = cpu_s / len(latencies) * 1000
     return out
-
-
-def run_direct(model: Path, x: np.ndarray, concurrency: int, seconds: float) -> dict[str, float]:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    session.run(None, {"input": x})
-    stop = time.perf_counter() + seconds
-    per_thread: list[list[float]] = [[] for _ in range(concurrency)]
-
-    def worker(out: list[float]) -> None:
-        while time.perf_counter() < stop:
-            t0 = time.perf_counter()
-            session.run(None, {"input": x})
-            out.append(time.perf_counter() - t0)
-
-    threads = [threading.Thread(target=worker, args=(o,)) for o in per_thread]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return summarize([v for o in per_thread for v in o], time.perf_counter() - start)
 
 
 def run_http(
@@ -218,7 +194,7 @@ models: {{digits: {{routes: [{{deployment: ort}}]}}}}
                     for c in CONCURRENCY:
                         x = inputs[rows]
                         cell = {
-                            "direct": run_direct(digits.onnx_path, x, c, args.seconds),
+                            "direct": run_direct(digits.onnx_path, c, args.seconds, x.shape[1], x),
                             "http": run_http(port, key, x, c, args.seconds, proc.pid),
                             "grpc": run_grpc(target, key, x, c, args.seconds, proc.pid),
                         }

@@ -38,8 +38,13 @@ class ServingError(Exception):
         self.headers: dict[str, str] = dict(headers or {})
 
     def response_headers(self) -> dict[str, str]:
-        """`headers` plus `Retry-After` in whole seconds (RFC 9110; never 0, or clients would hammer)."""
+        """`headers` plus `Retry-After` when a retry delay is known and no header says it yet."""
         out = dict(self.headers)
         if self.retry_after_s is not None and "Retry-After" not in out:
-            out["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+            out["Retry-After"] = retry_after_header(self.retry_after_s)
         return out
+
+
+def retry_after_header(seconds: float) -> str:
+    """`Retry-After` in whole seconds (RFC 9110), rounded up and never 0, or clients would hammer."""
+    return str(max(1, math.ceil(seconds)))

@@ -346,10 +346,7 @@ class GatewayCore:
                     ),
                 )
                 events = backend.generate(choice)
-                try:
-                    first = await anext(events)
-                except StopAsyncIteration:
-                    first = TokenEvent(request_id=choice.request_id, finish_reason="stop", usage=Usage())
+                first = await _first_event(events, choice.request_id)
                 job = StreamJob(
                     principal,
                     plan,
@@ -774,9 +771,7 @@ class GatewayCore:
             stream = as_generative(dep.backend).generate(request)
             try:
                 with tracing.child("backend.first_token", **{"fleetgate.deployment": dep.name}):
-                    first = await anext(stream)
-            except StopAsyncIteration:
-                first = TokenEvent(request_id=request.request_id, finish_reason="stop", usage=Usage())
+                    first = await _first_event(stream, request.request_id)
             except BaseException:
                 dep.queue.release(ticket, 0)
                 raise
@@ -796,6 +791,14 @@ class GatewayCore:
             await self.admission.reconcile(reservation, 0, failed=True)
             raise
         return events, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+
+
+async def _first_event(events: Any, request_id: str) -> TokenEvent:
+    """A generation's first event; a stream that ends at once is an empty answer that stopped."""
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        return TokenEvent(request_id=request_id, finish_reason="stop", usage=Usage())
 
 
 def _call_attributes(call: Call) -> dict[str, Any]:

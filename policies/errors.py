@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from fleetgate.errors import ServingError
+from fleetgate.errors import ServingError, retry_after_header
 
 
 class PolicyError(ServingError):
@@ -27,8 +27,7 @@ class PolicyError(ServingError):
     ) -> None:
         super().__init__(message, retry_after_s=retry_after_s, headers=headers)
         if retry_after_s is not None:
-            # Retry-After is whole seconds (RFC 9110); never 0, or clients would hammer us.
-            self.headers.setdefault("Retry-After", str(max(1, math.ceil(retry_after_s))))
+            self.headers.setdefault("Retry-After", retry_after_header(retry_after_s))
             self.headers.setdefault("retry-after-ms", str(max(1, math.ceil(retry_after_s * 1000))))
 
 

@@ -9,21 +9,16 @@ empty `choices` carries the usage. A stream that breaks after its first token en
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
 from backends.base import TokenLogprob, Usage
-from gateway import metrics
 from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore, GenerationInput, StartedGeneration
-from gateway.errors import describe
-from gateway.http import answer_json, http_failure, json_response, protocol_opt, read_body
-from gateway.protocols.openai_choices import answer_choices, collect_choice, finish_reason
+from gateway.http import answer_json, http_failure, protocol_opt, read_body
+from gateway.protocols.openai_choices import answer_choices
 from gateway.protocols.openai_schema import (
     chat_decoder,
     chat_request,
@@ -31,7 +26,6 @@ from gateway.protocols.openai_schema import (
     completion_request,
     decode,
 )
-from gateway.streams import GenerationStream
 from router.planner import split_model_name
 
 OPENAI = protocol_opt("openai")
@@ -140,59 +134,6 @@ def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
     }
 
 
-async def _sse(
-    started: StartedGeneration, shape: _Shape, include_usage: bool, call: Call
-) -> AsyncIterator[bytes]:
-    events, deadline = started.stream, started.deadline
-    first = True
-    usage = Usage()
-    pending: list[TokenLogprob] | None = None
-    last = time.perf_counter()
-    labels = (call.model, started.served.deployment.name)
-    status = 200
-    try:
-        while True:
-            # the deadline covers the wait for each event, never the yield to the client below
-            async with deadline.scope():
-                event = await anext(events, None)
-            if event is None:
-                break
-            now = time.perf_counter()
-            if event.text:
-                if first:
-                    metrics.TIME_TO_FIRST_TOKEN.labels(*labels).observe(now - call.started)
-                else:
-                    metrics.INTER_TOKEN_LATENCY.labels(*labels).observe(now - last)
-                last = now
-            if event.usage is not None:
-                usage = event.usage
-            if event.token_logprobs is not None:  # a chunk may carry tokens whose text is held back
-                pending = (pending or []) + event.token_logprobs
-            if event.text or first or event.finish_reason:
-                finish = finish_reason(event.finish_reason) if event.finish_reason else None
-                chunk = shape.chunk(event.text, finish, first, pending)
-                yield b"data: " + _encoder.encode(chunk) + b"\n\n"
-                first = False
-                pending = None
-        if include_usage:
-            yield b"data: " + _encoder.encode(shape.usage_chunk(usage)) + b"\n\n"
-    except Exception as exc:  # noqa: BLE001 - the stream has started: end it with an error event
-        known = describe(exc)
-        message = known[2] if known else "internal error; see the gateway log"
-        code = known[1] if known else "internal_error"
-        status = known[0] if known else 500
-        yield (
-            b"data: "
-            + _encoder.encode({"error": {"message": message, "type": "server_error", "code": code}})
-            + b"\n\n"
-        )
-    finally:
-        call.done(status)
-        # a client that went away: abort the generation and settle what it was given
-        await events.aclose()
-    yield b"data: [DONE]\n\n"
-
-
 async def _generate(request: Request, core: GatewayCore, call: Call, chat: bool) -> Response[Any]:
     async def load() -> GenerationInput:
         raw = await read_body(
@@ -223,38 +164,9 @@ async def _generate(request: Request, core: GatewayCore, call: Call, chat: bool)
 
 
 async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Response[Any]:
-    """The response for a started generation: an SSE stream, or the whole completion.
-
-    Every path ends with the events iterated to their end or closed, so the queue slot and the
-    reservation are settled; for a stream, the response's background task closes it once the
-    body is done, even when the server stopped iterating it (client disconnect).
-    """
-    body, events = started.body, started.stream
-    out_headers = started.served.response_headers(call)
-    shape = _Shape(chat, body.model, call.request_id)
-    if len(started.streams) > 1:  # OpenAI `n`: several choices of one prompt
-        return await answer_choices(started, shape, call, out_headers)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        sse = _sse(started, shape, include_usage, call)
-        return Stream(
-            sse,
-            media_type="text/event-stream",
-            headers={**out_headers, "cache-control": "no-cache"},
-            background=BackgroundTask(_close_all, sse, events),
-        )
-    try:
-        async with started.deadline.scope():
-            text, finish, logprobs, usage = await collect_choice(events)
-    finally:
-        await events.aclose()
-    call.done(200)
-    return json_response(shape.whole(text, finish, usage, logprobs), headers=out_headers)
-
-
-async def _close_all(sse: AsyncGenerator[bytes, None], events: GenerationStream) -> None:
-    await sse.aclose()
-    await events.aclose()
+    """The response for a started generation (gateway/protocols/openai_choices.py, any `n`)."""
+    shape = _Shape(chat, started.body.model, call.request_id)
+    return await answer_choices(started, shape, call, started.served.response_headers(call))
 
 
 @post("/v1/completions", status_code=200, opt=OPENAI)

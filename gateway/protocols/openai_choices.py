@@ -1,4 +1,4 @@
-"""OpenAI `n` > 1: several choices of one prompt, answered whole or as one merged SSE stream.
+"""The answer to a started OpenAI generation, whole or as Server-Sent Events, for one choice or `n`.
 
 Each choice is a generation of its own (the engine shares the prompt's KV blocks through its prefix
 cache); the core admits them together and settles them once (`ChoiceShare`). Here their events are
@@ -10,6 +10,7 @@ completion.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from backends.base import TokenEvent, TokenLogprob, Usage
+from gateway import metrics
 from gateway.calls import Call
 from gateway.core import StartedGeneration
 from gateway.errors import describe
@@ -57,7 +59,14 @@ async def collect_choice(stream: GenerationStream) -> tuple[str, str, list[Token
 
 
 async def _merged(streams: list[GenerationStream]) -> AsyncIterator[tuple[int, TokenEvent | None]]:
-    """Every choice's events as they come, `(index, event)`; `(index, None)` when one ends."""
+    """Every choice's events as they come, `(index, event)`; `(index, None)` when one ends.
+
+    One choice (the common case) is read directly; several are read by one task each."""
+    if len(streams) == 1:
+        async for event in streams[0]:
+            yield 0, event
+        yield 0, None
+        return
     queue: asyncio.Queue[tuple[int, TokenEvent | None] | BaseException] = asyncio.Queue()
 
     async def pump(index: int, stream: GenerationStream) -> None:
@@ -87,7 +96,11 @@ async def _merged(streams: list[GenerationStream]) -> AsyncIterator[tuple[int, T
 async def answer_choices(
     started: StartedGeneration, shape: Any, call: Call, headers: dict[str, str]
 ) -> Response[Any]:
-    """The response for `n` started choices: SSE when the body asks for a stream, else whole."""
+    """The response for the started choices: SSE when the body asks for a stream, else whole.
+
+    Every path ends with every choice iterated to its end or closed, so the queue and the reservation
+    are settled; for a stream, the response's background task closes them once the body is done, even
+    when the server stopped iterating it (client disconnect)."""
     streams, body = started.streams, started.body
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -121,6 +134,8 @@ async def _sse(
     first = [True] * len(streams)
     usages = [Usage() for _ in streams]
     pending: list[list[TokenLogprob] | None] = [None] * len(streams)
+    last = [0.0] * len(streams)
+    labels = (call.model, started.served.deployment.name)
     status = 200
     events = _merged(streams)
     try:
@@ -132,6 +147,13 @@ async def _sse(
             index, event = item
             if event is None:
                 continue
+            if event.text:
+                now = time.perf_counter()
+                if first[index]:
+                    metrics.TIME_TO_FIRST_TOKEN.labels(*labels).observe(now - call.started)
+                else:
+                    metrics.INTER_TOKEN_LATENCY.labels(*labels).observe(now - last[index])
+                last[index] = now
             if event.usage is not None:
                 usages[index] = event.usage
             if event.token_logprobs is not None:
