@@ -237,7 +237,7 @@ def test_n_choices_stream_cut_by_the_client_settles_everything(llm_folder: Path)
 state: {{url: "memory://"}}
 tenants: {{acme: {{}}}}
 deployments:
-  llm: {{backend: torch_llm, model: {llm_folder}, device: cpu, options: {{max_num_seqs: 2}}}}
+  llm: {{backend: torch_llm, model: {llm_folder}, device: cpu, options: {{max_num_seqs: 4}}}}
 models:
   tiny: {{routes: [{{deployment: llm}}]}}
 """,
@@ -248,7 +248,11 @@ models:
         key = create_key(url, "acme")
         body = {"model": "tiny", "messages": HELLO, "max_tokens": 1500, "n": 3, "stream": True, "ignore_eos": True}
         with httpx.stream(
-            "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            "POST",
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
         ) as response:
             seen = 0
             for line in response.iter_lines():
