@@ -116,6 +116,7 @@ class LLMEngine:
         waiting: WaitingQueue | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> LLMEngine:
+        lora = runner.lora
         bm = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching=enable_prefix_caching)
         sched = Scheduler(
             bm,
@@ -123,6 +124,7 @@ class LLMEngine:
             max_num_batched_tokens=max_num_batched_tokens,
             waiting=waiting,
             max_prefill_tokens_with_decodes=max_prefill_tokens_with_decodes,
+            max_adapters=None if lora is None else lora.max_loras,
         )
         return cls(runner, sched, tokenizer, config, clock=clock)
 
@@ -135,7 +137,13 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *, cache_scope: str = ""
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        cache_scope: str = "",
+        adapter: str | None = None,
     ) -> None:
         """Queue a request (the caller checks the prompt's length against max_model_len).
 
@@ -143,11 +151,14 @@ class LLMEngine:
         its own instead of failing inside a step that other requests share.
 
         Raises:
-            ValueError: a duplicate id, a token id that is not an int in the vocabulary, or a seed
-                outside the 64-bit range.
+            ValueError: a duplicate id, a token id that is not an int in the vocabulary, a seed
+                outside the 64-bit range, or an adapter that is not loaded.
         """
         if request_id in self._seqs:
             raise ValueError(f"duplicate request id {request_id!r}")
+        lora = self.runner.lora
+        if adapter is not None and (lora is None or not lora.has(adapter)):
+            raise ValueError(f"adapter {adapter!r} is not loaded on this engine")
         check_prompt_ids(prompt_token_ids, self.config.vocab_size)
         check_seed(params.seed)
         stop_ids = frozenset(params.stop_token_ids) | (
@@ -167,6 +178,8 @@ class LLMEngine:
             else None,
             stop_ids=stop_ids,
         )
+        if adapter is not None and lora is not None:
+            cache_scope = f"{cache_scope}\x1f{lora.cache_scope(adapter)}"
         seq = Sequence(
             self._next_id,
             request_id,
@@ -175,7 +188,10 @@ class LLMEngine:
             cache_scope=cache_scope,
             arrival_time=self.clock(),
             data=state,
+            adapter=adapter,
         )
+        if adapter is not None and lora is not None:
+            lora.acquire(adapter)  # released by `_finish`, however the sequence ends
         self._next_id += 1
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -186,7 +202,7 @@ class LLMEngine:
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return False
-        self.scheduler.finish(seq, "abort")
+        self._finish(seq, "abort")
         m.REQUEST_SUCCESS.labels(self._label, "abort").inc()
         self._update_gauges()
         return True
@@ -293,7 +309,7 @@ class LLMEngine:
     def _fail(self, seq: Sequence, exc: BaseException) -> RequestOutput:
         """End `seq` with finish_reason "error" (its blocks are freed) and say so to its stream."""
         if seq.status is not SequenceStatus.FINISHED:
-            self.scheduler.finish(seq, "error")
+            self._finish(seq, "error")
         self._seqs.pop(seq.request_id, None)
         m.REQUEST_SUCCESS.labels(self._label, "error").inc()
         return RequestOutput(
@@ -305,6 +321,12 @@ class LLMEngine:
             completion_tokens=seq.num_output_tokens,
             error=f"{type(exc).__name__} in the engine step",
         )
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq` in the scheduler (freeing its blocks) and let go of its adapter."""
+        self.scheduler.finish(seq, reason)
+        if seq.adapter is not None and self.runner.lora is not None:
+            self.runner.lora.release(seq.adapter)
 
     def _update_gauges(self) -> None:
         sched, label = self.scheduler, self._label
@@ -337,7 +359,7 @@ class LLMEngine:
         elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.config.max_model_len:
             reason = "length"
         if reason is not None:
-            self.scheduler.finish(seq, reason)
+            self._finish(seq, reason)
             self._seqs.pop(seq.request_id, None)
             m.E2E.labels(self._label).observe(now - seq.arrival_time)
             self._observe_phases(req, seq.arrival_time, now)

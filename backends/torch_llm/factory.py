@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pathlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
 from backends.torch_llm.engine import EngineConfig, LLMEngine
 from backends.torch_llm.loader import load_model, resolve_dtype
+from backends.torch_llm.lora_pool import LoRAPool
+from backends.torch_llm.lora_weights import load_adapter
 from backends.torch_llm.model_config import ModelConfig
 from backends.torch_llm.options import LLMOptions
 from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
@@ -27,6 +29,10 @@ class EngineParts:
     dtype: torch.dtype
     max_model_len: int
     num_blocks: int
+    #: the engine's adapters (None: LoRA is off for this deployment)
+    lora: LoRAPool | None = None
+    #: adapters declared at start that could not be loaded: name -> why
+    adapter_errors: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -73,14 +79,33 @@ def build_engine(
     waiting: WaitingQueue | None = None,
     clock: Callable[[], float] = time.monotonic,
     with_tokenizer: bool = True,
+    adapters: Mapping[str, str | pathlib.Path] | None = None,
 ) -> EngineParts:
-    """Load the model in `folder` and build an engine for it (blocking; seconds for large models)."""
+    """Load the model in `folder` and build an engine for it (blocking; seconds for large models).
+
+    `adapters` (name -> PEFT folder) are loaded into the engine's LoRA pool; one that fails to load
+    is left out and reported in `EngineParts.adapter_errors` (the base and the other adapters serve).
+    """
     dev = resolve_device(device)
     cfg = ModelConfig.from_folder(folder)
     dtype = resolve_dtype(cfg, options.dtype, dev)
     if options.num_threads and dev.type == "cpu":
         torch.set_num_threads(options.num_threads)
     model = load_model(folder, dev, dtype)
+    if options.quantization is not None:
+        from backends.torch_llm.quantization import check_quantization, quantize_linears
+
+        check_quantization(options.quantization, dev.type)
+        quantize_linears(model)
+    lora = None
+    if adapters or options.enable_lora:
+        lora = LoRAPool(model, max_loras=options.max_loras, max_rank=options.max_lora_rank)
+    adapter_errors: dict[str, str] = {}
+    for name, path in (adapters or {}).items():
+        try:
+            lora.add(load_adapter(name, path, cfg, max_rank=options.max_lora_rank, dtype=dtype))  # type: ignore[union-attr]
+        except (OSError, ValueError) as exc:
+            adapter_errors[name] = str(exc)
     tokenizer = TextTokenizer(folder) if with_tokenizer else None
     blocks = num_kv_blocks(options, kv_bytes_per_block(model, options.block_size, dtype), dev)
     max_len = options.max_model_len or cfg.max_position_embeddings
@@ -92,7 +117,11 @@ def build_engine(
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     runner = ModelRunner(
-        model, num_blocks=blocks, block_size=options.block_size, attention=options.attention_backend
+        model,
+        num_blocks=blocks,
+        block_size=options.block_size,
+        attention=options.attention_backend,
+        lora=lora,
     )
     engine = LLMEngine.create(
         runner,
@@ -111,4 +140,4 @@ def build_engine(
         waiting=waiting,
         clock=clock,
     )
-    return EngineParts(engine, tokenizer, cfg, dev, dtype, max_len, blocks)
+    return EngineParts(engine, tokenizer, cfg, dev, dtype, max_len, blocks, lora, adapter_errors)

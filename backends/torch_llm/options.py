@@ -31,6 +31,14 @@ class LLMOptions(SpecBase):
         attention_backend: "auto" (Triton paged-decode kernel on CUDA, gather + SDPA on CPU),
             "torch" (gather + SDPA everywhere) or "triton" (the kernel; on CPU only under
             TRITON_INTERPRET=1). A kernel that fails to compile or to match falls back to "torch".
+        enable_lora: give the model LoRA layers even when the deployment declares no `adapters`
+            (so adapters can be loaded at run time through the admin API). On whenever `adapters`
+            is set.
+        max_loras: adapters resident on the device at once (the others wait in host memory and
+            are paged in, least recently used out); also the most distinct adapters in one step.
+        max_lora_rank: the largest rank an adapter may have (the device slots are this wide).
+        quantization: "int8" stores every decoder projection as int8 weights with a float scale
+            per output channel (weight-only; the LM head and embeddings stay in `dtype`).
     """
 
     block_size: int = 16
@@ -47,6 +55,10 @@ class LLMOptions(SpecBase):
     num_threads: int | None = None
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    enable_lora: bool = False
+    max_loras: int = 8
+    max_lora_rank: int = 16
+    quantization: Literal["int8"] | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -63,6 +75,8 @@ class LLMOptions(SpecBase):
             ),
             ("max_model_len", self.max_model_len is None or self.max_model_len >= 2, "must be >= 2"),
             ("num_threads", self.num_threads is None or self.num_threads >= 1, "must be >= 1"),
+            ("max_loras", 1 <= self.max_loras <= 1024, "must be in 1..1024"),
+            ("max_lora_rank", 1 <= self.max_lora_rank <= 1024, "must be in 1..1024"),
         ]
         for name, ok, why in checks:
             if not ok:

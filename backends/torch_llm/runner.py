@@ -6,6 +6,7 @@ import torch
 
 from backends.torch_llm.attention import AttentionMetadata, PagedAttention, PrefillChunk
 from backends.torch_llm.attention_select import AttentionBackend, make_attention
+from backends.torch_llm.lora_pool import LoRAPool
 from backends.torch_llm.model import LlamaForCausalLM
 from backends.torch_llm.sequence import Sequence
 
@@ -26,6 +27,7 @@ class ModelRunner:
         block_size: tokens per block.
         attention: which paged-attention implementation to use ("auto": by device, see
             `attention_select`); the chosen one is `self.attention`.
+        lora: the engine's adapters (None: the model serves no adapters and has no LoRA layers).
     """
 
     def __init__(
@@ -35,8 +37,10 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         attention: AttentionBackend = "auto",
+        lora: LoRAPool | None = None,
     ) -> None:
         self.model = model
+        self.lora = lora
         self.block_size = block_size
         self.num_blocks = num_blocks
         param = next(model.parameters())
@@ -77,10 +81,13 @@ class ModelRunner:
         chunks: list[PrefillChunk] = []
         sample_rows: list[int] = []
         sampled: list[Sequence] = []
+        adapted: list[tuple[int, int, str]] = []  # (first row, rows, adapter) of adapter requests
         dev = self.device
         for seq, n in decodes + prefills:
             start = seq.num_computed_tokens
             row = len(ids)
+            if seq.adapter is not None:
+                adapted.append((row, n, seq.adapter))
             ids.extend(seq.token_ids(start, start + n))
             positions.extend(range(start, start + n))
             slots.extend(self._slots(seq.block_table, start, start + n))
@@ -100,13 +107,40 @@ class ModelRunner:
             else None,
             prefills=chunks,
         )
-        hidden = self.model(
-            torch.tensor(ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
-            self.kv_caches,
-            meta,
-        )
+        if adapted:
+            self._set_lora_rows(adapted)
+        try:
+            hidden = self.model(
+                torch.tensor(ids, dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev),
+                self.kv_caches,
+                meta,
+            )
+        finally:
+            if adapted:
+                self._clear_lora_rows()
         if not sampled:
             return torch.empty(0, self.model.config.vocab_size), []
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
         return self.model.logits(hidden.index_select(0, rows)), sampled
+
+    def _set_lora_rows(self, adapted: list[tuple[int, int, str]]) -> None:
+        """Tell the LoRA layers which rows of this step use which adapter (paging adapters in)."""
+        if self.lora is None:
+            raise RuntimeError("a request names an adapter but this engine has no LoRA layers")
+        names = {name for _, _, name in adapted}
+        slots = self.lora.activate(names)
+        batch = self.lora.batch
+        singles = [(row, slots[name]) for row, n, name in adapted if n == 1]
+        if singles:
+            batch.decode_rows = torch.tensor([r for r, _ in singles], dtype=torch.long, device=self.device)
+            batch.decode_slots = torch.tensor([s for _, s in singles], dtype=torch.long, device=self.device)
+        batch.chunks = [(row, row + n, slots[name]) for row, n, name in adapted if n != 1]
+        batch.rank = self.lora.rank_of(names)
+
+    def _clear_lora_rows(self) -> None:
+        batch = self.lora.batch if self.lora is not None else None
+        if batch is not None:
+            batch.decode_rows = batch.decode_slots = None
+            batch.chunks = []
+            batch.rank = 0

@@ -106,6 +106,8 @@ class Scheduler:
         waiting: the waiting-order policy (FCFS when None).
         max_prefill_tokens_with_decodes: most prompt tokens in a step that also runs decodes
             (None: only `max_num_batched_tokens` limits them).
+        max_adapters: most distinct LoRA adapters among running sequences (the device slots); a
+            waiting request of another adapter waits until one of them has no running sequence.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         waiting: WaitingQueue | None = None,
         max_prefill_tokens_with_decodes: int | None = None,
+        max_adapters: int | None = None,
     ) -> None:
         if max_prefill_tokens_with_decodes is not None and max_prefill_tokens_with_decodes < 1:
             raise ValueError("max_prefill_tokens_with_decodes must be >= 1")
@@ -123,6 +126,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefill_tokens_with_decodes = max_prefill_tokens_with_decodes
+        self.max_adapters = max_adapters
         self.waiting: WaitingQueue = waiting if waiting is not None else FCFSQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -180,7 +184,7 @@ class Scheduler:
         bm = self.block_manager
         while min(budget, prefill_budget) > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting.peek()
-            if seq is None:
+            if seq is None or not self._adapter_fits(seq):
                 break
             hits = bm.match_prefix(seq)
             num_new = min(seq.num_tokens - len(hits) * bm.block_size, budget, prefill_budget)
@@ -197,6 +201,13 @@ class Scheduler:
             budget -= num_new
             prefill_budget -= num_new
         return budget
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether admitting `seq` keeps the running adapters within the device's slots."""
+        if self.max_adapters is None or seq.adapter is None:
+            return True
+        running = {s.adapter for s in self.running if s.adapter is not None}
+        return seq.adapter in running or len(running) < self.max_adapters
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark `seq` finished and free its blocks (it must be running or waiting)."""

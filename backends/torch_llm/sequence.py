@@ -28,6 +28,7 @@ class Sequence:
         output_token_ids: tokens generated so far.
         max_tokens: most tokens to generate.
         cache_scope: prefix-cache namespace (the tenant, or "" when shared globally).
+        adapter: the LoRA adapter this request runs with (None: the base model).
         arrival_time: clock reading when the request was added.
         block_table: KV block ids, in order; block i holds token positions [i*bs, (i+1)*bs).
         block_hashes: chained hashes of the full blocks registered for prefix caching.
@@ -46,6 +47,7 @@ class Sequence:
         cache_scope: str = "",
         arrival_time: float = 0.0,
         data: Any = None,
+        adapter: str | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("a sequence needs at least one prompt token")
@@ -64,6 +66,7 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.data = data
+        self.adapter = adapter
 
     @property
     def num_prompt_tokens(self) -> int:
