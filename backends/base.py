@@ -154,6 +154,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     tenant: str | None = None
     #: Name the upstream server should see (remote backends); None = the deployment's own.
     upstream_model: str | None = None
+    #: the LoRA adapter to run with (the model name a client called, when it is an adapter of the
+    #: deployment's base); None: the base model
+    adapter: str | None = None
     #: the caller reads the answer as a stream; False: only the whole answer is used, so a backend
     #: that can may produce it in one piece (a remote upstream asked for plain JSON, not SSE)
     stream: bool = True

@@ -109,4 +109,7 @@ class DeploymentSpec(SpecBase):
     batching: BatchingSpec | None = None
     #: serve this tensor deployment as a sentence-embedding model (onnxruntime, openvino)
     embedding: EmbeddingSpec | None = None
+    #: LoRA adapters on this base model (torch_llm): model name -> PEFT adapter folder. Each name is
+    #: a model clients call, routed to this deployment and tenant-scoped like any model.
+    adapters: dict[str, str] = msgspec.field(default_factory=dict)
     options: dict[str, Any] = msgspec.field(default_factory=dict)

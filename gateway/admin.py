@@ -12,12 +12,11 @@ import structlog
 from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
-from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from gateway.admin_guard import ADMIN_GUARD
 from gateway.calls import Call
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError
-from gateway.http import http_failure, json_response, read_body
+from gateway.http import http_failure, json_response, read_admin_json
 
 log = structlog.get_logger(__name__)
 
@@ -32,11 +31,7 @@ class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 @post("/admin/keys", status_code=201, guards=ADMIN_GUARD)
 async def create_key(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
     try:
-        raw = await read_body(request, 64 * 1024, allowed_types=("application/json", ""))
-        try:
-            body = msgspec.json.decode(raw, type=CreateKeyBody)
-        except JSON_DECODE_ERRORS as exc:
-            raise InvalidInput(describe_decode_error(exc)) from None
+        body = await read_admin_json(request, CreateKeyBody)
         try:
             record, secret = await core.keys.create(body.tenant, body.models, body.expires_at, body.name)
         except ValueError as exc:

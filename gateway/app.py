@@ -28,6 +28,7 @@ from gateway.drain import DrainState
 from gateway.errors import Protocol, describe, error_response
 from gateway.grpc_front.server import start_grpc
 from gateway.http import DEPENDENCIES, http_failure, open_call
+from gateway.lora_admin import ROUTES as LORA_ROUTES
 from gateway.protocols import kserve, openai, openai_embeddings, tfserving
 from gateway.reload import ROUTES as RELOAD_ROUTES
 from gateway.reload import install_sighup
@@ -106,7 +107,7 @@ def create_app(
         breakers = CircuitBreakers(config.breakers.failure_threshold, config.breakers.cooldown_s)
         app.state.core = GatewayCore.assemble(config, deployments, keys, admission, breakers, ServiceTimes())
         app.state.core.drain = drain
-        register_metric_models(config.models)
+        register_metric_models(app.state.core.served_models())
         app.state.store = store
         app.state.admin_attempts = AdminAttempts(config.admin.max_failures_per_minute)
         app.state.config_path = Path(config_path) if config_path is not None else None
@@ -141,6 +142,7 @@ def create_app(
             *openai.ROUTES,
             *openai_embeddings.ROUTES,
             *ADMIN_ROUTES,
+            *LORA_ROUTES,
             *RELOAD_ROUTES,
         ],
         lifespan=[lifespan],

@@ -201,7 +201,10 @@ def _resolve_paths(config: Config, base_dir: Path) -> Config:
         embedding = dep.embedding
         if embedding is not None:
             embedding = msgspec.structs.replace(embedding, tokenizer=_resolve(embedding.tokenizer, base_dir))
-        deployments[name] = msgspec.structs.replace(dep, model=_resolve(dep.model, base_dir), embedding=embedding)
+        adapters = {adapter: str(_resolve(path, base_dir)) for adapter, path in dep.adapters.items()}
+        deployments[name] = msgspec.structs.replace(
+            dep, model=_resolve(dep.model, base_dir), embedding=embedding, adapters=adapters
+        )
     state = config.state
     if state.url.startswith("sqlite:///") and not state.url.startswith("sqlite:////"):
         relative = state.url.removeprefix("sqlite:///")
@@ -241,6 +244,29 @@ def _check_references(config: Config) -> None:
     for name, dep in config.deployments.items():
         if dep.model is not None and not os.path.exists(dep.model):
             raise ConfigError(f"model file {dep.model} does not exist - at `$.deployments.{name}.model`")
+    _check_adapters(config)
+
+
+def _check_adapters(config: Config) -> None:
+    """Adapter names are model names: unique, not also a `models:` entry, on a torch_llm base."""
+    owner: dict[str, str] = {}
+    for name, dep in config.deployments.items():
+        for adapter, path in dep.adapters.items():
+            where = f"$.deployments.{name}.adapters.{adapter}"
+            if dep.backend != "torch_llm":
+                raise ConfigError(f"LoRA adapters are served by torch_llm deployments only - at `{where}`")
+            if adapter in config.models:
+                raise ConfigError(
+                    f"adapter {adapter!r} is also a model in `models:`; an adapter is a model of its own, "
+                    f"pick another name - at `{where}`"
+                )
+            if adapter in owner:
+                raise ConfigError(
+                    f"adapter {adapter!r} is also declared by deployment {owner[adapter]!r} - at `{where}`"
+                )
+            if not os.path.isdir(path):
+                raise ConfigError(f"adapter folder {path} does not exist - at `{where}`")
+            owner[adapter] = name
 
 
 def _rebase(message: str, prefix: str) -> str:

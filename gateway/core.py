@@ -44,6 +44,7 @@ from gateway.deadline import Deadline
 from gateway.deployments import Deployment, FleetSignals
 from gateway.drain import DrainState
 from gateway.errors import GatewayError
+from gateway.lora_models import base_model_of, declared_adapters, served_models
 from gateway.outcomes import Outcomes
 from gateway.queue_hints import NO_HINTS, QueueHints, queue_hints
 from gateway.row_slices import CONTINUING_PRIORITY, join_row_slices, row_slices
@@ -56,6 +57,7 @@ from policies.principal import Principal
 from router.health import CircuitBreakers
 from router.load import ServiceTimes
 from router.planner import Plan, Router
+from router.spec import ModelConfig
 
 log = structlog.get_logger(__name__)
 
@@ -205,6 +207,12 @@ class GatewayCore:
         self.settlement = StreamSettlement(admission, self.shadows)
         #: the process's drain after SIGTERM (gateway/drain.py): not ready, then refusing new calls
         self.drain = DrainState()
+        #: LoRA adapters served as models: model name -> the deployment of its base (gateway/adapters.py)
+        self.adapter_models: dict[str, str] = declared_adapters(config)
+
+    def served_models(self, config: Config | None = None) -> dict[str, ModelConfig]:
+        """The models the router knows: the config's `models:` plus one per LoRA adapter."""
+        return served_models(config or self.config, self.adapter_models)
 
     @classmethod
     def assemble(
@@ -218,7 +226,8 @@ class GatewayCore:
     ) -> GatewayCore:
         """The core with its router, wired to the same breakers and service times (no cycle)."""
         signals = FleetSignals(deployments, breakers, service_times)
-        router = Router(config.models, is_healthy=signals.is_healthy, expected_wait=signals.expected_wait)
+        models = served_models(config, declared_adapters(config))
+        router = Router(models, is_healthy=signals.is_healthy, expected_wait=signals.expected_wait)
         return cls(config, deployments, router, keys, admission, breakers, service_times)
 
     # --- the one-pass API for protocol adapters ------------------------------------------------
@@ -286,6 +295,7 @@ class GatewayCore:
                 principal, deadline, given, plan = await self._payload_call(call, load)
                 request = given.build()
                 request.tenant = principal.tenant
+                request.adapter = plan.model if plan.model in self.adapter_models else None
                 async with deadline.scope():
                     prompt_tokens = await self.estimate_prompt_tokens(plan, request)
                     hints = queue_hints(call.headers)
@@ -476,7 +486,13 @@ class GatewayCore:
 
     def can_see(self, principal: Principal, model: str) -> bool:
         tenant = self.config.tenants.get(principal.tenant)
-        return tenant is not None and model in self.config.models and principal.can_see(model, tenant.models)
+        known = model in self.config.models or model in self.adapter_models
+        return tenant is not None and known and principal.can_see(model, tenant.models)
+
+    def adapter_parent(self, model: str) -> str | None:
+        """The base model of a LoRA adapter model (None for other models)."""
+        deployment = self.adapter_models.get(model)
+        return None if deployment is None else base_model_of(self.config, deployment)
 
     def visible_models(self, principal: Principal) -> list[str]:
         return [m for m in self.router.names() if self.can_see(principal, m)]

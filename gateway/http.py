@@ -8,7 +8,7 @@ from the ASGI receive channel, and the hot inference routes answer with `RawResp
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -16,6 +16,8 @@ from litestar import Request, Response
 from litestar.connection import ASGIConnection
 from litestar.di import Provide
 
+from backends.errors import InvalidInput
+from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from gateway.calls import Call
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError, Protocol, describe, exception_response
@@ -76,6 +78,18 @@ async def read_body(
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+StructT = TypeVar("StructT")
+
+
+async def read_admin_json(request: Request, body_type: type[StructT], limit: int = 64 * 1024) -> StructT:
+    """An admin route's small JSON body decoded into `body_type` (a 400 names what is wrong)."""
+    raw = await read_body(request, limit, allowed_types=("application/json", ""))
+    try:
+        return msgspec.json.decode(raw, type=body_type)
+    except JSON_DECODE_ERRORS as exc:
+        raise InvalidInput(describe_decode_error(exc)) from None
 
 
 def lower_headers(request: ASGIConnection[Any, Any, Any, Any]) -> dict[str, str]:

@@ -57,7 +57,10 @@ def apply_config(core: GatewayCore, new: Config) -> None:
     core.admission.update_tenants(new.tenants)
     for dep in core.deployments.values():
         dep.queue.update_weights(weights)
-    core.router.update(new.models)
+    taken = sorted(set(new.models) & set(core.adapter_models))
+    if taken:
+        raise ConfigError(f"model names {taken} are served LoRA adapters; unload them first - at `$.models`")
+    core.router.update(core.served_models(new))
     register_metric_models(new.models)
     core.breakers.failure_threshold = new.breakers.failure_threshold
     core.breakers.cooldown_s = new.breakers.cooldown_s

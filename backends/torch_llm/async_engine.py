@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
 
@@ -18,6 +19,7 @@ from backends.base import SamplingParams
 from backends.torch_llm.engine import LLMEngine, RequestOutput
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -64,7 +66,12 @@ class AsyncLLMEngine:
         return self._capacity
 
     def add(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_scope: str
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_scope: str,
+        adapter: str | None = None,
     ) -> asyncio.Queue[RequestOutput]:
         """Queue a request; its outputs arrive on the returned queue, the last one has a finish_reason.
 
@@ -80,7 +87,9 @@ class AsyncLLMEngine:
 
         def command() -> None:
             try:
-                self.engine.add_request(request_id, prompt_token_ids, params, cache_scope=cache_scope)
+                self.engine.add_request(
+                    request_id, prompt_token_ids, params, cache_scope=cache_scope, adapter=adapter
+                )
             except Exception as exc:  # noqa: BLE001 - reported on the request's own stream
                 log.warning("llm_add_failed", request_id=request_id, error=str(exc))
                 self._finish_stream(request_id, "error", f"the request was refused: {exc}")
@@ -100,6 +109,25 @@ class AsyncLLMEngine:
         self._submit(command)
         if self._thread.is_alive():
             await done
+
+    async def run(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between two steps and return its result (or raise
+        its exception): how state the thread owns (the adapters) is changed from the event loop."""
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def command() -> None:
+            try:
+                result = fn(self.engine)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                failure = exc
+                _post(done.get_loop(), lambda: done.done() or done.set_exception(failure))
+            else:
+                _post(done.get_loop(), lambda: done.done() or done.set_result(result))
+
+        if not self._thread.is_alive():
+            return fn(self.engine)
+        self._submit(command)
+        return await done
 
     def abort_nowait(self, request_id: str) -> None:
         """Abort without waiting (safe from a generator's cleanup)."""

@@ -26,7 +26,7 @@ from backends.base import (
     TokenLogprob,
     Usage,
 )
-from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
+from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput, ModelNotFound
 from backends.spec import DeploymentSpec
 from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
 from backends.torch_llm.model_config import ModelConfig
@@ -75,7 +75,22 @@ def create(name: str, spec: DeploymentSpec) -> TorchLLMBackend:
         raise ValueError(f"deployment {name!r}: {exc}") from None
     if spec.device not in (None, "auto", "cpu", "cuda") and not str(spec.device).startswith("cuda:"):
         raise ValueError(f"deployment {name!r}: device {spec.device!r} is not cpu, cuda, cuda:N or auto")
-    return TorchLLMBackend(name, folder, options, device=spec.device)
+    _check_adapters(name, spec.adapters, folder, options)
+    return TorchLLMBackend(name, folder, options, device=spec.device, adapters=spec.adapters)
+
+
+def _check_adapters(name: str, adapters: dict[str, str], folder: pathlib.Path, options: LLMOptions) -> None:
+    """Refuse at config time an adapter that cannot serve on this base (headers only, no tensors)."""
+    if not adapters:
+        return
+    from backends.torch_llm.lora_weights import inspect_adapter
+
+    base = ModelConfig.from_folder(folder)
+    for adapter, path in adapters.items():
+        try:
+            inspect_adapter(adapter, path, base, max_rank=options.max_lora_rank)
+        except ValueError as exc:
+            raise ValueError(f"deployment {name!r}: adapter {adapter!r}: {exc}") from None
 
 
 class TorchLLMBackend:
@@ -100,6 +115,7 @@ class TorchLLMBackend:
         *,
         device: str | None = None,
         waiting: WaitingQueue | None = None,
+        adapters: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.folder = folder
@@ -114,6 +130,13 @@ class TorchLLMBackend:
         #: the model's sampling defaults (generation_config.json) for fields a request leaves unset
         self._sampling_defaults: dict[str, Any] = {}
         self.capacity: Callable[[], tuple[int, int]] | None = self._free_capacity
+        #: adapters declared in the config, loaded with the model
+        self._declared_adapters = dict(adapters or {})
+        #: adapters requests may use now: name -> folder (owned by the event loop; the engine
+        #: thread's pool is changed only through `AsyncLLMEngine.run`)
+        self.adapters: dict[str, str] = {}
+        #: adapters that could not be loaded: name -> why (requests for them get a 503 saying so)
+        self.adapter_errors: dict[str, str] = {}
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -132,8 +155,13 @@ class TorchLLMBackend:
             device=self.device,
             deployment=self.name,
             waiting=self._waiting,
+            adapters=self._declared_adapters,
         )
         self._parts = parts
+        self.adapter_errors = dict(parts.adapter_errors)
+        self.adapters = {n: p for n, p in self._declared_adapters.items() if n not in self.adapter_errors}
+        for adapter, why in self.adapter_errors.items():
+            log.error("llm_adapter_load_failed", deployment=self.name, adapter=adapter, error=why)
         self._sampling_defaults = read_sampling_defaults(self.folder)
         self._engine = AsyncLLMEngine(parts.engine, name=self.name)
         self._engine.start()
@@ -182,6 +210,62 @@ class TorchLLMBackend:
             extra=extra,
         )
 
+    # --- adapters ------------------------------------------------------------------------------
+
+    async def load_adapter(self, adapter: str, path: str) -> None:
+        """Load (or replace) a LoRA adapter while serving; requests in flight are not disturbed.
+
+        Raises:
+            InvalidInput: the adapter cannot serve on this base (the reason is in the message), or
+                this deployment has no LoRA layers (`adapters` or `options.enable_lora`).
+            BackendUnavailable: the deployment is not loaded.
+        """
+        from backends.torch_llm.lora_weights import load_adapter
+
+        engine, parts = self._engine, self._parts
+        if engine is None or parts is None:
+            raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        if parts.lora is None:
+            raise InvalidInput(
+                f"deployment {self.name!r} serves no adapters: declare `adapters` or set "
+                "`options.enable_lora: true` (LoRA layers are added when the model loads)"
+            )
+        try:  # reading and checking the weights is file I/O and copies: off the loop and the engine
+            weights = await asyncio.to_thread(
+                load_adapter,
+                adapter,
+                path,
+                parts.config,
+                max_rank=self.options.max_lora_rank,
+                dtype=parts.dtype,
+            )
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"adapter {adapter!r}: {exc}") from None
+        lora = parts.lora
+        await engine.run(lambda _: lora.add(weights))
+        self.adapters[adapter] = str(path)
+        self.adapter_errors.pop(adapter, None)
+        log.info("llm_adapter_loaded", deployment=self.name, adapter=adapter, rank=weights.max_rank)
+
+    async def unload_adapter(self, adapter: str) -> bool:
+        """Stop serving `adapter`; its requests in flight run to their end. False when unknown."""
+        self.adapter_errors.pop(adapter, None)
+        if self.adapters.pop(adapter, None) is None:
+            return False
+        if self._engine is not None and self._parts is not None and self._parts.lora is not None:
+            lora = self._parts.lora
+            await self._engine.run(lambda _: lora.remove(adapter))
+        log.info("llm_adapter_unloaded", deployment=self.name, adapter=adapter)
+        return True
+
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is None or adapter in self.adapters:
+            return
+        why = self.adapter_errors.get(adapter)
+        if why is not None:
+            raise BackendUnavailable(f"adapter {adapter!r} failed to load on deployment {self.name!r}: {why}")
+        raise ModelNotFound(f"model {adapter!r} is not loaded on deployment {self.name!r}")
+
     # --- serving -------------------------------------------------------------------------------
 
     def _free_capacity(self) -> tuple[int, int]:
@@ -194,6 +278,7 @@ class TorchLLMBackend:
         The ids are kept for `generate` of the same request id, so a prompt is tokenized once.
         """
         _check_supported(request)  # before admission: a request this engine cannot honour costs nothing
+        self._check_adapter(request.adapter)
         ids = await self._tokenize(request)
         self._tokenized[request.request_id] = (_fingerprint(request), ids)
         self._tokenized_total += len(ids)
@@ -235,6 +320,7 @@ class TorchLLMBackend:
             self._tokenized_total -= len(counted[1])
         ids = counted[1] if counted and counted[0] == _fingerprint(request) else await self._tokenize(request)
         _check_supported(request)
+        self._check_adapter(request.adapter)
         sampling = with_model_defaults(request.sampling, self._sampling_defaults)
         _check_sampling(sampling)
         try:  # checked here too: a refusal inside the engine thread would end the stream as an error
@@ -249,7 +335,7 @@ class TorchLLMBackend:
             )
         scope = (request.tenant or "") if self.options.prefix_cache_scope == "tenant" else ""
         try:
-            queue = engine.add(request.request_id, ids, sampling, scope)
+            queue = engine.add(request.request_id, ids, sampling, scope, request.adapter)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         completion = 0
@@ -353,7 +439,9 @@ def with_model_defaults(sampling: SamplingParams, defaults: dict[str, Any]) -> S
 
 
 #: OpenAI fields (`GenerateRequest.extra`) this engine applies through SamplingParams
-_HONOURED = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"})
+_HONOURED = frozenset(
+    {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"}
+)
 
 
 def _check_supported(request: GenerateRequest) -> None:

@@ -37,10 +37,13 @@ _STARTED = int(time.time())
 async def list_models(core: GatewayCore, call: Call) -> Response[bytes]:
     async def work() -> tuple[dict[str, Any], int]:
         principal = await core.identify(call)
-        data = [
-            {"id": m, "object": "model", "created": _STARTED, "owned_by": principal.tenant}
-            for m in core.visible_models(principal)
-        ]
+        data = []
+        for m in core.visible_models(principal):
+            entry = {"id": m, "object": "model", "created": _STARTED, "owned_by": principal.tenant}
+            parent = core.adapter_parent(m)
+            if parent is not None:  # a LoRA adapter: its base model, as vLLM lists them
+                entry["parent"] = parent
+            data.append(entry)
         return {"object": "list", "data": data}, 200
 
     return await answer_json(call, work)

@@ -16,6 +16,7 @@ from backends.base import SamplingParams  # noqa: E402
 from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
 from backends.torch_llm.lora_weights import inspect_adapter, load_adapter  # noqa: E402
 from backends.torch_llm.model_config import ModelConfig  # noqa: E402
+from tests.lora_adapters import write_peft_adapter  # noqa: E402
 from tests.torch_llm.conftest import engine_for, make_prompts  # noqa: E402
 
 N_TOKENS = 16
@@ -29,21 +30,6 @@ ADAPTERS = {
     "mlp-r16": {"r": 16, "lora_alpha": 8, "target_modules": ["gate_proj", "up_proj", "down_proj"],
                 "alpha_pattern": {"down_proj": 32}},
 }  # fmt: skip
-
-
-def write_peft_adapter(base: pathlib.Path, out: pathlib.Path, seed: int, **config: object) -> pathlib.Path:
-    """A random (non-zero B) LoRA adapter for the model in `base`, saved by PEFT itself."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    lora = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, lora_dropout=0.0, **config))
-    with torch.no_grad():  # PEFT's non-default init is tiny on B; scale it so outputs really change
-        for name, param in lora.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.2)
-    lora.save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")

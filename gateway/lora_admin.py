@@ -1,0 +1,119 @@
+"""Admin API for LoRA adapters: list, load and unload them on a running gateway, no restart.
+
+    GET    /admin/adapters                                  every deployment's adapters and load errors
+    POST   /admin/deployments/{deployment}/adapters         {"name": ..., "path": ...}: load (or replace)
+    DELETE /admin/deployments/{deployment}/adapters/{name}  unload
+
+Loading reads and checks the adapter off the event loop, then registers it between two engine
+steps; unloading refuses new requests for the name at once while the ones in flight run to their
+end. The adapter's model name appears to tenants whose `models:` globs match it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import msgspec
+import structlog
+from litestar import Request, Response, delete, get, post
+
+from backends.errors import InvalidInput
+from gateway.admin_guard import ADMIN_GUARD
+from gateway.calls import Call, register_metric_models
+from gateway.core import GatewayCore
+from gateway.deployments import Deployment
+from gateway.errors import GatewayError
+from gateway.http import http_failure, json_response, read_admin_json
+
+log = structlog.get_logger(__name__)
+
+#: a model name clients can write in a URL and a body: no `:` or `@` (version and label syntax)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+
+
+class LoadAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    #: the PEFT adapter folder, on the gateway's file system
+    path: str
+
+
+def _lora_deployment(core: GatewayCore, deployment: str) -> Deployment:
+    dep = core.deployments.get(deployment)
+    if dep is None:
+        raise GatewayError(404, "deployment_not_found", f"no deployment {deployment!r}")
+    if not hasattr(dep.backend, "load_adapter"):
+        raise InvalidInput(
+            f"deployment {deployment!r} ({dep.spec.backend}) does not serve LoRA adapters; torch_llm does"
+        )
+    return dep
+
+
+def _check_name(core: GatewayCore, name: str, deployment: str) -> None:
+    if not _NAME.match(name):
+        raise InvalidInput(
+            f"adapter name {name!r}: use letters, digits and . _ / - (at most 128, no `:` or `@`, "
+            "which name versions and labels)"
+        )
+    if name in core.config.models:
+        raise InvalidInput(f"{name!r} is a model in the config; an adapter needs a name of its own")
+    owner = core.adapter_models.get(name)
+    if owner is not None and owner != deployment:
+        raise InvalidInput(f"adapter {name!r} is served by deployment {owner!r}; unload it there first")
+
+
+@get("/admin/adapters", guards=ADMIN_GUARD)
+async def list_adapters(core: GatewayCore, call: Call) -> Response[bytes]:
+    try:
+        out = {}
+        for name, dep in core.deployments.items():
+            backend = dep.backend
+            if hasattr(backend, "load_adapter"):
+                out[name] = {"adapters": dict(backend.adapters), "errors": dict(backend.adapter_errors)}
+        call.done(200)
+        return json_response({"deployments": out})
+    except Exception as exc:  # noqa: BLE001 - answered as {"error": ...}
+        return http_failure(call, exc)
+
+
+@post("/admin/deployments/{deployment:str}/adapters", status_code=201, guards=ADMIN_GUARD)
+async def load_adapter(request: Request, core: GatewayCore, call: Call, deployment: str) -> Response[bytes]:
+    try:
+        body = await read_admin_json(request, LoadAdapterBody)
+        dep = _lora_deployment(core, deployment)
+        _check_name(core, body.name, deployment)
+        if not os.path.isdir(body.path):
+            raise InvalidInput(f"adapter folder {body.path!r} does not exist on the gateway")
+        await dep.backend.load_adapter(body.name, body.path)
+        core.adapter_models[body.name] = deployment
+        register_metric_models([body.name])
+        core.router.update(core.served_models())
+        log.info("adapter_loaded", deployment=deployment, adapter=body.name)
+        call.done(201)
+        return json_response(
+            {"name": body.name, "deployment": deployment, "parent": core.adapter_parent(body.name)}, 201
+        )
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+@delete("/admin/deployments/{deployment:str}/adapters/{name:str}", status_code=200, guards=ADMIN_GUARD)
+async def unload_adapter(core: GatewayCore, call: Call, deployment: str, name: str) -> Response[bytes]:
+    try:
+        dep = _lora_deployment(core, deployment)
+        if core.adapter_models.get(name) != deployment:
+            raise GatewayError(
+                404, "adapter_not_found", f"deployment {deployment!r} serves no adapter {name!r}"
+            )
+        # routing stops first, so no new request is planned onto an adapter being unloaded
+        del core.adapter_models[name]
+        core.router.update(core.served_models())
+        await dep.backend.unload_adapter(name)
+        log.info("adapter_unloaded", deployment=deployment, adapter=name)
+        call.done(200)
+        return json_response({"name": name, "deployment": deployment, "unloaded": True})
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+ROUTES = [list_adapters, load_adapter, unload_adapter]
