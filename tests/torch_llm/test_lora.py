@@ -198,3 +198,15 @@ def test_refusals_name_the_reason(llama_dir, adapter_dirs, tmp_path) -> None:
     engine = engine_for(llama_dir)  # no LoRA layers at all
     with pytest.raises(ValueError, match="not loaded"):
         engine.add_request("x", [5, 6, 7], GREEDY, adapter="all-r8")
+
+
+def test_adapters_run_on_int8_weights(llama_dir, adapter_dirs, prompts) -> None:
+    # the low-rank updates stay in float on top of the int8 base projections
+    engine = lora_engine(llama_dir, adapter_dirs, quantization="int8")
+    layer = engine.runner.model.model.layers[0].self_attn.q_proj
+    assert type(layer.base).__name__ == "Int8Linear"
+    outputs = run_mixed(engine, prompts[:4], [None, "all-r8"])
+    base = [outputs[f"None|{i}"] for i in range(4)]
+    adapted = [outputs[f"all-r8|{i}"] for i in range(4)]
+    assert base != adapted, "the adapter must still change the int8 model's output"
+    assert all(len(o) == N_TOKENS for o in outputs.values())
