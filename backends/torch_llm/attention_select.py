@@ -1,29 +1,27 @@
 """Choose the paged-attention implementation for a device, and check a fast one before trusting it.
 
-`auto`: the Triton decode kernel on CUDA, gather + SDPA on CPU. `triton` asks for the kernel anywhere
-(on CPU it only runs under `TRITON_INTERPRET=1`, which is how tests exercise it); `torch` always uses
-gather + SDPA. Before the Triton implementation is used it is *probed*: the kernel runs once on random
-data with the model's real head layout, block size and dtype, and must agree with gather + SDPA. An
-import error (no triton), a compile or launch error, or a wrong answer logs one warning
-(`llm_attention_fallback`) and the engine uses gather + SDPA instead; it never fails to load for it.
+`auto`: the Triton decode kernel on CUDA, the C++ decode kernel on CPU (`attention_cpu`). `triton`
+asks for the Triton kernel anywhere (on CPU it only runs under `TRITON_INTERPRET=1`, which is how
+tests exercise it), `cpu_kernel` for the C++ one; `torch` always uses gather + SDPA. Before a kernel
+is used it is *probed*: it runs once on random data with the model's real head layout, block size
+and dtype, and must agree with gather + SDPA. An import error (no triton, no compiler), a compile or
+launch error, or a wrong answer logs one warning (`llm_attention_fallback`) and the engine uses
+gather + SDPA instead; it never fails to load for it.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import structlog
 import torch
 
 from backends.torch_llm.attention import AttentionMetadata, PagedAttention, TorchPagedAttention
 
-if TYPE_CHECKING:
-    from backends.torch_llm.attention_triton import TritonPagedAttention
-
 log = structlog.get_logger(__name__)
 
-AttentionBackend = Literal["auto", "torch", "triton"]
+AttentionBackend = Literal["auto", "torch", "triton", "cpu_kernel"]
 
 
 def make_attention(
@@ -40,6 +38,9 @@ def make_attention(
     shape = (num_heads, num_kv_heads, head_dim)
     fallback = TorchPagedAttention(*shape, block_size=block_size, device=device)
     want_triton = backend == "triton" or (backend == "auto" and device.type == "cuda")
+    want_cpu_kernel = device.type == "cpu" and backend in ("auto", "cpu_kernel")
+    if want_cpu_kernel:
+        return _cpu_kernel_or(fallback, shape, block_size, dtype)
     if not want_triton:
         return fallback
     if "tensorflow" in sys.modules and "triton" not in sys.modules:
@@ -67,7 +68,24 @@ def make_attention(
     return fast
 
 
-def probe(fast: TritonPagedAttention, reference: TorchPagedAttention, dtype: torch.dtype) -> str | None:
+def _cpu_kernel_or(
+    fallback: TorchPagedAttention, shape: tuple[int, int, int], block_size: int, dtype: torch.dtype
+) -> PagedAttention:
+    """The C++ decode kernel when it builds and agrees with gather + SDPA, else `fallback`."""
+    try:
+        from backends.torch_llm.attention_cpu import CpuPagedAttention
+
+        fast = CpuPagedAttention(*shape, block_size=block_size, device=torch.device("cpu"))
+        error = probe(fast, fallback, dtype)
+    except Exception as exc:  # noqa: BLE001 - no compiler, a build error: gather + SDPA serves
+        error = f"{type(exc).__name__}: {exc}"
+    if error is not None:
+        log.warning("llm_attention_fallback", backend="torch", reason=error[:500], device="cpu")
+        return fallback
+    return fast
+
+
+def probe(fast: PagedAttention, reference: TorchPagedAttention, dtype: torch.dtype) -> str | None:
     """Run both implementations' decode path on the same random paged data; None when they agree.
 
     Three sequences (1 key, one block plus one, three blocks minus one) in a shuffled pool, so the

@@ -28,9 +28,10 @@ class LLMOptions(SpecBase):
         prefix_cache_scope: "tenant" isolates cached prefixes per tenant, "global" shares them.
         num_threads: torch intra-op threads on CPU (None: torch's default).
         seed: seed of the generator used by requests that give no seed.
-        attention_backend: "auto" (Triton paged-decode kernel on CUDA, gather + SDPA on CPU),
-            "torch" (gather + SDPA everywhere) or "triton" (the kernel; on CPU only under
-            TRITON_INTERPRET=1). A kernel that fails to compile or to match falls back to "torch".
+        attention_backend: "auto" (Triton paged-decode kernel on CUDA, the C++ paged-decode kernel
+            on CPU), "torch" (gather + SDPA everywhere), "triton" (the Triton kernel; on CPU only
+            under TRITON_INTERPRET=1) or "cpu_kernel". A kernel that fails to build or to match
+            gather + SDPA falls back to "torch".
         enable_lora: give the model LoRA layers even when the deployment declares no `adapters`
             (so adapters can be loaded at run time through the admin API). On whenever `adapters`
             is set.
@@ -54,7 +55,7 @@ class LLMOptions(SpecBase):
     prefix_cache_scope: Literal["tenant", "global"] = "tenant"
     num_threads: int | None = None
     seed: int = 0
-    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    attention_backend: Literal["auto", "torch", "triton", "cpu_kernel"] = "auto"
     enable_lora: bool = False
     max_loras: int = 8
     max_lora_rank: int = 16

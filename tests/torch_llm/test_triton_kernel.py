@@ -83,7 +83,3 @@ def test_kernel_failing_mid_run_falls_back_once(llama_dir: pathlib.Path) -> None
     assert out == reference
     assert fast.disabled_reason is not None
     assert [e["event"] for e in logs].count("llm_attention_fallback") == 1
-
-
-def test_cpu_auto_selects_gather_sdpa(llama_dir: pathlib.Path) -> None:
-    assert engine_for(llama_dir).runner.attention.name == "torch"

@@ -1,0 +1,81 @@
+// Paged decode attention for CPU: every decode row attends to its context straight from the KV
+// block pool through its block table, with no gathered copy of the context (gather + SDPA reads the
+// keys and values three times: the gather's read and write, then SDPA's read). Built at first use by
+// torch.utils.cpp_extension (backends/torch_llm/attention_cpu.py).
+//
+// Work is split over (decode row, KV head) pairs with torch's intra-op threads. Per pair: the scaled
+// query heads of the KV head's group, one pass over the keys for the scores (float accumulation),
+// an exact softmax (max subtracted, like SDPA), one pass over the values. Inputs are float32,
+// bfloat16 or float16; the arithmetic is float32.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+template <typename T>
+static inline float to_f(T x) { return static_cast<float>(x); }
+
+template <typename T>
+void decode_impl(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& vc,
+                 const torch::Tensor& tables, const torch::Tensor& lens, double scale,
+                 int64_t bs, torch::Tensor& out) {
+  const int64_t N = q.size(0), H = q.size(1), D = q.size(2), KVH = kc.size(1);
+  const int64_t G = H / KVH, MB = tables.size(1);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = kc.data_ptr<T>();
+  const T* vp = vc.data_ptr<T>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  T* op = out.data_ptr<T>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, N * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(G * D), acc(G * D), s;
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t n = idx / KVH, kh = idx % KVH, len = lp[n];
+      s.resize(G * len);
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qp[(n * H + kh * G + g) * D + d]) * sc;
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t slot = tp[n * MB + t / bs] * bs + t % bs;
+        const T* krow = kp + (slot * KVH + kh) * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const float* qq = qf.data() + g * D;
+          float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t d = 0; d < D; ++d) dot += qq[d] * to_f(krow[d]);
+          s[g * len + t] = dot;
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* sg = s.data() + g * len;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
+        float sum = 0.f;
+        for (int64_t t = 0; t < len; ++t) { sg[t] = std::exp(sg[t] - mx); sum += sg[t]; }
+        const float inv = 1.f / sum;
+        for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t slot = tp[n * MB + t / bs] * bs + t % bs;
+        const T* vrow = vp + (slot * KVH + kh) * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const float p = s[g * len + t];
+          float* a = acc.data() + g * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) a[d] += p * to_f(vrow[d]);
+        }
+      }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < D; ++d) op[(n * H + kh * G + g) * D + d] = static_cast<T>(acc[g * D + d]);
+    }
+  });
+}
+
+void paged_decode(torch::Tensor q, torch::Tensor kc, torch::Tensor vc, torch::Tensor tables,
+                  torch::Tensor lens, double scale, int64_t bs, torch::Tensor out) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
+    decode_impl<scalar_t>(q, kc, vc, tables, lens, scale, bs, out);
+  });
+}
