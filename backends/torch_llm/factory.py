@@ -15,6 +15,7 @@ from backends.torch_llm.lora_pool import LoRAPool
 from backends.torch_llm.lora_weights import load_adapter
 from backends.torch_llm.model_config import ModelConfig
 from backends.torch_llm.options import LLMOptions
+from backends.torch_llm.packed_linear import onednn_available, pack_linears
 from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
 from backends.torch_llm.scheduler import WaitingQueue
 from backends.torch_llm.tokenizer import TextTokenizer
@@ -63,6 +64,14 @@ def num_kv_blocks(options: LLMOptions, per_block: int, device: torch.device) -> 
     return blocks
 
 
+def _use_onednn(options: LLMOptions, device: torch.device, dtype: torch.dtype) -> bool:
+    if options.linear_backend == "torch" or device.type != "cpu":
+        return False
+    if options.linear_backend == "onednn" and not onednn_available(dtype):
+        raise ValueError(f"options.linear_backend: oneDNN is not available here for {dtype}")
+    return onednn_available(dtype)
+
+
 def prefill_cap_with_decodes(options: LLMOptions, device: torch.device) -> int:
     """`max_prefill_tokens_with_decodes`, with its device default resolved."""
     if options.max_prefill_tokens_with_decodes is not None:
@@ -97,6 +106,8 @@ def build_engine(
 
         check_quantization(options.quantization, dev.type)
         quantize_linears(model)
+    if _use_onednn(options, dev, dtype):
+        pack_linears(model)
     lora = None
     if adapters or options.enable_lora:
         lora = LoRAPool(model, max_loras=options.max_loras, max_rank=options.max_lora_rank)

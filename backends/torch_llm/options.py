@@ -32,6 +32,8 @@ class LLMOptions(SpecBase):
             on CPU), "torch" (gather + SDPA everywhere), "triton" (the Triton kernel; on CPU only
             under TRITON_INTERPRET=1) or "cpu_kernel". A kernel that fails to build or to match
             gather + SDPA falls back to "torch".
+        linear_backend: "auto" (oneDNN with weights packed at load on CPU for float32 / bfloat16,
+            torch's `F.linear` elsewhere), "torch" or "onednn" (see `packed_linear`).
         enable_lora: give the model LoRA layers even when the deployment declares no `adapters`
             (so adapters can be loaded at run time through the admin API). On whenever `adapters`
             is set.
@@ -56,6 +58,7 @@ class LLMOptions(SpecBase):
     num_threads: int | None = None
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton", "cpu_kernel"] = "auto"
+    linear_backend: Literal["auto", "torch", "onednn"] = "auto"
     enable_lora: bool = False
     max_loras: int = 8
     max_lora_rank: int = 16
