@@ -76,7 +76,7 @@ def prefill_cap_with_decodes(options: LLMOptions, device: torch.device) -> int:
     """`max_prefill_tokens_with_decodes`, with its device default resolved."""
     if options.max_prefill_tokens_with_decodes is not None:
         return options.max_prefill_tokens_with_decodes
-    return 512 if device.type == "cuda" else 64
+    return 512 if device.type == "cuda" else 256
 
 
 def build_engine(

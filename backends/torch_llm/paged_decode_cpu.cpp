@@ -36,35 +36,48 @@ void decode_impl(const torch::Tensor& q, const torch::Tensor& kc, const torch::T
       s.resize(G * len);
       for (int64_t g = 0; g < G; ++g)
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qp[(n * H + kh * G + g) * D + d]) * sc;
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t slot = tp[n * MB + t / bs] * bs + t % bs;
-        const T* krow = kp + (slot * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qq = qf.data() + g * D;
-          float dot = 0.f;
+      // scores, block by block (a block's rows are KVH * D apart in the pool)
+      for (int64_t t0 = 0; t0 < len; t0 += bs) {
+        const T* kblock = kp + (tp[n * MB + t0 / bs] * bs * KVH + kh) * D;
+        const int64_t rows = std::min(bs, len - t0);
+        for (int64_t o = 0; o < rows; ++o) {
+          const T* krow = kblock + o * KVH * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qq = qf.data() + g * D;
+            float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += qq[d] * to_f(krow[d]);
-          s[g * len + t] = dot;
+            for (int64_t d = 0; d < D; ++d) dot += qq[d] * to_f(krow[d]);
+            s[g * len + t0 + o] = dot;
+          }
         }
       }
+      // softmax per query head; the max is taken from the scores themselves (the kernel is built
+      // with -ffast-math, which assumes no infinities)
       for (int64_t g = 0; g < G; ++g) {
         float* sg = s.data() + g * len;
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
+        float mx = sg[0];
+        for (int64_t t = 1; t < len; ++t) mx = std::max(mx, sg[t]);
         float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) { sg[t] = std::exp(sg[t] - mx); sum += sg[t]; }
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+          sg[t] = std::exp(sg[t] - mx);
+          sum += sg[t];
+        }
         const float inv = 1.f / sum;
         for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t slot = tp[n * MB + t / bs] * bs + t % bs;
-        const T* vrow = vp + (slot * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const float p = s[g * len + t];
-          float* a = acc.data() + g * D;
+      for (int64_t t0 = 0; t0 < len; t0 += bs) {
+        const T* vblock = vp + (tp[n * MB + t0 / bs] * bs * KVH + kh) * D;
+        const int64_t rows = std::min(bs, len - t0);
+        for (int64_t o = 0; o < rows; ++o) {
+          const T* vrow = vblock + o * KVH * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const float p = s[g * len + t0 + o];
+            float* a = acc.data() + g * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) a[d] += p * to_f(vrow[d]);
+            for (int64_t d = 0; d < D; ++d) a[d] += p * to_f(vrow[d]);
+          }
         }
       }
       for (int64_t g = 0; g < G; ++g)
