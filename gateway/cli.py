@@ -52,6 +52,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     listen = {k: v for k, v in (("host", args.host or None), ("port", args.port)) if v is not None}
     config = with_listen_overrides(_load(args.config), listen)
+    from gateway.openmp import reexec_with_intel_openmp
+
+    reexec_with_intel_openmp(config)  # returns unless it re-executes (a CPU LLM engine: see the module)
     configure_logging(config.server.log_level)
     options: dict[str, Any] = dict(
         host=config.server.host,
