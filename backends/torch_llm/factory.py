@@ -15,7 +15,7 @@ from backends.torch_llm.lora_pool import LoRAPool
 from backends.torch_llm.lora_weights import load_adapter
 from backends.torch_llm.model_config import ModelConfig
 from backends.torch_llm.options import LLMOptions
-from backends.torch_llm.packed_linear import onednn_available, pack_linears
+from backends.torch_llm.packed_linear import fuse_projections, onednn_available, pack_linears
 from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
 from backends.torch_llm.scheduler import WaitingQueue
 from backends.torch_llm.tokenizer import TextTokenizer
@@ -106,10 +106,13 @@ def build_engine(
 
         check_quantization(options.quantization, dev.type)
         quantize_linears(model)
+    wants_lora = bool(adapters) or options.enable_lora
     if _use_onednn(options, dev, dtype):
+        if not wants_lora:  # LoRA wraps q, k, v, gate and up one by one
+            fuse_projections(model)
         pack_linears(model)
     lora = None
-    if adapters or options.enable_lora:
+    if wants_lora:
         lora = LoRAPool(model, max_loras=options.max_loras, max_rank=options.max_lora_rank)
     adapter_errors: dict[str, str] = {}
     for name, path in (adapters or {}).items():

@@ -73,6 +73,10 @@ class Attention(nn.Module):
         # Set by the runner (`LlamaForCausalLM.set_attention`), which knows the device and the KV
         # pool's block size; a default here would silently read the pool with the wrong block size.
         self.attn: PagedAttention | None = None
+        #: q, k and v as one projection (set by `packed_linear.fuse_projections`; then q/k/v_proj
+        #: are None): one matmul instead of three, split by these output sizes
+        self.qkv_proj: nn.Module | None = None
+        self.qkv_sizes = (self.num_heads * hd, self.num_kv_heads * hd, self.num_kv_heads * hd)
 
     def forward(
         self,
@@ -83,9 +87,13 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(t, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if self.attn is None:
@@ -100,8 +108,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        #: gate and up as one projection (see Attention.qkv_proj)
+        self.gate_up_proj: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -58,6 +58,38 @@ def pack_linears(model: nn.Module, *, skip: frozenset[str] = frozenset()) -> int
     return len(targets)
 
 
+def fuse_projections(model: nn.Module) -> int:
+    """Give every decoder layer one q|k|v and one gate|up projection (plain `nn.Linear`s, packed by
+    `pack_linears` after this), dropping the separate ones: one weight read pass and one call
+    instead of three and two. Each output is the same dot product as before. Not for models whose
+    projections are wrapped (LoRA) or quantized: those keep the separate modules. Returns the
+    number of layers fused."""
+    fused = 0
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        parts = [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
+        if not all(type(p) is nn.Linear for p in parts):
+            continue
+        attn.qkv_proj = _concat([attn.q_proj, attn.k_proj, attn.v_proj])
+        mlp.gate_up_proj = _concat([mlp.gate_proj, mlp.up_proj])
+        attn.q_proj = attn.k_proj = attn.v_proj = None
+        mlp.gate_proj = mlp.up_proj = None
+        fused += 1
+    return fused
+
+
+def _concat(linears: list[nn.Linear]) -> nn.Linear:
+    first = linears[0]
+    out = sum(lin.out_features for lin in linears)
+    with torch.device("meta"):
+        joined = nn.Linear(first.in_features, out, bias=first.bias is not None)
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    joined.weight = nn.Parameter(weight, requires_grad=False)
+    if first.bias is not None:
+        joined.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
+    return joined
+
+
 def _shared_weights(model: nn.Module) -> set[int]:
     seen: dict[int, int] = {}
     for _, param in model.named_parameters(remove_duplicate=False):

@@ -32,11 +32,30 @@ def test_packed_equals_f_linear(rows: int, bias: bool) -> None:
 
 def test_engine_packs_projections_on_cpu_and_not_a_tied_head(llama_dir, qwen2_dir) -> None:
     layer = engine_for(llama_dir).runner.model.model.layers[0]
-    assert isinstance(layer.self_attn.q_proj, PackedLinear) and isinstance(layer.mlp.down_proj, PackedLinear)
+    # q|k|v and gate|up are fused into one packed projection each
+    assert isinstance(layer.self_attn.qkv_proj, PackedLinear) and layer.self_attn.q_proj is None
+    assert isinstance(layer.mlp.gate_up_proj, PackedLinear) and isinstance(layer.mlp.down_proj, PackedLinear)
+    with_lora = engine_for(llama_dir, enable_lora=True).runner.model.model.layers[0]
+    assert with_lora.self_attn.qkv_proj is None, "LoRA wraps q, k and v one by one"
+    assert isinstance(with_lora.self_attn.q_proj.base, PackedLinear)
     tied = engine_for(qwen2_dir).runner.model  # qwen2 fixture ties the LM head to the embeddings
     assert type(tied.lm_head) is nn.Linear and tied.lm_head.weight is tied.model.embed_tokens.weight
     plain = engine_for(llama_dir, linear_backend="torch").runner.model.model.layers[0]
     assert type(plain.self_attn.q_proj) is nn.Linear
+
+
+def test_fused_projections_equal_the_separate_ones(llama_dir) -> None:
+    from backends.torch_llm.loader import load_model
+    from backends.torch_llm.packed_linear import fuse_projections
+
+    model = load_model(llama_dir, torch.device("cpu"), torch.float32)
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    x = torch.randn(5, attn.q_proj.in_features, generator=torch.Generator().manual_seed(0))
+    separate = [attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), mlp(x)]
+    assert fuse_projections(model) == len(model.model.layers)
+    fused = [*attn.qkv_proj(x).split(attn.qkv_sizes, dim=-1), mlp(x)]
+    for a, b in zip(separate, fused, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_pack_linears_counts_and_skips() -> None:
