@@ -42,13 +42,14 @@ from backends.base import SamplingParams
 from backends.demo_models.tiny_llama import write_tiny_llama
 from backends.torch_llm.engine import EngineConfig, LLMEngine
 from backends.torch_llm.loader import DTYPES, load_model
+from backends.torch_llm.packed_linear import PackedLinear, fuse_projections, pack_linears
 from backends.torch_llm.quantization import Int8Linear, quantize_linears, set_kernel, weight_bytes
 from backends.torch_llm.runner import ModelRunner
 from backends.torch_llm.sequence import Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 BLOCK = 16
 
 
@@ -119,6 +120,9 @@ def decoder_linear_bytes(model: torch.nn.Module) -> int:
             continue
         if isinstance(m, Int8Linear):
             total += m.weight_bytes()
+        elif isinstance(m, PackedLinear):
+            w = m.packed_weight
+            total += w.numel() * w.element_size() + (0 if m.bias is None else m.bias.numel() * m.bias.element_size())
         else:
             total += sum(t.numel() * t.element_size() for t in (m.weight, m.bias) if t is not None)
     return total
@@ -129,7 +133,7 @@ def kernel_paths(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, list[s
     out: dict[str, list[str]] = {}
     layer0 = model.model.layers[0]
     for name in PROJECTIONS:
-        m = getattr(layer0.self_attn, name, None) or getattr(layer0.mlp, name)
+        m = getattr(layer0.self_attn, name, None) or getattr(layer0.mlp, name, None)
         if isinstance(m, Int8Linear):
             out[name] = [m.path_for(torch.zeros(r, m.in_features, dtype=dtype)) for r in (1, 16, 512)]
     return out
@@ -208,11 +212,17 @@ def main() -> None:  # noqa: C901 - a linear script
         prompts = [
             [0] + [rng.randrange(6, vocab) for _ in range(rng.randint(15, 63))] for _ in range(args.requests)
         ]
+        # each model as the engine's factory builds it on CPU: float = fused + oneDNN-packed linears,
+        # int8 = int8 decoder projections + packed LM head; plus the plain F.linear float model
         models = {"float": load_model(folder, torch.device("cpu"), dtype)}
+        fuse_projections(models["float"])
+        pack_linears(models["float"])
+        models["float_f_linear"] = load_model(folder, torch.device("cpu"), dtype)
         for name, kernel in (("int8", "auto"), ("int8_dequant", "dequant")):
             m = load_model(folder, torch.device("cpu"), dtype)
             quantize_linears(m)
             set_kernel(m, kernel)
+            pack_linears(m)
             models[name] = m
         if dtype == torch.float32 and not args.no_bf16_reference:
             models["bfloat16"] = load_model(folder, torch.device("cpu"), torch.bfloat16)

@@ -281,6 +281,9 @@ def weight_bytes(model: nn.Module) -> int:
     seen: set[tuple[str, int]] = set()
     total = 0
     for t in [*model.parameters(), *model.buffers()]:
+        if t.is_mkldnn:  # a oneDNN-packed weight (packed_linear) has no storage to share
+            total += t.numel() * t.element_size()
+            continue
         key = (str(t.device), t.untyped_storage().data_ptr())
         if key in seen:
             continue
