@@ -245,6 +245,12 @@ def _check_references(config: Config) -> None:
         if dep.model is not None and not os.path.exists(dep.model):
             raise ConfigError(f"model file {dep.model} does not exist - at `$.deployments.{name}.model`")
     _check_adapters(config)
+    for name, dep in config.deployments.items():
+        if "quantization" in dep.options and dep.backend != "torch_llm":
+            raise ConfigError(
+                f"{dep.backend} has no quantization option: serve an INT8 model file instead (for OpenVINO, "
+                f"`fleetgate quantize` writes one) - at `$.deployments.{name}.options.quantization`"
+            )
 
 
 def _check_adapters(config: Config) -> None:

@@ -199,6 +199,8 @@ def test_config_refuses_adapters_that_cannot_serve(folders, tmp_path) -> None:
         parse(f"d: {{backend: torch_llm, model: {folders['base']}, adapters: {{m: {folders['acme-new']}}}}}")
     with pytest.raises(ConfigError, match="does not exist"):
         parse(f"d: {{backend: torch_llm, model: {folders['base']}, adapters: {{a: /nonexistent}}}}")
+    with pytest.raises(ConfigError, match="fleetgate quantize"):  # int8 where the backend has no int8 path
+        parse(f"d: {{backend: onnxruntime, model: {onnx}, options: {{quantization: int8}}}}")
     config = parse_config(
         f"deployments:\n  d: {{backend: torch_llm, model: {folders['base']}, adapters: {{w: {folders['too-wide']}}}}}\n",
         base_dir=tmp_path,
