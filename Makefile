@@ -33,8 +33,13 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 
 install: $(STAMP)
 
-# redis-server backs the Redis state-store tests; installed with apt when missing (needs root).
+# redis-server backs the Redis state-store tests, g++ builds the LLM engine's CPU attention kernel;
+# installed with apt when missing (needs root).
 system-deps:
+	@command -v g++ >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; } \
+	    || echo "could not install g++: the engine will use gather + SDPA attention"; \
+	  else echo "g++ missing and not root: the engine will use gather + SDPA attention"; fi; }
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } \
 	    || echo "could not install redis-server: Redis tests will be skipped"; \

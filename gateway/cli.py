@@ -54,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = with_listen_overrides(_load(args.config), listen)
     from gateway.openmp import reexec_with_intel_openmp
 
-    reexec_with_intel_openmp(config)  # returns unless it re-executes (a CPU LLM engine: see the module)
+    reexec_with_intel_openmp(config, args.argv)  # returns unless it re-executes (see the module)
     configure_logging(config.server.log_level)
     options: dict[str, Any] = dict(
         host=config.server.host,
@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.logs import configure_logging
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `serve` re-executes with
     if args.command != "serve":
         configure_logging("warning", stream=sys.stderr)
     try:

@@ -39,6 +39,13 @@ class LoadAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 def _lora_deployment(core: GatewayCore, deployment: str) -> Deployment:
+    if core.config.server.workers > 1:
+        raise GatewayError(
+            409,
+            "adapters_need_one_worker",
+            "with server.workers > 1 a run-time change would reach one worker only: declare the adapter "
+            "under the deployment's `adapters` and restart",
+        )
     dep = core.deployments.get(deployment)
     if dep is None:
         raise GatewayError(404, "deployment_not_found", f"no deployment {deployment!r}")

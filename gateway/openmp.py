@@ -41,11 +41,12 @@ def wants_intel_openmp(config: Config, environ: os._Environ[str] | dict[str, str
     )
 
 
-def reexec_with_intel_openmp(config: Config) -> None:
+def reexec_with_intel_openmp(config: Config, argv: list[str]) -> None:
     """Replace this process by itself with Intel's OpenMP preloaded, when that is wanted and possible.
 
-    Returns only when nothing is re-executed (no CPU engine, opted out, already preloaded, or the
-    library is not installed).
+    `argv` are the command's arguments (`serve --config ...`), as `main` parsed them. Returns only
+    when nothing is re-executed (no CPU engine, opted out, already preloaded, or the library is not
+    installed).
     """
     library = intel_openmp_library()
     if library is None or not wants_intel_openmp(config, os.environ):
@@ -56,4 +57,5 @@ def reexec_with_intel_openmp(config: Config) -> None:
         f"fleetgate: restarting on Intel's OpenMP runtime ({library}) for the CPU LLM engine", file=sys.stderr
     )
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "gateway.cli", *sys.argv[1:]], env)
+    # -P: the working directory does not shadow our packages in the new interpreter
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "gateway.cli", *argv], env)

@@ -213,7 +213,8 @@ class TorchLLMBackend:
     # --- adapters ------------------------------------------------------------------------------
 
     async def load_adapter(self, adapter: str, path: str) -> None:
-        """Load (or replace) a LoRA adapter while serving; requests in flight are not disturbed.
+        """Load a LoRA adapter while serving; requests in flight are not disturbed. A name in use
+        must be unloaded first (and its requests in flight finish) before it is loaded again.
 
         Raises:
             InvalidInput: the adapter cannot serve on this base (the reason is in the message), or
@@ -225,6 +226,10 @@ class TorchLLMBackend:
         engine, parts = self._engine, self._parts
         if engine is None or parts is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        if adapter in self.adapters:
+            raise InvalidInput(
+                f"adapter {adapter!r} is loaded; unload it first to load other weights under its name"
+            )
         if parts.lora is None:
             raise InvalidInput(
                 f"deployment {self.name!r} serves no adapters: declare `adapters` or set "
@@ -242,7 +247,12 @@ class TorchLLMBackend:
         except (OSError, ValueError) as exc:
             raise InvalidInput(f"adapter {adapter!r}: {exc}") from None
         lora = parts.lora
-        await engine.run(lambda _: lora.add(weights))
+        try:
+            await engine.run(lambda _: lora.add(weights))
+        except (
+            ValueError
+        ) as exc:  # the name still serves requests after an unload, or shapes the pool refuses
+            raise InvalidInput(str(exc)) from None
         self.adapters[adapter] = str(path)
         self.adapter_errors.pop(adapter, None)
         log.info("llm_adapter_loaded", deployment=self.name, adapter=adapter, rank=weights.max_rank)

@@ -80,7 +80,19 @@ class LoRAPool:
         return name in self._adapters and name not in self._removed
 
     def add(self, adapter: LoRAAdapter) -> None:
-        """Register (or replace) an adapter. A replaced resident one is re-copied on its next use."""
+        """Register an adapter under a name no registered adapter holds.
+
+        Replacing weights in place would change requests in flight mid-generation (their KV was
+        computed with the old weights), so a name is free again only once it was removed and its last
+        request ended.
+        """
+        if adapter.name in self._adapters:
+            state = (
+                "is loaded" if self.has(adapter.name) else "was unloaded but still serves requests in flight"
+            )
+            raise ValueError(
+                f"adapter {adapter.name!r} {state}; unload it and load it again once its requests end"
+            )
         if adapter.max_rank > self.max_rank:
             raise ValueError(
                 f"adapter {adapter.name!r} has rank {adapter.max_rank} > max_lora_rank {self.max_rank}"
@@ -91,8 +103,6 @@ class LoRAPool:
                 f"adapter {adapter.name!r} adapts modules the model does not have: {unknown[:3]}"
             )
         self._adapters[adapter.name] = adapter
-        self._removed.discard(adapter.name)
-        self._resident.pop(adapter.name, None)
         self._next_version += 1
         self._versions[adapter.name] = self._next_version
 

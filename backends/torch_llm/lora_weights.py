@@ -29,8 +29,10 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 _PREFIX = "base_model.model."
 _KEY = re.compile(
-    r"^(?P<module>model\.layers\.(?P<layer>\d+)\.(self_attn|mlp)\.(?P<proj>\w+))\.lora_(?P<ab>[AB])\.weight$"
+    r"^(?P<module>model\.layers\.(?P<layer>\d+)\.(?P<part>self_attn|mlp)\.(?P<proj>\w+))\.lora_(?P<ab>[AB])\.weight$"
 )
+#: the decoder-layer part each projection lives in
+_PART_OF = {p: "self_attn" for p in TARGETABLE[:4]} | {p: "mlp" for p in TARGETABLE[4:]}
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -125,9 +127,13 @@ def inspect_adapter(
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise ValueError(f"no {WEIGHTS_FILE} in {folder} (save the adapter with safe_serialization)")
-    alpha = float(raw.get("lora_alpha", raw.get("r", 8)))
+    alpha = _number(raw.get("lora_alpha", raw.get("r", 8)), f"{folder / CONFIG_FILE}: lora_alpha")
     rslora = bool(raw.get("use_rslora", False))
     alpha_pattern = raw.get("alpha_pattern") or {}
+    if not isinstance(alpha_pattern, dict):
+        raise ValueError(
+            f"{folder / CONFIG_FILE}: alpha_pattern must be a mapping of module patterns to numbers"
+        )
     shapes = linear_shapes(base)
     pairs = _pair_weights(weights, base)
     layout = AdapterLayout(name, folder)
@@ -136,8 +142,14 @@ def inspect_adapter(
             raise ValueError(f"{weights}: {module} has lora_{next(iter(ab))} without its other half")
         a_shape, b_shape = ab["A"], ab["B"]
         in_f, out_f = shapes[module.rsplit(".", 1)[1]]
-        rank = a_shape[0]
-        if len(a_shape) != 2 or len(b_shape) != 2 or a_shape[1] != in_f or b_shape != (out_f, rank):
+        rank = a_shape[0] if len(a_shape) == 2 else 0
+        if (
+            rank < 1
+            or len(a_shape) != 2
+            or len(b_shape) != 2
+            or a_shape[1] != in_f
+            or b_shape != (out_f, rank)
+        ):
             raise ValueError(
                 f"{weights}: {module} has A {list(a_shape)} and B {list(b_shape)}, the base needs "
                 f"A [r, {in_f}] and B [{out_f}, r]: this adapter was trained for another base"
@@ -147,10 +159,21 @@ def inspect_adapter(
                 f"adapter {name!r}: rank {rank} of {module} is above this deployment's max_lora_rank "
                 f"of {max_rank} (raise options.max_lora_rank)"
             )
-        module_alpha = float(_pattern_value(alpha_pattern, module, alpha))
+        try:
+            module_alpha = _number(_pattern_value(alpha_pattern, module, alpha), f"alpha_pattern of {module}")
+        except re.error as exc:
+            raise ValueError(
+                f"{folder / CONFIG_FILE}: alpha_pattern holds an invalid pattern ({exc})"
+            ) from None
         scaling = module_alpha / math.sqrt(rank) if rslora else module_alpha / rank
         layout.modules[module] = (rank, scaling)
     return layout
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
 
 
 def _tensor_shapes(weights: pathlib.Path) -> dict[str, tuple[int, ...]]:
@@ -169,7 +192,7 @@ def _pair_weights(weights: pathlib.Path, base: ModelConfig) -> dict[str, dict[st
     pairs: dict[str, dict[str, tuple[int, ...]]] = {}
     for key, shape in _tensor_shapes(weights).items():
         m = _KEY.match(key.removeprefix(_PREFIX))
-        if m is None or m["proj"] not in TARGETABLE:
+        if m is None or m["proj"] not in _PART_OF or _PART_OF[m["proj"]] != m["part"]:
             raise ValueError(
                 f"{weights}: weight {key!r} is not a LoRA weight of the decoder's projections "
                 f"({', '.join(TARGETABLE)})"

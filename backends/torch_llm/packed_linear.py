@@ -21,7 +21,10 @@ ROWS_HINT = 16
 
 
 def onednn_available(dtype: torch.dtype) -> bool:
-    return torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16)
+    if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    # bfloat16 only where the CPU has native bf16 instructions (oneDNN would emulate it slowly)
+    return dtype == torch.float32 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear(nn.Module):
@@ -49,7 +52,9 @@ def pack_linears(model: nn.Module, *, skip: frozenset[str] = frozenset()) -> int
     targets = [
         (name, module)
         for name, module in model.named_modules()
-        if type(module) is nn.Linear and name.rsplit(".", 1)[-1] not in skip and id(module.weight) not in shared
+        if type(module) is nn.Linear
+        and name.rsplit(".", 1)[-1] not in skip
+        and id(module.weight) not in shared
     ]
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")

@@ -88,6 +88,24 @@ void decode_impl(const torch::Tensor& q, const torch::Tensor& kc, const torch::T
 
 void paged_decode(torch::Tensor q, torch::Tensor kc, torch::Tensor vc, torch::Tensor tables,
                   torch::Tensor lens, double scale, int64_t bs, torch::Tensor out) {
+  // The engine guarantees all of this; checked anyway, since a violation would read out of bounds.
+  TORCH_CHECK(q.dim() == 3 && kc.dim() == 3 && vc.dim() == 3 && out.sizes() == q.sizes(), "paged_decode: shapes");
+  TORCH_CHECK(q.is_contiguous() && kc.is_contiguous() && vc.is_contiguous() && out.is_contiguous(),
+              "paged_decode: tensors must be contiguous");
+  TORCH_CHECK(kc.scalar_type() == q.scalar_type() && vc.scalar_type() == q.scalar_type() &&
+                  out.scalar_type() == q.scalar_type(), "paged_decode: dtypes differ");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && lens.scalar_type() == at::kLong && tables.is_contiguous() &&
+                  lens.is_contiguous() && tables.size(0) == q.size(0) && lens.size(0) == q.size(0),
+              "paged_decode: block tables and lengths");
+  TORCH_CHECK(bs >= 1 && kc.size(0) % bs == 0 && q.size(1) % kc.size(1) == 0, "paged_decode: block size / heads");
+  const int64_t num_blocks = kc.size(0) / bs, width = tables.size(1);
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  for (int64_t n = 0; n < q.size(0); ++n) {
+    TORCH_CHECK(lp[n] >= 1 && (lp[n] + bs - 1) / bs <= width, "paged_decode: context length vs block table");
+    for (int64_t j = 0; j < (lp[n] + bs - 1) / bs; ++j)
+      TORCH_CHECK(tp[n * width + j] >= 0 && tp[n * width + j] < num_blocks, "paged_decode: block id out of range");
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     decode_impl<scalar_t>(q, kc, vc, tables, lens, scale, bs, out);
   });

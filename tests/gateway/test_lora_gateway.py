@@ -173,6 +173,8 @@ def test_admin_refusals_say_why(gateway, folders) -> None:
     assert taken.status_code == 400 and "model in the config" in taken.text
     assert load("llm", "bad:name", str(folders["acme-new"])).status_code == 400
     assert load("llm", "acme-x", "/nonexistent").status_code == 400
+    again = load("llm", "beta-legal", str(folders["acme-new"]))  # never replaced in place
+    assert again.status_code == 400 and "unload it first" in again.text
     assert (
         httpx.delete(f"{url}/admin/deployments/llm/adapters/nobody", headers=ADMIN_HEADERS).status_code == 404
     )
@@ -207,3 +209,26 @@ def test_config_refuses_adapters_that_cannot_serve(folders, tmp_path) -> None:
     )
     with pytest.raises(ConfigError, match="max_lora_rank"):
         create_app(config)  # the backend checks the adapter against its base when it is created
+
+
+def test_run_time_adapters_are_refused_with_several_workers(folders, tmp_path) -> None:
+    # each worker would hold its own adapters: a change through one would reach one worker only
+    config = parse_config(
+        f"""
+server: {{workers: 2}}
+state: {{url: "sqlite:///{tmp_path}/state.db"}}
+tenants: {{acme: {{}}}}
+deployments:
+  llm: {{backend: torch_llm, model: {folders["base"]}, device: cpu, options: {{enable_lora: true}}}}
+models:
+  tiny: {{routes: [{{deployment: llm}}]}}
+""",
+        base_dir=Path("."),
+    )
+    with serve_app(create_app(config)) as url:
+        r = httpx.post(
+            f"{url}/admin/deployments/llm/adapters",
+            json={"name": "acme-new", "path": str(folders["acme-new"])},
+            headers=ADMIN_HEADERS,
+        )
+    assert r.status_code == 409 and "workers" in r.text

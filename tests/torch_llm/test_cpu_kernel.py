@@ -20,6 +20,15 @@ from tests.torch_llm.conftest import engine_for, make_prompts, run_engine  # noq
 CPU = torch.device("cpu")
 
 
+@pytest.fixture
+def kernel() -> None:
+    """Skip where the kernel cannot be built (no C++ compiler): engines fall back, tested below."""
+    try:
+        attention_cpu.load_kernel()
+    except Exception as exc:  # noqa: BLE001 - any build failure
+        pytest.skip(f"the CPU paged-decode kernel does not build here: {exc}")
+
+
 def _paged_case(
     heads: int, kv_heads: int, dim: int, bs: int, lengths: list[int], dtype: torch.dtype, seed: int
 ):  # noqa: ANN202
@@ -40,7 +49,7 @@ def _paged_case(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "bs"), [(4, 2, 16, 8), (8, 8, 64, 16), (6, 1, 32, 4)])
-def test_kernel_equals_gather_sdpa(heads, kv_heads, dim, bs, dtype) -> None:
+def test_kernel_equals_gather_sdpa(heads, kv_heads, dim, bs, dtype, kernel) -> None:
     lengths = [1, bs, bs + 1, 3 * bs - 1, 97, 5 * bs]
     tables, k, v, q, new, slots = _paged_case(heads, kv_heads, dim, bs, lengths, dtype, seed=heads + dim)
     outs = []
@@ -56,7 +65,7 @@ def test_kernel_equals_gather_sdpa(heads, kv_heads, dim, bs, dtype) -> None:
     assert (outs[0] - outs[1]).abs().max().item() < tol
 
 
-def test_auto_on_cpu_uses_the_kernel_and_is_token_identical(llama_dir: pathlib.Path) -> None:
+def test_auto_on_cpu_uses_the_kernel_and_is_token_identical(llama_dir: pathlib.Path, kernel) -> None:
     prompts = make_prompts(12, seed=4)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     # a small pool: sequences are preempted and recomputed, prefix blocks are shared
@@ -81,7 +90,7 @@ def test_a_kernel_that_cannot_build_falls_back_with_one_warning(llama_dir, monke
     assert len(warnings) == 1 and "c++ not found" in warnings[0]["reason"]
 
 
-def test_long_contexts_many_rows(llama_dir: pathlib.Path) -> None:
+def test_long_contexts_many_rows(llama_dir: pathlib.Path, kernel) -> None:
     # more rows than threads' work items, contexts across many blocks
     rng = random.Random(0)
     lengths = [rng.randint(1, 700) for _ in range(40)]
@@ -96,3 +105,14 @@ def test_long_contexts_many_rows(llama_dir: pathlib.Path) -> None:
         )
         outs.append(impl(q, new, new, k.clone(), v.clone(), meta))
     assert (outs[0] - outs[1]).abs().max().item() < 1e-5
+
+
+def test_the_kernel_refuses_what_would_read_out_of_bounds(kernel) -> None:
+    tables, k, v, q, new, slots = _paged_case(4, 2, 16, 8, [9, 20], torch.float32, seed=1)
+    impl = attention_cpu.CpuPagedAttention(4, 2, 16, block_size=8, device=CPU)
+    short, lens = impl.prepare_decodes([tables[0], tables[1][:1]], [9, 20])  # 20 keys need 3 blocks
+    with pytest.raises(RuntimeError, match="block table"):
+        impl._kernel.paged_decode(q, k, v, short, lens, 0.25, 8, torch.empty_like(q))
+    bad, lens = impl.prepare_decodes([[10_000, 0], tables[1]], [9, 20])
+    with pytest.raises(RuntimeError, match="out of range"):
+        impl._kernel.paged_decode(q, k, v, bad, lens, 0.25, 8, torch.empty_like(q))

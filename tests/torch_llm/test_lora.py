@@ -210,3 +210,59 @@ def test_adapters_run_on_int8_weights(llama_dir, adapter_dirs, prompts) -> None:
     adapted = [outputs[f"all-r8|{i}"] for i in range(4)]
     assert base != adapted, "the adapter must still change the int8 model's output"
     assert all(len(o) == N_TOKENS for o in outputs.values())
+
+
+def _tamper(
+    src: pathlib.Path, dst: pathlib.Path, *, config: dict | None = None, rename: dict | None = None
+) -> pathlib.Path:
+    """A copy of an adapter folder with its config changed or weights renamed / reshaped."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    raw = json.loads((src / "adapter_config.json").read_text())
+    (dst / "adapter_config.json").write_text(json.dumps({**raw, **(config or {})}))
+    tensors = load_file(str(src / "adapter_model.safetensors"))
+    for old, new in (rename or {}).items():
+        for key in [k for k in tensors if old in k]:
+            value = tensors.pop(key)
+            tensors[key.replace(old, new[0])] = value if new[1] is None else new[1](value)
+    save_file(tensors, str(dst / "adapter_model.safetensors"))
+    return dst
+
+
+def test_malformed_adapters_are_refused_with_a_reason(llama_dir, adapter_dirs, tmp_path) -> None:
+    cfg = ModelConfig.from_folder(llama_dir)
+    src = adapter_dirs["qv-r4-rs"]
+    cases = {
+        "alpha": (_tamper(src, tmp_path / "a", config={"lora_alpha": None}), "lora_alpha"),
+        "pattern": (_tamper(src, tmp_path / "p", config={"alpha_pattern": ["q_proj"]}), "alpha_pattern"),
+        "regex": (_tamper(src, tmp_path / "r", config={"alpha_pattern": {"q_proj(": 2}}), "invalid pattern"),
+        "part": (
+            _tamper(src, tmp_path / "m", rename={"self_attn.q_proj": ("mlp.q_proj", None)}),
+            "not a LoRA weight",
+        ),
+        "rank0": (
+            _tamper(src, tmp_path / "z", rename={"q_proj.lora_A": ("q_proj.lora_A", lambda t: t[:0])}),
+            "another base",
+        ),
+    }
+    for name, (folder, reason) in cases.items():
+        with pytest.raises(ValueError, match=reason):
+            inspect_adapter(name, folder, cfg, max_rank=16)
+
+
+def test_a_name_in_use_is_never_replaced_in_place(llama_dir, adapter_dirs, prompts) -> None:
+    engine = lora_engine(llama_dir, adapter_dirs)
+    pool, cfg = engine.runner.lora, ModelConfig.from_folder(llama_dir)
+    other = load_adapter("all-r8", adapter_dirs["mlp-r16"], cfg, max_rank=16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="is loaded"):
+        pool.add(other)
+    engine.add_request("r", prompts[0], GREEDY, adapter="all-r8")
+    engine.step()
+    pool.remove("all-r8")
+    with pytest.raises(ValueError, match="still serves requests"):
+        pool.add(other)  # the old weights still serve "r"
+    while engine.has_unfinished:
+        engine.step()
+    pool.add(other)  # free once its last request ended
+    assert "all-r8" in pool.names()
