@@ -3,10 +3,10 @@
 // keys and values three times: the gather's read and write, then SDPA's read). Built at first use by
 // torch.utils.cpp_extension (backends/torch_llm/attention_cpu.py).
 //
-// Work is split over (decode row, KV head) pairs with torch's intra-op threads. Per pair: the scaled
-// query heads of the KV head's group, one pass over the keys for the scores (float accumulation),
-// an exact softmax (max subtracted, like SDPA), one pass over the values. Inputs are float32,
-// bfloat16 or float16; the arithmetic is float32.
+// Work is split over decode rows (and ranges of their KV heads when rows are few) with torch's
+// intra-op threads. Per item: the scaled query heads, one pass over the keys for the scores (float
+// accumulation), an exact softmax (max subtracted, like SDPA), one pass over the values. Inputs are
+// float32, bfloat16 or float16; the arithmetic is float32.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -21,7 +21,7 @@ void decode_impl(const torch::Tensor& q, const torch::Tensor& kc, const torch::T
                  const torch::Tensor& tables, const torch::Tensor& lens, double scale,
                  int64_t bs, torch::Tensor& out) {
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2), KVH = kc.size(1);
-  const int64_t G = H / KVH, MB = tables.size(1);
+  const int64_t G = H / KVH, MB = tables.size(1), row = KVH * D;
   const T* qp = q.data_ptr<T>();
   const T* kp = kc.data_ptr<T>();
   const T* vp = vc.data_ptr<T>();
@@ -29,59 +29,64 @@ void decode_impl(const torch::Tensor& q, const torch::Tensor& kc, const torch::T
   const int64_t* lp = lens.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, N * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), acc(G * D), s;
-    for (int64_t idx = begin; idx < end; ++idx) {
-      const int64_t n = idx / KVH, kh = idx % KVH, len = lp[n];
-      s.resize(G * len);
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qp[(n * H + kh * G + g) * D + d]) * sc;
-      // scores, block by block (a block's rows are KVH * D apart in the pool)
+  // A work item is one decode row and a range of its KV heads: a token's keys for those heads are one
+  // contiguous run in the pool (reading whole rows beats walking one head at a time, 1.6-2.6x here).
+  // Rows are split into head ranges only when there are fewer rows than twice the threads.
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(KVH, (2 * at::get_num_threads() + N - 1) / N));
+  const int64_t per = (KVH + splits - 1) / splits;
+  at::parallel_for(0, N * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(H * D), acc(H * D), s;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / splits, kv0 = (item % splits) * per, kv1 = std::min(KVH, kv0 + per);
+      const int64_t h0 = kv0 * G, h1 = kv1 * G;
+      if (h0 >= h1) continue;
+      const int64_t len = lp[n];
+      s.resize(H * len);
+      for (int64_t i = h0 * D; i < h1 * D; ++i) qf[i] = to_f(qp[n * H * D + i]) * sc;
       for (int64_t t0 = 0; t0 < len; t0 += bs) {
-        const T* kblock = kp + (tp[n * MB + t0 / bs] * bs * KVH + kh) * D;
+        const T* kblock = kp + tp[n * MB + t0 / bs] * bs * row;
         const int64_t rows = std::min(bs, len - t0);
         for (int64_t o = 0; o < rows; ++o) {
-          const T* krow = kblock + o * KVH * D;
-          for (int64_t g = 0; g < G; ++g) {
-            const float* qq = qf.data() + g * D;
+          const T* krow = kblock + o * row;
+          for (int64_t h = h0; h < h1; ++h) {
+            const float* qq = qf.data() + h * D;
+            const T* kk = krow + (h / G) * D;
             float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qq[d] * to_f(krow[d]);
-            s[g * len + t0 + o] = dot;
+            for (int64_t d = 0; d < D; ++d) dot += qq[d] * to_f(kk[d]);
+            s[h * len + t0 + o] = dot;
           }
         }
       }
-      // softmax per query head; the max is taken from the scores themselves (the kernel is built
-      // with -ffast-math, which assumes no infinities)
-      for (int64_t g = 0; g < G; ++g) {
-        float* sg = s.data() + g * len;
-        float mx = sg[0];
-        for (int64_t t = 1; t < len; ++t) mx = std::max(mx, sg[t]);
+      for (int64_t h = h0; h < h1; ++h) {
+        float* sh = s.data() + h * len;
+        float mx = sh[0];
+        for (int64_t t = 1; t < len; ++t) mx = std::max(mx, sh[t]);
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < len; ++t) {
-          sg[t] = std::exp(sg[t] - mx);
-          sum += sg[t];
+          sh[t] = std::exp(sh[t] - mx);
+          sum += sh[t];
         }
         const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
+        for (int64_t t = 0; t < len; ++t) sh[t] *= inv;
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(acc.begin() + h0 * D, acc.begin() + h1 * D, 0.f);
       for (int64_t t0 = 0; t0 < len; t0 += bs) {
-        const T* vblock = vp + (tp[n * MB + t0 / bs] * bs * KVH + kh) * D;
+        const T* vblock = vp + tp[n * MB + t0 / bs] * bs * row;
         const int64_t rows = std::min(bs, len - t0);
         for (int64_t o = 0; o < rows; ++o) {
-          const T* vrow = vblock + o * KVH * D;
-          for (int64_t g = 0; g < G; ++g) {
-            const float p = s[g * len + t0 + o];
-            float* a = acc.data() + g * D;
+          const T* vrow = vblock + o * row;
+          for (int64_t h = h0; h < h1; ++h) {
+            const float p = s[h * len + t0 + o];
+            const T* vv = vrow + (h / G) * D;
+            float* a = acc.data() + h * D;
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) a[d] += p * to_f(vrow[d]);
+            for (int64_t d = 0; d < D; ++d) a[d] += p * to_f(vv[d]);
           }
         }
       }
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t d = 0; d < D; ++d) op[(n * H + kh * G + g) * D + d] = static_cast<T>(acc[g * D + d]);
+      for (int64_t i = h0 * D; i < h1 * D; ++i) op[n * H * D + i] = static_cast<T>(acc[i]);
     }
   });
 }
