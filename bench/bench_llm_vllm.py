@@ -206,7 +206,7 @@ def start_fleetgate(
         "command": f"fleetgate serve --config {config.name} --port {port}",
         "options": options,
         "engine_defaults (unless in options)": "block_size 16, max_num_batched_tokens 2048, prefix "
-        "caching on, max_prefill_tokens_with_decodes 256 (CPU default), dtype auto (float32 here)",
+        "caching on, max_prefill_tokens_with_decodes 512 (default), dtype auto (float32 here)",
     }  # fmt: skip
     server = Server("fleetgate", proc, port, log, {"Authorization": f"Bearer {key}"}, settings)
     try:

@@ -73,10 +73,10 @@ def _use_onednn(options: LLMOptions, device: torch.device, dtype: torch.dtype) -
 
 
 def prefill_cap_with_decodes(options: LLMOptions, device: torch.device) -> int:
-    """`max_prefill_tokens_with_decodes`, with its device default resolved."""
+    """`max_prefill_tokens_with_decodes`, or its default (512 on every device; see LLMOptions)."""
     if options.max_prefill_tokens_with_decodes is not None:
         return options.max_prefill_tokens_with_decodes
-    return 512 if device.type == "cuda" else 256
+    return 512
 
 
 def build_engine(

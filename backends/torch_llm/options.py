@@ -19,10 +19,11 @@ class LLMOptions(SpecBase):
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: token budget of one step (chunked prefill splits longer prompts).
         max_prefill_tokens_with_decodes: most prompt tokens in a step that also runs decodes, so a
-            long prompt's chunks do not stall running streams (inter-token latency). None: 256 on
-            CPU (bench/bench_llm_vllm.py with the oneDNN linears and the paged-decode kernel: 64
-            gave 249 tok/s, TTFT p50 0.40 s, ITL p50 48 ms; 256 gave 284, 0.14 s, 35 ms), 512 on CUDA (not tuned: there a 128-token
-            chunk would leave prefill memory-bound); set it to `max_num_batched_tokens` for no cap.
+            long prompt's chunks do not stall running streams (inter-token latency). None: 512
+            (bench/bench_llm_vllm.py, 2-core CPU, 16 in flight: with the final CPU kernel 256 gave
+            371 tok/s, ITL p50 24 / p99 111 ms and 512 gave 402 tok/s, 21 / 183 ms: more throughput
+            for a higher p99; on CUDA a 128-token chunk would leave prefill memory-bound); set it to
+            `max_num_batched_tokens` for no cap.
         max_model_len: longest sequence (prompt + output); default: the model's max positions.
         dtype: "auto" (from config.json), "float32", "bfloat16" or "float16".
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
