@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+#: decode rows whose adapter matrices are gathered at once (bounds the gather's temporary memory)
+GATHER_ROWS = 64
+
 
 @dataclass
 class LoRABatch:
@@ -96,12 +99,16 @@ class LoRALinear(nn.Module):
             return y
         r = batch.rank
         if batch.decode_rows is not None:
-            rows, slots = batch.decode_rows, batch.decode_slots
-            a = self.a_slots[:, :, :r].index_select(0, slots)  # [n, in, r]
-            b = self.b_slots[:, :r, :].index_select(0, slots)  # [n, r, out]
-            h = torch.bmm(x.index_select(0, rows).unsqueeze(1), a)  # [n, 1, r]
-            delta = torch.bmm(h, b).squeeze(1) * self.scalings.index_select(0, slots).unsqueeze(1)
-            y.index_add_(0, rows, delta)
+            # gathered in groups of GATHER_ROWS: the copies are [rows, in, r] and [rows, r, out],
+            # which for a large batch of a large model would otherwise need hundreds of MB
+            for start in range(0, batch.decode_rows.shape[0], GATHER_ROWS):
+                rows = batch.decode_rows[start : start + GATHER_ROWS]
+                slots = batch.decode_slots[start : start + GATHER_ROWS]
+                a = self.a_slots[:, :, :r].index_select(0, slots)  # [n, in, r]
+                b = self.b_slots[:, :r, :].index_select(0, slots)  # [n, r, out]
+                h = torch.bmm(x.index_select(0, rows).unsqueeze(1), a)  # [n, 1, r]
+                delta = torch.bmm(h, b).squeeze(1) * self.scalings.index_select(0, slots).unsqueeze(1)
+                y.index_add_(0, rows, delta)
         for start, end, slot in batch.chunks:
             delta = (x[start:end] @ self.a_slots[slot, :, :r]) @ self.b_slots[slot, :r, :]
             y[start:end] += delta * self.scalings[slot]

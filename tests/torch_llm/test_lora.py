@@ -132,9 +132,11 @@ def test_base_and_every_adapter_in_one_batch_match_peft(llama_dir, adapter_dirs,
 
 
 def test_fewer_slots_than_adapters_pages_them_and_still_matches(
-    llama_dir, adapter_dirs, prompts, reference
+    llama_dir, adapter_dirs, prompts, reference, monkeypatch
 ) -> None:
-    # two device slots for three adapters, chunked prefill beside decodes, staggered arrivals
+    # two device slots for three adapters, chunked prefill beside decodes, staggered arrivals, and
+    # the decode rows' adapter matrices gathered 5 rows at a time
+    monkeypatch.setattr("backends.torch_llm.lora_layers.GATHER_ROWS", 5)
     engine = lora_engine(
         llama_dir, adapter_dirs, max_loras=2, max_num_batched_tokens=16, max_prefill_tokens_with_decodes=5
     )
