@@ -44,7 +44,7 @@ from backends.demo_models.cnn import as_images, write_digits_cnn  # noqa: E402
 from backends.demo_models.digits import digits_split, write_digits  # noqa: E402
 from backends.demo_models.exports import write_openvino_ir  # noqa: E402
 from backends.openvino.quantize import quantize_to_int8, quantized_op_counts  # noqa: E402
-from bench.bench_runtimes import cpu_name  # noqa: E402
+from fleetgate.host import cpu_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BATCHES = (1, 64)
@@ -180,7 +180,7 @@ def summarize(per_round: list[dict[str, dict[str, Any]]], info: dict) -> dict:
     return {
         "benchmark": "bench_openvino_int8",
         "what": (__doc__ or "").split("\n\n")[0],
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
         "versions": {
             "openvino": ov.__version__,
             "nncf": nncf.__version__,

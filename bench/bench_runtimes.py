@@ -41,6 +41,7 @@ from backends.base import Tensor, TensorRequest  # noqa: E402
 from backends.demo_models.digits import digits_split, write_digits  # noqa: E402
 from backends.demo_models.exports import write_openvino_ir, write_tf_savedmodel  # noqa: E402
 from backends.spec import BatchingSpec, DeploymentSpec  # noqa: E402
+from fleetgate.host import cpu_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)
@@ -135,16 +136,6 @@ async def closed_loop(backend, x: np.ndarray, concurrency: int, seconds: float) 
     }
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 async def run(seconds: float) -> dict:
     import onnxruntime as ort
     import openvino as ov
@@ -183,7 +174,7 @@ async def run(seconds: float) -> dict:
         "model": "demo digits MLP 64-32-10 (backends.demo_models.digits), one row per request",
         "seconds_per_point": seconds,
         "test_rows": int(len(y_test)),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "versions": {
             "onnxruntime": ort.__version__,
             "openvino": ov.__version__,

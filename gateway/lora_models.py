@@ -27,8 +27,8 @@ def adapter_model(deployment: str) -> ModelConfig:
 
 
 def served_models(config: Config, adapters: Mapping[str, str]) -> dict[str, ModelConfig]:
-    """The config's `models:` plus one model per adapter (config names win; `check_name` keeps
-    run-time adapters from taking one)."""
+    """The config's `models:` plus one model per adapter (config names win; the admin API and
+    reload refuse an adapter name that a config model holds)."""
     out = {name: adapter_model(dep) for name, dep in adapters.items()}
     out.update(config.models)
     return out

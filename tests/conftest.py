@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import structlog
 
 # triton's native library aborts the process when it is loaded after TensorFlow's (the other order
 # works); this suite loads both (TF Serving tests, the Triton kernel tests), so triton goes first.
@@ -36,6 +37,16 @@ def _environment() -> Iterator[None]:
     os.environ["TEST_UPSTREAM_KEY"] = UPSTREAM_KEY
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     yield
+
+
+@pytest.fixture(autouse=True)
+def _logging_configuration() -> Iterator[None]:
+    """Put structlog's configuration back after every test. A test that runs a `fleetgate` command
+    in-process (`gateway.cli.main`) points structlog at that test's captured stderr, which pytest
+    closes afterwards: every later log line in the session would then raise."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session")

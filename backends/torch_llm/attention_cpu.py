@@ -17,24 +17,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import pathlib
-import platform
 from typing import Any
 
 import torch
 
 from backends.torch_llm.attention import TorchPagedAttention
+from fleetgate.host import cpu_model
 
 SOURCE = pathlib.Path(__file__).with_name("paged_decode_cpu.cpp")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @functools.cache
@@ -43,7 +33,7 @@ def load_kernel() -> Any:
     from torch.utils.cpp_extension import load_inline
 
     source = SOURCE.read_text()
-    key = hashlib.sha256((source + _cpu_model() + torch.__version__).encode()).hexdigest()[:12]
+    key = hashlib.sha256((source + cpu_model() + torch.__version__).encode()).hexdigest()[:12]
     return load_inline(
         name=f"fleetgate_paged_decode_{key}",
         cpp_sources=source,

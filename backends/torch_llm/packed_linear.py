@@ -36,7 +36,6 @@ class PackedLinear(nn.Module):
         weight = linear.weight.detach()
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
-        self.dtype = weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")

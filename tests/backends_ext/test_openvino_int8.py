@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-import structlog
 
 from backends import openvino as ov_backend
 from backends.base import Tensor, TensorRequest
@@ -172,19 +170,9 @@ def _bad_calibration(kind: str, tmp_path: Path, rows: np.ndarray) -> tuple[Path,
     raise AssertionError(kind)
 
 
-@pytest.fixture
-def _cli_logging() -> Iterator[None]:
-    """`main()` points structlog at this test's captured stderr, which pytest closes after the test:
-    put the session's configuration back, or every later log line would fail."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
 @pytest.mark.parametrize(
     "kind", ["missing", "narrow", "flat_images", "empty", "garbage", "npz_unnamed", "strings"]
 )
-@pytest.mark.usefixtures("_cli_logging")
 def test_cli_refuses_bad_calibration_with_one_line(
     kind: str, mlp: Pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
