@@ -43,6 +43,7 @@ class OpenVINOBackend:
         self._meta: ModelMetadata | None = None
         self._batcher: DynamicBatcher | None = None
         self._slots: Slots | None = None
+        self._weights = "f32"  # how the file stores its float weights (see stored_weight_type)
         self._warm = False
         #: output name -> port index (reading a tensor by index skips a name lookup)
         self._output_index: dict[str, int] = {}
@@ -87,6 +88,7 @@ class OpenVINOBackend:
             model = core.read_model(path)
         except Exception as exc:
             raise RuntimeError(f"cannot read OpenVINO model {path}: {one_line(exc)}") from None
+        self._weights = stored_weight_type(model)
         try:
             compiled = core.compile_model(model, self.device, self._compile_config())
         except Exception as exc:
@@ -116,6 +118,15 @@ class OpenVINOBackend:
             extra=self._extra(),
         )
         log.info("openvino_loaded", deployment=self.name, **self._meta.extra)
+        if self._weights == "f16" and self.options.precision == "f32":
+            # `ov.save_model` compresses weights to f16 unless told not to; results then differ from the
+            # f32 source model by ~1e-4, which looks like a runtime bug to whoever compares them
+            log.warning(
+                "openvino_f16_weights",
+                deployment=self.name,
+                hint="the IR stores f16 weights (ov.save_model's default compress_to_fp16=True); "
+                "save it with compress_to_fp16=False for f32 results",
+            )
         if self.spec.batching is not None:
             # One batch per infer request: THROUGHPUT's streams run batches side by side.
             self._batcher = batcher_for(
@@ -144,6 +155,7 @@ class OpenVINOBackend:
             "num_requests": len(self._queue),
             "cache_dir": self.options.cache_dir,
             "model_file": os.path.basename(str(self.spec.model)),
+            "stored_weights": self._weights,
         }
 
     async def warmup(self) -> None:
@@ -230,3 +242,14 @@ class OpenVINOBackend:
                 future.set_result(result)
         if self._slots is not None:
             self._slots.release()
+
+
+def stored_weight_type(model: Any) -> str:
+    """How the model's float weights are stored: "f16" when any float constant is f16 (a compressed IR,
+    decompressed at compile time), likewise "bf16", else "f32"."""
+    kinds = {
+        op.get_element_type().get_type_name()
+        for op in model.get_ops()
+        if op.get_type_name() == "Constant" and op.get_element_type().is_real()
+    }
+    return next((kind for kind in ("f16", "bf16") if kind in kinds), "f32")

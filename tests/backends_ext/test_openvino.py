@@ -53,6 +53,7 @@ async def test_metadata_and_f32_results_match_onnxruntime(fmt, digits, digits_on
         assert meta.device == "CPU"
         assert meta.extra["precision"] == "f32"
         assert meta.extra["performance_hint"] == "LATENCY"
+        assert meta.extra["stored_weights"] == "f32"
         assert backend.ready
         x = digits.x_test[:50]
         response = await backend.infer(_request(x))
@@ -243,6 +244,24 @@ async def test_lower_precision_is_explicit(digits_ir):
         assert low.metadata().extra["precision"] == "bf16"
     finally:
         await low.close()
+
+
+async def test_an_ir_with_f16_weights_is_reported(digits, digits_onnx, tmp_path, capsys):
+    """`ov.save_model` compresses weights to f16 by default: the gateway says so rather than serving
+    silently different numbers from the f32 source."""
+    import openvino as ov
+
+    compressed = tmp_path / "digits-f16.xml"
+    ov.save_model(ov.convert_model(str(digits_onnx)), str(compressed))  # compress_to_fp16 by default
+    backend = await _loaded(compressed)
+    try:
+        assert backend.metadata().extra["stored_weights"] == "f16"
+        assert "compress_to_fp16=False" in capsys.readouterr().out
+        got = (await backend.infer(_request(digits.x_test[:50]))).outputs
+        probs = next(t.data for t in got if t.name == "probabilities")
+        assert np.abs(probs - _ort_reference(digits_onnx, digits.x_test[:50])["probabilities"]).max() > 0
+    finally:
+        await backend.close()
 
 
 async def test_batched_deployment_merges_concurrent_requests(digits, digits_onnx, digits_ir):
