@@ -28,6 +28,7 @@ from backends.base import (
     TensorResponse,
     TensorSpec,
     TokenEvent,
+    TokenLogprob,
     Usage,
     estimate_prompt_tokens,
 )
@@ -40,6 +41,7 @@ from backends.errors import (
     ModelNotFound,
 )
 from backends.json_errors import JSON_DECODE_ERRORS
+from backends.openai_logprobs import read_logprobs
 from backends.spec import DeploymentSpec, SpecBase, decode_options
 from backends.upstream_http import UpstreamPool, UpstreamTooLong, UpstreamUnreachable
 from backends.validation import validate_request
@@ -59,6 +61,13 @@ class UpstreamTooLarge(BackendInternalError):
 
     status = 502
     code = "upstream_too_large"
+
+
+class UpstreamIncomplete(BackendInternalError):
+    """The upstream answered without something the call asked for (e.g. logprobs)."""
+
+    status = 502
+    code = "upstream_incomplete"
 
 
 _json_decode = msgspec.json.Decoder()
@@ -262,8 +271,6 @@ class RemoteBackend:
         s = request.sampling
         if s.max_tokens < 1:
             raise InvalidInput(f"max_tokens must be >= 1, got {s.max_tokens}")
-        if s.logprobs:
-            raise InvalidInput("`logprobs` is not served for remote deployments yet: leave it out")
         body: dict[str, Any] = {
             "model": request.upstream_model or self._upstream_model,
             "max_tokens": s.max_tokens,
@@ -280,7 +287,12 @@ class RemoteBackend:
             body["stop"] = s.stop
         if request.messages is not None:
             body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+            if s.logprobs:
+                body["logprobs"] = True
+                body["top_logprobs"] = s.top_logprobs
             return "/v1/chat/completions", body
+        if s.logprobs:
+            body["logprobs"] = s.top_logprobs  # the completions API's one field: alternatives per token
         body["prompt"] = request.prompt if request.prompt is not None else request.prompt_token_ids
         return "/v1/completions", body
 
@@ -307,7 +319,11 @@ class RemoteBackend:
             if not request.stream:  # one JSON answer: no event framing to parse
                 async with asyncio.timeout(self.spec.timeout_s):
                     raw = await response.read(limit)
-                yield self._whole_answer(request.request_id, raw)
+                answer = self._whole_answer(request.request_id, raw)
+                if request.sampling.logprobs and answer.token_logprobs is None:
+                    # never hand back an answer without what the caller asked for, silently
+                    raise UpstreamIncomplete(f"upstream {self.name!r} did not send the logprobs asked for")
+                yield answer
                 return
             lines = _each_within(response.lines(limit), self.spec.timeout_s)
             async for event in self._parse_sse(request.request_id, lines):
@@ -336,10 +352,13 @@ class RemoteBackend:
                 prompt_tokens=int(u.get("prompt_tokens", 0)),
                 completion_tokens=int(u.get("completion_tokens", 0)),
             )
-        except (*JSON_DECODE_ERRORS, AttributeError, TypeError, ValueError, IndexError):
+            logprobs = read_logprobs(choice.get("logprobs"))
+        except (*JSON_DECODE_ERRORS, AttributeError, TypeError, ValueError, IndexError, KeyError):
             raise BackendInternalError(f"upstream {self.name!r} sent a malformed completion") from None
         finish = choice.get("finish_reason") or "stop"
-        return TokenEvent(request_id=request_id, text=str(text), finish_reason=finish, usage=usage)
+        return TokenEvent(
+            request_id=request_id, text=str(text), finish_reason=finish, usage=usage, token_logprobs=logprobs
+        )
 
     async def _parse_sse(self, request_id: str, lines: AsyncIterator[str]) -> AsyncIterator[TokenEvent]:
         finish: str | None = None
@@ -369,13 +388,21 @@ class RemoteBackend:
                 if text is None:
                     text = (choice.get("delta") or {}).get("content") or ""
                 finish = choice.get("finish_reason") or finish
-                if text:
-                    yield TokenEvent(request_id=request_id, text=text)
+                logprobs = self._chunk_logprobs(choice)
+                if text or logprobs:
+                    yield TokenEvent(request_id=request_id, text=text, token_logprobs=logprobs)
         if done:
             await _drain(lines)
         if not done and finish is None:
             raise BackendUnavailable(f"upstream {self.name!r} ended the stream before finishing")
         yield TokenEvent(request_id=request_id, finish_reason=finish or "stop", usage=usage or Usage())
+
+
+    def _chunk_logprobs(self, choice: dict[str, Any]) -> list[TokenLogprob] | None:
+        try:
+            return read_logprobs(choice.get("logprobs")) or None
+        except (AttributeError, TypeError, ValueError, KeyError):
+            raise BackendInternalError(f"upstream {self.name!r} sent malformed logprobs") from None
 
 
 #: after [DONE], how long the rest of the answer may take to end before its connection is dropped

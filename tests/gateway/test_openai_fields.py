@@ -2,8 +2,8 @@
 
 The own engine refuses what it does not implement (penalties, logit_bias, response_format,
 min_tokens) with a 400 naming the field; a remote OpenAI upstream receives those fields as sent.
-logprobs / top_logprobs come from the own engine (refused for remote deployments); tool_choice is
-refused everywhere.
+logprobs / top_logprobs come from the own engine or are asked of a remote upstream and handed on (an
+upstream answer without them is an error, never silently short); tool_choice is refused everywhere.
 """
 
 from __future__ import annotations
@@ -110,11 +110,51 @@ def test_neutral_values_are_accepted(both: OpenAI) -> None:
     assert out.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("fields", [{"logprobs": True}, {"logprobs": True, "top_logprobs": 2}])
-def test_logprobs_are_refused_where_they_cannot_be_carried_back(both: OpenAI, fields: dict) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        both.chat.completions.create(model="echo", messages=HELLO, max_tokens=2, **fields)
-    assert "logprobs" in info.value.message
+def test_logprobs_missing_from_an_upstream_answer_are_an_error_not_dropped(both: OpenAI) -> None:
+    """The echo upstream ignores `logprobs`: the caller gets a clear error, never an answer without them."""
+    with pytest.raises(openai.APIStatusError) as info:
+        both.chat.completions.create(model="echo", messages=HELLO, max_tokens=2, logprobs=True)
+    assert info.value.status_code == 502 and "logprobs" in info.value.message
+
+
+def test_logprobs_pass_through_a_remote_deployment(both: OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway in front of another gateway's engine hands on the engine's logprobs unchanged, in
+    both wire shapes, whole and streamed."""
+    monkeypatch.setenv("TEST_CHAIN_KEY", both.api_key)
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  hop: {{backend: remote, url: "{str(both.base_url).removesuffix("/v1/")}", protocol: openai, model_name: tiny, api_key_env: TEST_CHAIN_KEY}}
+models:
+  tiny-remote: {{routes: [{{deployment: hop}}]}}
+""",
+        base_dir=Path("."),
+    )
+    ask = {"max_tokens": 6, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    with serve_app(create_app(config)) as url:
+        front = OpenAI(base_url=f"{url}/v1", api_key=create_key(url, "acme"), max_retries=0)
+        for model_name, direct in (("tiny-remote", False), ("tiny", True)):
+            client = both if direct else front
+            chat = client.chat.completions.create(
+                model=model_name, messages=HELLO, logprobs=True, top_logprobs=2, **ask
+            ).choices[0].logprobs.content
+            streamed = client.chat.completions.create(
+                model=model_name, messages=HELLO, logprobs=True, top_logprobs=2, stream=True, **ask
+            )
+            chunks = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+            legacy = client.completions.create(model=model_name, prompt="hello", logprobs=2, **ask).choices[0].logprobs
+            if direct:
+                want = (chat, chunks, legacy)
+            else:
+                got = (chat, chunks, legacy)
+    assert len(got[0]) == 6
+    for mine, theirs in zip(got[:2], want[:2], strict=True):
+        assert [(e.token, e.bytes, round(e.logprob, 5), [t.token for t in e.top_logprobs]) for e in mine] == [
+            (e.token, e.bytes, round(e.logprob, 5), [t.token for t in e.top_logprobs]) for e in theirs
+        ]
+    assert got[2].tokens == want[2].tokens and got[2].top_logprobs == want[2].top_logprobs
 
 
 def test_tool_choice_is_refused_everywhere(both: OpenAI) -> None:
