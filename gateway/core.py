@@ -324,59 +324,48 @@ class GatewayCore:
         hints: QueueHints,
         span: Any,
     ) -> tuple[list[GenerationStream], Served]:
-        """Start `n` choices of one prompt on the plan's first healthy deployment: one admission and
-        one fair-queue turn for all of them (settled once by `ChoiceShare`), then one engine request
-        per choice (the engine queues those beyond its free slots and shares the prompt's KV blocks).
-        A seeded request gives choice i the seed + i. If one cannot start, the started ones are
-        closed and the request fails as a whole (no fallback per choice)."""
-        dep = self._candidates(plan, Capability.GENERATE)[0]
+        """Start `n` choices of one prompt on one deployment: one admission and one fair-queue turn
+        for all of them (settled once by `ChoiceShare`), then one engine request per choice (the
+        engine queues those beyond its free slots and shares the prompt's KV blocks). A seeded
+        request gives choice i the seed + i. When a choice cannot start, the started ones are closed
+        and all `n` move to the plan's next deployment, as a single request would (the choices of one
+        answer always come from one deployment)."""
+        candidates = self._candidates(plan, Capability.GENERATE)
         cost = n * (prompt_tokens + request.sampling.max_tokens)
         reservation = await self._admit(principal, plan.model, cost)
-        try:
+        share = ChoiceShare(self.admission, reservation, n, span)
+
+        async def attempt(dep: Deployment) -> tuple[list[GenerationStream], float, float]:
             with tracing.child("queue", **{"fleetgate.deployment": dep.name}):
                 ticket = await dep.queue.acquire(
                     principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
                 )
-        except BaseException:
-            await self.admission.reconcile(reservation, 0, failed=True)
-            raise
-        share = ChoiceShare(self.admission, reservation, n, span, dep.queue, ticket)
-        backend = as_generative(dep.backend)
-        streams: list[GenerationStream] = []
-        self.breakers.on_attempt(dep.name)
-        started = time.perf_counter()
+            share.begin_attempt(dep.queue, ticket)
+            started = time.perf_counter()
+            streams: list[GenerationStream] = []
+            try:
+                for i in range(n):
+                    choice = _choice_request(request, i)
+                    events = as_generative(dep.backend).generate(choice)
+                    first = await _first_event(events, choice.request_id)
+                    job = StreamJob(
+                        principal, plan, dep, choice, share.choice_ticket(), reservation, prompt_tokens,
+                        None, share,
+                    )  # fmt: skip
+                    streams.append(GenerationStream(self.settlement, job, events, first))
+            except BaseException:
+                for stream in streams:
+                    await stream.aclose()
+                share.abandon_attempt()
+                raise
+            first_event_s = time.perf_counter() - started
+            return streams, first_event_s, first_event_s
+
         try:
-            for i in range(n):
-                seed = request.sampling.seed
-                choice = msgspec.structs.replace(
-                    request,
-                    request_id=f"{request.request_id}-{i}",
-                    sampling=msgspec.structs.replace(
-                        request.sampling, seed=None if seed is None else seed + i
-                    ),
-                )
-                events = backend.generate(choice)
-                first = await _first_event(events, choice.request_id)
-                job = StreamJob(
-                    principal,
-                    plan,
-                    dep,
-                    choice,
-                    share.choice_ticket(),
-                    reservation,
-                    prompt_tokens,
-                    None,
-                    share,
-                )
-                streams.append(GenerationStream(self.settlement, job, events, first))
-        except BaseException as exc:
-            self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started, caller_fault=True)
-            for stream in streams:
-                await stream.aclose()
+            streams, dep = await self._attempt_each(plan, candidates, attempt, lambda dep, exc: True)
+        except BaseException:
             await share.settle_rest()
             raise
-        first_event_s = time.perf_counter() - started
-        self.outcomes.record(plan.model, dep, None, first_event_s, first_event_s)
         return streams, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
 
     async def serve_embeddings(
@@ -807,6 +796,16 @@ class GatewayCore:
             await self.admission.reconcile(reservation, 0, failed=True)
             raise
         return events, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+
+
+def _choice_request(request: GenerateRequest, index: int) -> GenerateRequest:
+    """Choice `index` of an `n` request: its own request id, and seed + index when seeded."""
+    seed = request.sampling.seed
+    return msgspec.structs.replace(
+        request,
+        request_id=f"{request.request_id}-{index}",
+        sampling=msgspec.structs.replace(request.sampling, seed=None if seed is None else seed + index),
+    )
 
 
 async def _first_event(events: Any, request_id: str) -> TokenEvent:

@@ -75,9 +75,26 @@ class ChoiceShare:
         self._left = parts
         self._parts = parts
         self._failed = 0
+        #: usage of every attempt (a deployment that failed part-way still used tokens: billed)
         self._prompt = 0
         self._completion = 0
+        #: usage on the current deployment (what its fair-queue ticket is released at)
+        self._attempt_prompt = 0
+        self._attempt_completion = 0
         self._span = span
+
+    def begin_attempt(self, queue: Any, ticket: Ticket) -> None:
+        """Start (again) on one deployment: its fair-queue ticket, every choice still to come."""
+        self._queue, self._ticket = queue, ticket
+        self._left, self._failed = self._parts, 0
+        self._attempt_prompt = self._attempt_completion = 0
+
+    def abandon_attempt(self) -> None:
+        """Not every choice could start on this deployment (the started ones are closed already):
+        release its ticket at what they used; the reservation waits for the next deployment."""
+        if self._queue is not None and self._ticket is not None:
+            self._queue.release(self._ticket, float(self._attempt_prompt + 2 * self._attempt_completion))
+        self._queue = self._ticket = None
 
     def choice_ticket(self) -> Ticket:
         """A ticket for one choice's stream: already released, so the stream neither charges nor
@@ -101,10 +118,12 @@ class ChoiceShare:
         self._failed += failed
         self._prompt = max(self._prompt, usage.prompt_tokens)
         self._completion += usage.completion_tokens
+        self._attempt_prompt = max(self._attempt_prompt, usage.prompt_tokens)
+        self._attempt_completion += usage.completion_tokens
         if self._left > 0:
             return
         if self._queue is not None and self._ticket is not None:
-            self._queue.release(self._ticket, float(self._prompt + 2 * self._completion))
+            self._queue.release(self._ticket, float(self._attempt_prompt + 2 * self._attempt_completion))
         try:
             await self.admission.reconcile(
                 self.reservation, self._prompt + self._completion, failed=self._failed == self._parts

@@ -20,7 +20,7 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from tests import openai_upstream
 from tests.conftest import create_key
-from tests.servers import serve_app
+from tests.servers import free_port, serve_app
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -47,9 +47,11 @@ tenants: {{acme: {{}}}}
 deployments:
   llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}}}}
   up: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: echo-upstream, api_key_env: TEST_UPSTREAM_KEY}}
+  down: {{backend: remote, url: "http://127.0.0.1:{free_port()}", protocol: openai, model_name: gone}}
 models:
   tiny: {{routes: [{{deployment: llm}}]}}
   echo: {{routes: [{{deployment: up}}]}}
+  tiny-behind-down: {{routes: [{{deployment: down}}], fallback: [llm]}}
 """,
         base_dir=Path("."),
     )
@@ -257,6 +259,30 @@ def test_n_choices_streamed(both: OpenAI) -> None:
         model="tiny", messages=HELLO, max_tokens=5, n=2, temperature=1.0, seed=1, extra_body={"ignore_eos": True}
     )
     assert [c.message.content for c in whole.choices] == [texts[0], texts[1]]  # same seeds, same text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_fall_back_together(both: OpenAI, stream: bool) -> None:
+    """The first route's upstream is down: all `n` choices start on the fallback, one answer, and
+    the request is charged once for what the answer reports."""
+    before = _usage_tokens(both, "tiny-behind-down")
+    ask = {"model": "tiny-behind-down", "messages": HELLO, "max_tokens": 4, "n": 3, "temperature": 1.0, "seed": 2}
+    if stream:
+        chunks = list(
+            both.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True},
+                                         extra_body={"ignore_eos": True})
+        )  # fmt: skip
+        assert {c.index for chunk in chunks for c in chunk.choices} == {0, 1, 2}
+        usage = next(chunk.usage for chunk in chunks if chunk.usage is not None)
+    else:
+        out = both.chat.completions.with_raw_response.create(**ask, extra_body={"ignore_eos": True})
+        assert out.headers["x-fleetgate-deployment"].startswith("llm")
+        answer = out.parse()
+        assert [c.index for c in answer.choices] == [0, 1, 2]
+        usage = answer.usage
+    assert usage.completion_tokens == 12
+    requests, tokens = _usage_tokens(both, "tiny-behind-down")
+    assert (requests - before[0], tokens - before[1]) == (1, usage.prompt_tokens + usage.completion_tokens)
 
 
 def test_n_is_bounded(both: OpenAI) -> None:
