@@ -123,3 +123,90 @@ async def test_generation_config_sampling_defaults_fill_what_the_request_leaves_
         SamplingParams(temperature=0.7, model_defaults=frozenset({"top_k"})), {"temperature": 0.0, "top_k": 5}
     )
     assert chosen.temperature == 0.7 and chosen.top_k == 5
+
+
+def _save_family(family: str, tokenizer_dir: Path, out: Path, template: str) -> Path:
+    """A random-weight model of `family` as the installed transformers' `save_pretrained` writes it
+    (config.json, model.safetensors, generation_config.json), beside its tokenizer and chat template
+    (chat_template.jinja)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    hf_tok.chat_template = template
+    config = AutoConfig.for_model(
+        family, vocab_size=len(hf_tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=hf_tok.bos_token_id, eos_token_id=hf_tok.eos_token_id,
+        tie_word_embeddings=family == "qwen2",
+    )  # fmt: skip
+    torch.manual_seed(7)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # larger than the default init, so greedy paths differ per model
+            p.normal_(0, 0.08) if p.dim() > 1 else None
+    model.save_pretrained(out)
+    hf_tok.save_pretrained(out)
+    return out
+
+
+def _hf_greedy(folder: Path, messages: list[dict[str, str]], max_new: int) -> tuple[list[int], list[int]]:
+    """The prompt ids and greedy output ids Hugging Face gives for `messages` on the saved folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False, top_k=None, top_p=None)
+    return list(ids), out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("family", sorted(TEMPLATES))
+def test_folders_saved_by_transformers_chat_through_the_gateway_as_hugging_face_generates(
+    base_tokenizer: Path, tmp_path: Path, family: str
+) -> None:
+    """Llama, Qwen2 and Mistral folders written by `save_pretrained`: the gateway reads the chat
+    template from chat_template.jinja and the end-of-sequence ids from generation_config.json, and
+    its greedy chat answer is Hugging Face's `generate` on the same folder, token for token."""
+    from openai import OpenAI
+    from transformers import GenerationConfig
+
+    from gateway.app import create_app
+    from gateway.config import parse_config
+    from tests.conftest import create_key
+    from tests.servers import serve_app
+
+    folder = _save_family(family, base_tokenizer, tmp_path / family, TEMPLATES[family])
+    assert (folder / "chat_template.jinja").exists() and (folder / "generation_config.json").exists()
+    messages = [{"role": "user", "content": "hello there, how are you"}]
+    _, free_run = _hf_greedy(folder, messages, 16)
+    # make the 5th greedy token an end of sequence through generation_config.json alone
+    stop_id = free_run[4]
+    generation = GenerationConfig.from_pretrained(folder)
+    generation.eos_token_id = [generation.eos_token_id, stop_id]
+    generation.save_pretrained(folder)
+    prompt_ids, expected = _hf_greedy(folder, messages, 16)
+    assert expected[-1] == stop_id and len(expected) <= 5
+
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  llm: {{backend: torch_llm, model: {folder}, device: cpu}}
+models:
+  m: {{routes: [{{deployment: llm}}]}}
+""",
+        base_dir=Path("."),
+    )
+    with serve_app(create_app(config)) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key=create_key(url, "acme"), max_retries=0)
+        answer = client.chat.completions.create(model="m", messages=messages, max_tokens=16, temperature=0)
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert answer.usage.prompt_tokens == len(prompt_ids)
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage.completion_tokens == len(expected)
+    # the stopping token is an ordinary one here, so its text stays, as in HF's decode of the output
+    assert answer.choices[0].message.content == tok.decode(expected, skip_special_tokens=True)
