@@ -138,6 +138,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str
+    #: tool context, handed to upstreams that serve tools (OpenAI's shapes, as the client sent them):
+    #: an assistant turn's `tool_calls`, a tool turn's `tool_call_id`, a participant's `name`
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):
@@ -198,6 +203,9 @@ class TokenEvent(msgspec.Struct, kw_only=True):
     logprobs: list[float] | None = None
     #: with `sampling.logprobs`: one entry per token of `token_ids` (text, bytes, logprob, alternatives)
     token_logprobs: list[TokenLogprob] | None = None
+    #: tool calls of an upstream that serves tools, in OpenAI's shape: whole calls in a whole answer,
+    #: deltas (by `index`, arguments in pieces) in a stream
+    tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
 

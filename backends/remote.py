@@ -21,6 +21,7 @@ from backends.base import (
     V2_TO_NUMPY,
     BatchObserver,
     Capability,
+    ChatMessage,
     GenerateRequest,
     ModelMetadata,
     Tensor,
@@ -286,7 +287,7 @@ class RemoteBackend:
         if s.stop:
             body["stop"] = s.stop
         if request.messages is not None:
-            body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+            body["messages"] = [_message_json(m) for m in request.messages]
             if s.logprobs:
                 body["logprobs"] = True
                 body["top_logprobs"] = s.top_logprobs
@@ -345,8 +346,10 @@ class RemoteBackend:
             payload = _json_decode.decode(raw)
             choice = (payload.get("choices") or [{}])[0]
             text = choice.get("text")
+            message = choice.get("message") or {}
             if text is None:
-                text = (choice.get("message") or {}).get("content") or ""
+                text = message.get("content") or ""
+            tool_calls = _tool_calls(message.get("tool_calls"))
             u = payload.get("usage") or {}
             usage = Usage(
                 prompt_tokens=int(u.get("prompt_tokens", 0)),
@@ -357,8 +360,9 @@ class RemoteBackend:
             raise BackendInternalError(f"upstream {self.name!r} sent a malformed completion") from None
         finish = choice.get("finish_reason") or "stop"
         return TokenEvent(
-            request_id=request_id, text=str(text), finish_reason=finish, usage=usage, token_logprobs=logprobs
-        )
+            request_id=request_id, text=str(text), finish_reason=finish, usage=usage,
+            token_logprobs=logprobs, tool_calls=tool_calls,
+        )  # fmt: skip
 
     async def _parse_sse(self, request_id: str, lines: AsyncIterator[str]) -> AsyncIterator[TokenEvent]:
         finish: str | None = None
@@ -385,12 +389,14 @@ class RemoteBackend:
                 )
             for choice in chunk.get("choices") or []:
                 text = choice.get("text")
+                delta = choice.get("delta") or {}
                 if text is None:
-                    text = (choice.get("delta") or {}).get("content") or ""
+                    text = delta.get("content") or ""
                 finish = choice.get("finish_reason") or finish
                 logprobs = self._chunk_logprobs(choice)
-                if text or logprobs:
-                    yield TokenEvent(request_id=request_id, text=text, token_logprobs=logprobs)
+                calls = self._chunk_tool_calls(delta)
+                if text or logprobs or calls:
+                    yield TokenEvent(request_id=request_id, text=text, token_logprobs=logprobs, tool_calls=calls)
         if done:
             await _drain(lines)
         if not done and finish is None:
@@ -403,6 +409,35 @@ class RemoteBackend:
             return read_logprobs(choice.get("logprobs")) or None
         except (AttributeError, TypeError, ValueError, KeyError):
             raise BackendInternalError(f"upstream {self.name!r} sent malformed logprobs") from None
+
+
+    def _chunk_tool_calls(self, delta: dict[str, Any]) -> list[dict[str, Any]] | None:
+        try:
+            return _tool_calls(delta.get("tool_calls"))
+        except (AttributeError, TypeError, ValueError):
+            raise BackendInternalError(f"upstream {self.name!r} sent malformed tool calls") from None
+
+
+def _message_json(m: ChatMessage) -> dict[str, Any]:
+    """A chat turn as OpenAI servers take it, tool context included where the client sent it."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = m.tool_calls
+        out["content"] = m.content or None  # an assistant turn that only called tools
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _tool_calls(raw: Any) -> list[dict[str, Any]] | None:
+    """An upstream's tool calls (or their stream deltas), checked to be a list of objects."""
+    if not raw:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
+        raise ValueError("tool_calls is not a list of objects")
+    return raw
 
 
 #: after [DONE], how long the rest of the answer may take to end before its connection is dropped

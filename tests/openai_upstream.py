@@ -3,7 +3,9 @@
 It "generates" deterministically: the completion is the prompt's words in reverse order, one word per
 stream event, truncated at `max_tokens` words. That makes every answer predictable, so the tests can
 check exactly what passed through the gateway. a prompt containing "fail-midway" breaks the stream after
-two words; `model == "missing"` answers 404 like a real server.
+two words; `model == "missing"` answers 404 like a real server. A chat that offers `tools` (and a
+`tool_choice` other than "none") is answered with one call of the chosen (or first) tool, whose
+arguments are `{"words": [...]}`, the reply words; streamed, the arguments come in two pieces.
 """
 
 from __future__ import annotations
@@ -84,6 +86,34 @@ async def _events(body: dict[str, Any], chat: bool) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
+def _tool_call(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(tool name, JSON arguments) when this chat asks for a tool call, else None."""
+    choice = body.get("tool_choice", "auto")
+    if not body.get("tools") or choice == "none":
+        return None
+    name = choice["function"]["name"] if isinstance(choice, dict) else body["tools"][0]["function"]["name"]
+    words = reply_words(_prompt_of(body), int(body.get("max_tokens") or 16))
+    return name, _enc.encode({"words": words}).decode()
+
+
+async def _tool_events(body: dict[str, Any], name: str, arguments: str) -> AsyncIterator[bytes]:
+    half = len(arguments) // 2
+    call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": name, "arguments": ""}}
+    deltas = [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": arguments[:half]}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]},
+    ]
+    for delta in deltas:
+        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "model": body["model"], "choices": [choice]}) + b"\n\n"
+    last = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+    usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "model": body["model"], "choices": [last]}) + b"\n\n"
+    yield b"data: " + _enc.encode({"id": "u", "object": "chunk", "model": body["model"], "choices": [], "usage": usage}) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
 #: the last request bodies this upstream received (newest last), for tests of what is forwarded
 RECEIVED: list[dict[str, Any]] = []
 RECEIVED_HEADERS: list[dict[str, str]] = []
@@ -101,6 +131,14 @@ async def _handle(request: Request, chat: bool) -> Response[Any]:
         )
     if request.headers.get("authorization") != "Bearer upstream-secret":
         return Response({"error": {"message": "bad upstream key"}}, status_code=401)
+    tool = _tool_call(body) if chat else None
+    if tool is not None and body.get("stream"):
+        return Stream(_tool_events(body, *tool), media_type="text/event-stream")
+    if tool is not None:
+        call = {"id": "call_0", "type": "function", "function": {"name": tool[0], "arguments": tool[1]}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+        return Response({"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}], "usage": usage})
     if not body.get("stream"):  # a whole answer, shaped as OpenAI servers shape it
         prompt = _prompt_of(body)
         max_tokens = int(body.get("max_tokens") or 16)

@@ -457,6 +457,8 @@ _HONOURED = frozenset(
 def _check_supported(request: GenerateRequest) -> None:
     """Refuse, naming them, the OpenAI fields this engine does not implement (never drop them)."""
     unsupported = sorted(set(request.extra) - _HONOURED)
+    if any(m.tool_calls for m in request.messages or ()):
+        unsupported.append("messages[].tool_calls")
     if unsupported:
         names = ", ".join(f"`{name}`" for name in unsupported)
         raise InvalidInput(f"{names} not supported by this deployment's engine; leave them out")

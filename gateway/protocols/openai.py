@@ -76,12 +76,19 @@ class _Shape:
         }
 
     def chunk(
-        self, text: str, finish: str | None, first: bool, logprobs: list[TokenLogprob] | None = None
+        self,
+        text: str,
+        finish: str | None,
+        first: bool,
+        logprobs: list[TokenLogprob] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         if self.chat:
-            delta: dict[str, Any] = {"content": text} if text or not first else {"content": ""}
+            delta: dict[str, Any] = {"content": text if text or not tool_calls else None}
             if first:
                 delta["role"] = "assistant"
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {
                 "index": 0,
                 "delta": delta,
@@ -114,12 +121,20 @@ class _Shape:
         return {**self._envelope([], obj), "usage": _usage_json(usage)}
 
     def whole(
-        self, text: str, finish: str, usage: Usage, logprobs: list[TokenLogprob] | None = None
+        self,
+        text: str,
+        finish: str,
+        usage: Usage,
+        logprobs: list[TokenLogprob] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text or (None if tool_calls else "")}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "finish_reason": finish,
                 "logprobs": self.logprobs(logprobs),
             }

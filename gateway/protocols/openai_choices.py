@@ -30,9 +30,35 @@ from gateway.streams import GenerationStream
 _encoder = msgspec.json.Encoder()
 
 
+#: finish reasons handed on as they come (an upstream's tool calls, its content filter)
+_KEPT_REASONS = frozenset({"length", "tool_calls", "content_filter"})
+
+
 def finish_reason(reason: str | None) -> str:
-    """OpenAI's finish reason for an engine's (`length`, or `stop` for every other ending)."""
-    return "length" if reason == "length" else "stop"
+    """OpenAI's finish reason for a backend's: `length`, an upstream's `tool_calls` or
+    `content_filter`, or `stop` for every other ending (stop, abort, error)."""
+    return reason if reason in _KEPT_REASONS else "stop"
+
+
+def merge_tool_calls(
+    calls: list[dict[str, Any]] | None, new: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`calls` with `new` added: whole calls are appended; stream deltas (by `index`) are joined
+    into the call of their index, their argument pieces concatenated."""
+    merged = list(calls or [])
+    by_index = {c["index"]: c for c in merged if "index" in c}
+    for call in new:
+        index = call.get("index")
+        if index is None or index not in by_index:
+            copy = {**call, "function": dict(call.get("function") or {})}
+            merged.append(copy)
+            if index is not None:
+                by_index[index] = copy
+            continue
+        function = by_index[index].setdefault("function", {})
+        piece = (call.get("function") or {}).get("arguments") or ""
+        function["arguments"] = (function.get("arguments") or "") + piece
+    return merged
 
 
 def _total(usages: list[Usage]) -> Usage:
@@ -42,20 +68,33 @@ def _total(usages: list[Usage]) -> Usage:
     )
 
 
-async def collect_choice(stream: GenerationStream) -> tuple[str, str, list[TokenLogprob] | None, Usage]:
-    """A whole choice: its text, finish reason, logprobs entries (if asked) and usage."""
+class WholeChoice(msgspec.Struct):
+    """One choice of a whole answer."""
+
+    text: str
+    finish: str
+    logprobs: list[TokenLogprob] | None
+    usage: Usage
+    tool_calls: list[dict[str, Any]] | None
+
+
+async def collect_choice(stream: GenerationStream) -> WholeChoice:
+    """A whole choice: its text, finish reason, logprobs entries (if asked), usage and tool calls."""
     parts: list[str] = []
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
     usage, finish = Usage(), "stop"
     async for event in stream:
         parts.append(event.text)
         if event.token_logprobs is not None:
             logprobs = (logprobs or []) + event.token_logprobs
+        if event.tool_calls:
+            tool_calls = merge_tool_calls(tool_calls, event.tool_calls)
         if event.usage is not None:
             usage = event.usage
         if event.finish_reason:
             finish = finish_reason(event.finish_reason)
-    return "".join(parts), finish, logprobs, usage
+    return WholeChoice("".join(parts), finish, logprobs, usage, tool_calls)
 
 
 async def _merged(streams: list[GenerationStream]) -> AsyncIterator[tuple[int, TokenEvent | None]]:
@@ -116,10 +155,10 @@ async def answer_choices(
             answers = await asyncio.gather(*(collect_choice(s) for s in streams))
     finally:
         await _close(None, streams)
-    whole = shape.whole("", "stop", _total([a[3] for a in answers]))
+    whole = shape.whole("", "stop", _total([a.usage for a in answers]))
     choices = []
-    for index, (text, finish, logprobs, usage) in enumerate(answers):
-        choice = shape.whole(text, finish, usage, logprobs)["choices"][0]
+    for index, a in enumerate(answers):
+        choice = shape.whole(a.text, a.finish, a.usage, a.logprobs, a.tool_calls)["choices"][0]
         choice["index"] = index
         choices.append(choice)
     whole["choices"] = choices
@@ -158,9 +197,9 @@ async def _sse(
                 usages[index] = event.usage
             if event.token_logprobs is not None:
                 pending[index] = (pending[index] or []) + event.token_logprobs
-            if event.text or first[index] or event.finish_reason:
+            if event.text or first[index] or event.finish_reason or event.tool_calls:
                 finish = finish_reason(event.finish_reason) if event.finish_reason else None
-                chunk = shape.chunk(event.text, finish, first[index], pending[index])
+                chunk = shape.chunk(event.text, finish, first[index], pending[index], event.tool_calls)
                 chunk["choices"][0]["index"] = index
                 yield b"data: " + _encoder.encode(chunk) + b"\n\n"
                 first[index] = False

@@ -1,12 +1,12 @@
 """OpenAI request bodies, decoded with msgspec, and their translation to GenerateRequest.
 
 Unknown fields are tolerated (clients send many optional ones). Known fields are never silently
-dropped: those the gateway cannot honour for any backend (best_of, echo, tools, tool_choice)
-are refused here with a 400 naming them; `logprobs` / `top_logprobs` are served by the own engine
-(a remote deployment refuses them until it carries them back); sampling fields that only some
-backends honour (penalties, logit_bias, response_format, min_tokens) travel in
-`GenerateRequest.extra` to a remote OpenAI upstream as sent; the own engine applies the penalties,
-logit_bias and min_tokens (SamplingParams) and refuses response_format with a 400 naming it.
+dropped: those the gateway cannot honour for any backend (best_of, echo) are refused here with a 400
+naming them; `logprobs` / `top_logprobs` are served by the own engine and asked of a remote upstream;
+fields that only some backends honour (penalties, logit_bias, response_format, min_tokens, tools,
+tool_choice, parallel_tool_calls) travel in `GenerateRequest.extra` to a remote OpenAI upstream as
+sent; the own engine applies the penalties, logit_bias and min_tokens (SamplingParams) and refuses
+the others with a 400 naming them.
 """
 
 from __future__ import annotations
@@ -83,6 +83,27 @@ class CompletionBody(_Common, kw_only=True):
     best_of: int | None = None
 
 
+class ToolFunction(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    type: str
+    function: ToolFunction
+
+
+class ToolChoiceFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class ToolChoice(msgspec.Struct, kw_only=True):
+    type: str
+    function: ToolChoiceFunction
+
+
 class ChatPart(msgspec.Struct, kw_only=True):
     type: str
     text: str | None = None
@@ -92,6 +113,8 @@ class ChatMessageBody(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[ChatPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatBody(_Common, kw_only=True):
@@ -99,8 +122,10 @@ class ChatBody(_Common, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    #: kept as sent (forwarded verbatim), checked against `Tool` / `ToolChoice` in `_tool_fields`
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 completion_decoder = msgspec.json.Decoder(CompletionBody)
@@ -221,11 +246,54 @@ def _content(message: ChatMessageBody, index: int) -> str:
     return "".join(texts)
 
 
-def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
+def _checked(value: Any, kind: type, where: str) -> Any:
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(f"`{where}`: {exc}") from None
+
+
+def _tool_fields(body: ChatBody) -> dict[str, Any]:
+    """tools, tool_choice and parallel_tool_calls, checked, for `GenerateRequest.extra`: a remote
+    upstream receives them as sent; the own engine refuses them by name."""
+    if body.tools is not None and not body.tools:
+        raise InvalidInput("`tools` must not be empty (leave it out)")
+    tools = [_checked(t, Tool, f"tools[{i}]") for i, t in enumerate(body.tools or ())]
+    for i, tool in enumerate(tools):
+        if tool.type != "function":
+            raise InvalidInput(f"`tools[{i}].type` must be 'function', got {tool.type!r}")
+    names = {t.function.name for t in tools}
+    choice = body.tool_choice
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        raise InvalidInput("`tool_choice` must be 'none', 'auto', 'required' or a function to call")
+    if choice not in (None, "none") and not names:
+        raise InvalidInput("`tool_choice` needs `tools`")
+    if isinstance(choice, dict):
+        wanted = _checked(choice, ToolChoice, "tool_choice").function.name
+        if wanted not in names:
+            raise InvalidInput(f"`tool_choice` names {wanted!r}, which is not in `tools`")
+    out: dict[str, Any] = {}
     if body.tools:
-        raise InvalidInput("`tools` are not supported by this deployment")
-    if body.tool_choice not in (None, "none"):
-        raise InvalidInput("`tool_choice` is not supported by this deployment (no tools are)")
+        out["tools"] = body.tools
+        if choice is not None:
+            out["tool_choice"] = choice
+        if body.parallel_tool_calls is not None:
+            out["parallel_tool_calls"] = body.parallel_tool_calls
+    return out
+
+
+def _message(m: ChatMessageBody, index: int) -> ChatMessage:
+    return ChatMessage(
+        role=m.role,
+        content=_content(m, index),
+        tool_calls=m.tool_calls or None,
+        tool_call_id=m.tool_call_id,
+        name=m.name,
+    )
+
+
+def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
+    tools = _tool_fields(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidInput("`top_logprobs` needs `logprobs: true`")
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
@@ -236,14 +304,14 @@ def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
     for i, m in enumerate(body.messages):
         if m.role not in roles:
             raise InvalidInput(f"messages[{i}].role {m.role!r} is not one of {sorted(roles)}")
-    messages = [ChatMessage(role=m.role, content=_content(m, i)) for i, m in enumerate(body.messages)]
+    messages = [_message(m, i) for i, m in enumerate(body.messages)]
     max_tokens = body.max_completion_tokens or body.max_tokens
     sampling = _sampling(body, max_tokens, body.logprobs)
     return GenerateRequest(
         request_id=request_id,
         messages=messages,
         sampling=msgspec.structs.replace(sampling, top_logprobs=body.top_logprobs or 0),
-        extra=_forwarded(body),
+        extra=_forwarded(body) | tools,
     )
 
 

@@ -3,7 +3,8 @@
 The own engine refuses what it does not implement (penalties, logit_bias, response_format,
 min_tokens) with a 400 naming the field; a remote OpenAI upstream receives those fields as sent.
 logprobs / top_logprobs come from the own engine or are asked of a remote upstream and handed on (an
-upstream answer without them is an error, never silently short); tool_choice is refused everywhere.
+upstream answer without them is an error, never silently short); tools / tool_choice reach a remote
+upstream as sent and its tool calls come back, and are refused by name on the own engine.
 """
 
 from __future__ import annotations
@@ -159,11 +160,67 @@ models:
     assert got[2].tokens == want[2].tokens and got[2].top_logprobs == want[2].top_logprobs
 
 
-def test_tool_choice_is_refused_everywhere(both: OpenAI) -> None:
-    for model in ("tiny", "echo"):
-        with pytest.raises(openai.BadRequestError) as info:
-            both.chat.completions.create(model=model, messages=HELLO, max_tokens=2, tool_choice="auto")
-        assert "tool_choice" in info.value.message
+TOOLS = [
+    {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "reverse", "parameters": {"type": "object"}}},
+]
+
+
+def test_tools_are_refused_by_name_on_the_own_engine(both: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        both.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2, tools=TOOLS)
+    assert "`tools`" in info.value.message
+    turn = [*HELLO, {"role": "assistant", "content": None,
+                     "tool_calls": [{"id": "c", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}]  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as info:
+        both.chat.completions.create(model="tiny", messages=turn, max_tokens=2)
+    assert "tool_calls" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"tool_choice": "auto"}, "without `tools`"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "absent"}}}, "absent"),
+        ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type"),
+        ({"tools": [{"type": "function"}]}, "function"),
+    ],
+)
+def test_malformed_tool_fields_are_400s_naming_them(both: OpenAI, fields: dict, words: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        both.chat.completions.create(model="echo", messages=HELLO, max_tokens=2, **fields)
+    assert words.replace("without ", "").strip("`") in info.value.message
+
+
+def test_tool_calls_pass_through_a_remote_deployment(both: OpenAI) -> None:
+    """tools and tool_choice reach the upstream as sent; its tool call comes back whole, or as
+    stream deltas that join into the same call; the tool's result turn is forwarded on the next call."""
+    choice = {"type": "function", "function": {"name": "reverse"}}
+    ask = {"model": "echo", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 8}
+    whole = both.chat.completions.create(**ask, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False)
+    sent = openai_upstream.RECEIVED[-1]
+    assert sent["tools"] == TOOLS and sent["tool_choice"] == choice and sent["parallel_tool_calls"] is False
+    answer = whole.choices[0]
+    assert answer.finish_reason == "tool_calls" and answer.message.content is None
+    call = answer.message.tool_calls[0]
+    assert (call.id, call.function.name, call.function.arguments) == ("call_0", "reverse", '{"words":["three","two","one"]}')
+
+    chunks = list(both.chat.completions.create(**ask, tools=TOOLS, stream=True))
+    deltas = [d for c in chunks for ch in c.choices for d in ch.delta.tool_calls or []]
+    assert len(deltas) == 3 and deltas[0].function.name == "lookup"
+    assert "".join(d.function.arguments or "" for d in deltas) == '{"words":["three","two","one"]}'
+    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == ["tool_calls"]
+
+    result_turn = [
+        *ask["messages"],
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "done"},
+    ]
+    both.chat.completions.create(model="echo", messages=result_turn, max_tokens=8)
+    forwarded = openai_upstream.RECEIVED[-1]["messages"]
+    assert forwarded[1]["tool_calls"][0]["id"] == "call_0" and forwarded[1]["content"] is None
+    assert forwarded[2] == {"role": "tool", "content": "done", "tool_call_id": "call_0"}
 
 
 def test_chat_logprobs_from_the_engine(both: OpenAI) -> None:
