@@ -75,13 +75,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         options["http"] = use_header_timeout(config.server.header_timeout_s)
     if config.server.workers > 1:
-        # each worker is uvicorn's own server: SIGTERM stops them at once (no drain grace yet)
+        # each worker drains on SIGTERM like a lone gateway (gateway/supervisor.py)
+        from gateway.supervisor import DrainingSupervisor
         from gateway.workers import prepare_environment
 
         create_app(config)  # every deployment's options and files are checked before forking
         prepare_environment(args.config, listen)
-        uvicorn.run("gateway.workers:create_worker_app", factory=True, workers=config.server.workers, **options)
-        return 0
+        worker_config = uvicorn.Config("gateway.workers:create_worker_app", factory=True, **options)
+        return DrainingSupervisor(
+            worker_config, config.server.workers, config.server.drain_grace_s, config.server.shutdown_timeout_s
+        ).run()
     app = create_served_app(config, args.config, listen)
     server = DrainingServer(uvicorn.Config(app, **options), app.state.drain, config.server.drain_grace_s)
     server.run()

@@ -45,9 +45,11 @@ class DrainState:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server with the drain above (one process: `server.workers: 1`)."""
+    """uvicorn's server with the drain above: the one process of `server.workers: 1`, and each worker
+    process of `server.workers: N` (gateway/supervisor.py), whose app is built inside it, so its
+    drain state is found once the app has started (`state=None`)."""
 
-    def __init__(self, config: uvicorn.Config, state: DrainState, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, state: DrainState | None, grace_s: float) -> None:
         super().__init__(config)
         self.drain = state
         self.grace_s = grace_s
@@ -57,15 +59,22 @@ class DrainingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.drain is None:
+            self.drain = _drain_state_of(self.config.loaded_app)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in uvicorn's captured signals: it would re-raise SIGTERM after the shutdown,
         # and the process would end killed by it instead of exiting 0.
-        if self.drain.draining or self.should_exit or sig != signal.SIGTERM or self._loop is None:
-            if self.drain.draining or self.should_exit:
+        drain = self.drain  # None: a signal before the app started, nothing to drain yet
+        if drain is None or drain.draining or self.should_exit or sig != signal.SIGTERM or self._loop is None:
+            if (drain is not None and drain.draining) or self.should_exit:
                 log.warning("drain_forced", signal=signal.Signals(sig).name)
                 self.force_exit = True
-            self.drain.begin()
-            self.drain.refuse_new()
+            if drain is not None:
+                drain.begin()
+                drain.refuse_new()
             self.should_exit = True
             return
         log.info("drain_started", grace_s=self.grace_s, timeout_s=self.config.timeout_graceful_shutdown)
@@ -73,7 +82,7 @@ class DrainingServer(uvicorn.Server):
         self._loop.call_soon_threadsafe(self._loop.call_later, self.grace_s, self._after_grace)
 
     def _after_grace(self) -> None:
-        if self.should_exit:
+        if self.should_exit or self.drain is None:
             return
         log.info("drain_refusing_new_requests")
         self.drain.refuse_new()
@@ -101,3 +110,15 @@ class DrainingServer(uvicorn.Server):
             task.cancel(msg="the gateway is shutting down")
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.lifespan.shutdown()
+
+
+def _drain_state_of(app: Any) -> DrainState | None:
+    """The gateway app's drain state, under whatever ASGI middleware uvicorn wrapped it in."""
+    for _ in range(8):
+        state = getattr(getattr(app, "state", None), "drain", None)
+        if isinstance(state, DrainState):
+            return state
+        app = getattr(app, "app", None)
+        if app is None:
+            break
+    return None

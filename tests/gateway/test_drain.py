@@ -28,11 +28,11 @@ STREAMS = 3
 OUTPUT_TOKENS = 1500
 
 
-def _config(tmp: Path, digits_path: Path, llm: Path, grace_s: float, timeout_s: float) -> Path:
+def _config(tmp: Path, digits_path: Path, llm: Path, grace_s: float, timeout_s: float, workers: int = 1) -> Path:
     path = tmp / "drain.yaml"
     path.write_text(
         f"""
-server: {{drain_grace_s: {grace_s}, drain_timeout_s: {timeout_s}}}
+server: {{drain_grace_s: {grace_s}, drain_timeout_s: {timeout_s}, workers: {workers}}}
 state: {{url: "sqlite:///{tmp / "state.db"}"}}
 tenants: {{acme: {{}}}}
 deployments:
@@ -76,9 +76,12 @@ def llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("drain") / "tiny-llama")
 
 
-def test_sigterm_drains_without_losing_an_answer_or_usage(tmp_path: Path, digits, llm_dir: Path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_drains_without_losing_an_answer_or_usage(tmp_path: Path, digits, llm_dir: Path, workers: int) -> None:  # noqa: ANN001
+    """With `workers: 2` the parent passes SIGTERM on and each worker drains the same way."""
     gw = start_gateway(
-        _config(tmp_path, digits.onnx_path, llm_dir, grace_s=1.5, timeout_s=30), tmp_path / "gw.log"
+        _config(tmp_path, digits.onnx_path, llm_dir, grace_s=1.5, timeout_s=30, workers=workers),
+        tmp_path / "gw.log",
     )
     try:
         wait_ready(gw)
@@ -106,8 +109,9 @@ def test_sigterm_drains_without_losing_an_answer_or_usage(tmp_path: Path, digits
         gw.proc.send_signal(signal.SIGTERM)
         sent_at = time.monotonic()
         time.sleep(0.3)
-        assert httpx.get(f"{gw.url}/health/ready").status_code == 503  # load balancers stop sending
-        assert httpx.get(f"{gw.url}/v2/health/ready").status_code == 503
+        for _ in range(2 * workers):  # every worker (new connections may reach either)
+            assert httpx.get(f"{gw.url}/health/ready").status_code == 503  # load balancers stop sending
+            assert httpx.get(f"{gw.url}/v2/health/ready").status_code == 503
         during_grace = httpx.post(f"{gw.url}/v2/models/digits/infer", json=row, headers=auth)
         assert during_grace.status_code == 200  # ...but what still arrives is served
         answered_rows += 1
@@ -154,9 +158,11 @@ def test_sigterm_drains_without_losing_an_answer_or_usage(tmp_path: Path, digits
     assert np.isfinite(day["tiny"]["tokens"])
 
 
-def test_a_second_sigterm_ends_at_once(tmp_path: Path, digits, llm_dir: Path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_second_sigterm_ends_at_once(tmp_path: Path, digits, llm_dir: Path, workers: int) -> None:  # noqa: ANN001
     gw = start_gateway(
-        _config(tmp_path, digits.onnx_path, llm_dir, grace_s=30, timeout_s=60), tmp_path / "gw.log"
+        _config(tmp_path, digits.onnx_path, llm_dir, grace_s=30, timeout_s=60, workers=workers),
+        tmp_path / "gw.log",
     )
     try:
         wait_ready(gw)
