@@ -51,10 +51,16 @@ BATCH_REQUESTS = Histogram(
     ["deployment"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )
+#: with `server.workers > 1` a gauge is one series per live worker (pid label); a dead worker's series
+#: go when the supervisor marks it dead, so a crashed worker's last queue depth cannot feed an
+#: autoscaler forever
+LIVE_WORKERS_ONLY = "liveall"
+
 QUEUE_DEPTH = Gauge(
     "fleetgate_queue_depth",
     "Requests waiting in a deployment's fair queue, by tenant.",
     ["deployment", "tenant"],
+    multiprocess_mode=LIVE_WORKERS_ONLY,
 )
 QUEUE_TIME = Histogram(
     "fleetgate_queue_time_seconds",
@@ -66,6 +72,7 @@ BACKEND_READY = Gauge(
     "fleetgate_backend_ready",
     "1 when the deployment is loaded and warmed up, else 0.",
     ["deployment", "backend", "device", "hardware"],
+    multiprocess_mode=LIVE_WORKERS_ONLY,
 )
 REJECTIONS = Counter(
     "fleetgate_rejections_total",
@@ -111,16 +118,19 @@ ROUTE_WEIGHT = Gauge(
     "fleetgate_route_effective_weight",
     "Weight the router applies to a route now (0 while its canary is rolled back).",
     ["model", "deployment"],
+    multiprocess_mode=LIVE_WORKERS_ONLY,
 )
 SERVICE_TIME = Gauge(
     "fleetgate_service_time_seconds",
     "Recent service time of a deployment (EWMA of backend time per request, queue wait excluded).",
     ["deployment", "device", "hardware"],
+    multiprocess_mode=LIVE_WORKERS_ONLY,
 )
 EXPECTED_WAIT = Gauge(
     "fleetgate_expected_wait_seconds",
     "Expected time until a new request would be done: (queued + in flight + 1) x service time / slots.",
     ["deployment", "device", "hardware"],
+    multiprocess_mode=LIVE_WORKERS_ONLY,
 )
 
 # --- shadows ------------------------------------------------------------------------------------

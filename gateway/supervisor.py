@@ -28,6 +28,7 @@ from uvicorn._subprocess import get_subprocess
 from uvicorn.config import STARTUP_FAILURE
 
 from gateway.drain import DrainingServer
+from gateway.workers import METRICS_DIR_ENV
 
 log = structlog.get_logger(__name__)
 
@@ -88,6 +89,7 @@ class DrainingSupervisor:
                 log.error("worker_failed_to_start", pid=process.pid)
                 return False
             log.warning("worker_died", pid=process.pid, exitcode=process.exitcode)
+            _forget_metrics_of(process)
             self._processes[index] = self._spawn(sock)
         return True
 
@@ -111,8 +113,18 @@ class DrainingSupervisor:
             log.error("worker_killed", pid=process.pid)
             process.kill()
             process.join()
+        for process in self._processes:
+            _forget_metrics_of(process)
         codes = [p.exitcode for p in self._processes]
         log.info("workers_stopped", exitcodes=codes, killed=len(left))
         # -SIGTERM: a worker still booting (before its server took over the signal) served nothing
         clean = (0, -signal.SIGTERM, -signal.SIGINT)
         return 0 if not left and all(code in clean for code in codes) else 1
+
+
+def _forget_metrics_of(process: SpawnProcess) -> None:
+    """Drop a dead worker's live gauges from the shared metrics (its counters stay in the sums)."""
+    if process.pid is not None and os.environ.get(METRICS_DIR_ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(process.pid)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -51,6 +53,28 @@ models: {{digits: {{routes: [{{deployment: digits}}]}}}}
         assert served == 2 * RPM  # every worker's requests, summed
         pids = {s.labels["pid"] for s in families["fleetgate_backend_ready"].samples}
         assert len(pids) == 2  # two workers, each with its own runtime
+
+        os.kill(int(next(iter(pids))), signal.SIGKILL)  # a worker dies: the parent replaces it
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with httpx.Client() as client:
+                assert client.get(f"{gw.url}/health/live").status_code == 200  # the other one serves
+            text = httpx.get(f"{gw.url}/metrics", headers=ADMIN_HEADERS).text
+            ready = {
+                s.labels["pid"]
+                for f in text_string_to_metric_families(text) if f.name == "fleetgate_backend_ready"
+                for s in f.samples if s.value == 1 and s.labels["pid"] not in pids
+            }  # fmt: skip
+            if ready:
+                break
+            time.sleep(0.5)
+        assert ready, "no replacement worker came up"
+        gauges = {
+            s.labels["pid"]
+            for f in text_string_to_metric_families(httpx.get(f"{gw.url}/metrics", headers=ADMIN_HEADERS).text)
+            if f.name == "fleetgate_backend_ready" for s in f.samples
+        }  # fmt: skip
+        assert len(gauges) == 2  # the dead worker's gauges are gone, not summed into the view forever
         gw.kill(signal.SIGTERM)
         assert gw.proc.returncode == 0
 
