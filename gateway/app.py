@@ -22,6 +22,9 @@ from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin_guard import AdminAttempts
 from gateway.calls import register_metric_models
 from gateway.config import Config, ConfigError
+from gateway.console.pages import TEMPLATES as CONSOLE_TEMPLATES
+from gateway.console.routes import ROUTER as CONSOLE_ROUTER
+from gateway.console.routes import new_traffic_window
 from gateway.core import GatewayCore
 from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
 from gateway.drain import DrainState
@@ -144,7 +147,9 @@ def create_app(
             *ADMIN_ROUTES,
             *LORA_ROUTES,
             *RELOAD_ROUTES,
+            CONSOLE_ROUTER,
         ],
+        template_config=CONSOLE_TEMPLATES,
         lifespan=[lifespan],
         exception_handlers={HTTPException: _http_exception, Exception: _raised},
         dependencies=DEPENDENCIES,
@@ -152,5 +157,6 @@ def create_app(
         openapi_config=None,
         debug=False,
     )
+    app.state.console_traffic = new_traffic_window()
     app.state.drain = drain  # read by `fleetgate serve`'s DrainingServer (gateway/drain.py)
     return app
