@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 
 install: $(STAMP)
 
-# redis-server backs the Redis state-store tests, g++ builds the LLM engine's CPU attention kernel;
-# installed with apt when missing (needs root).
+# redis-server backs the Redis state-store tests, g++ builds the LLM engine's CPU attention kernel,
+# chromium + chromium-driver run the admin console's browser tests (tests/console); installed with apt
+# when missing (needs root).
 system-deps:
 	@command -v g++ >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; } \
@@ -44,6 +45,10 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } \
 	    || echo "could not install redis-server: Redis tests will be skipped"; \
 	  else echo "redis-server missing and not root: Redis tests will be skipped"; fi; }
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+	    || echo "could not install chromium: the console's browser tests will be skipped"; \
+	  else echo "chromium or chromedriver missing and not root: the console's browser tests will be skipped"; fi; }
 
 lint: $(STAMP)
 	$(PY) -m ruff check fleetgate gateway backends router policies tests bench

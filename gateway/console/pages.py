@@ -38,7 +38,8 @@ SECURITY_HEADERS = {
     "content-security-policy": CSP,
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer a browser sends `Origin: null` on form posts
+    "referrer-policy": "same-origin",
     # pages show key secrets (once) and tenants' usage: never kept by a browser or a proxy
     "cache-control": "no-store",
 }

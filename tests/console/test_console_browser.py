@@ -1,0 +1,182 @@
+"""The console in a real headless Chromium: sign in, create a key and use it, revoke it, change a
+route weight through the reload path, watch live traffic move, names shown as text, tenant keys
+refused. A screenshot of each page is saved under test-artifacts/console/."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_KEY, create_key
+from tests.console.browser import chromium, require_browser, screenshot, skip_reason
+from tests.console.conftest import SCRIPT_TENANT, infer
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    require_browser()
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        yield driver
+
+
+def _by(kind: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return {"id": By.ID, "css": By.CSS_SELECTOR}[kind]
+
+
+def _wait(driver: Any, condition: Any, timeout_s: float = 20) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition)
+
+
+def _sign_in(driver: Any, ui: str) -> None:
+    driver.delete_all_cookies()
+    driver.get(f"{ui}/")
+    driver.find_element(_by("id"), "admin_key").send_keys(ADMIN_KEY)
+    driver.find_element(_by("id"), "sign-in").click()
+    _wait(driver, lambda d: d.current_url.endswith("/admin/ui/tenants"))
+
+
+def _csp_violations(driver: Any) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if "Content Security Policy" in e["message"]]
+
+
+def test_sign_in_and_every_page_shows_names_as_text(browser, console_gateway):
+    browser.get(f"{console_gateway.ui}/tenants")
+    assert browser.find_elements(_by("id"), "admin_key"), "a page without a session shows the sign-in form"
+    screenshot(browser, "login")
+    _sign_in(browser, console_gateway.ui)
+    names = [e.text for e in browser.find_elements(_by("css"), "h2.tenant-name")]
+    assert SCRIPT_TENANT in names  # the markup is shown as text, and never ran
+    assert browser.title != "owned" and "Tenants" in browser.title
+    screenshot(browser, "tenants")
+    for page in ("keys", "models", "traffic"):
+        browser.find_element(_by("id"), f"nav-{page}").click()
+        _wait(browser, lambda d, page=page: d.current_url.endswith(f"/admin/ui/{page}"))
+        screenshot(browser, page)
+    assert _csp_violations(browser) == []  # the page's own script and style load under the CSP
+
+
+def test_create_a_key_use_it_then_revoke_it(browser, console_gateway):
+    _sign_in(browser, console_gateway.ui)
+    browser.get(f"{console_gateway.ui}/keys")
+    browser.find_element(_by("css"), "#tenant option[value='acme']").click()
+    browser.find_element(_by("id"), "name").send_keys("from the browser")
+    browser.find_element(_by("id"), "create-key").click()
+    secret = _wait(browser, lambda d: d.find_element(_by("id"), "new-secret")).text
+    screenshot(browser, "keys-created")
+    assert secret.startswith("fg-") and secret not in browser.current_url
+    assert infer(console_gateway.url, secret).status_code == 200
+
+    key_id = secret.split("-")[1]
+    browser.get(f"{console_gateway.ui}/keys")
+    row = browser.find_element(_by("id"), f"key-{key_id}")
+    assert "from the browser" in row.text and secret not in browser.page_source  # shown once
+    browser.find_element(_by("id"), f"revoke-{key_id}").click()
+    _wait(browser, lambda d: d.switch_to.alert).accept()  # the script asks first
+    _wait(browser, lambda d: "revoked" in d.find_element(_by("id"), f"key-{key_id}").get_attribute("class"))
+    screenshot(browser, "keys-revoked")
+    _wait(browser, lambda _: infer(console_gateway.url, secret).status_code == 401, timeout_s=10)
+
+
+def _route_cells(driver: Any, model: str, deployment: str) -> tuple[str, str]:
+    row = driver.find_element(_by("css"), f"#model-{model} tr.route[data-deployment='{deployment}']")
+    return row.find_element(_by("css"), ".weight").text, row.find_element(_by("css"), ".effective").text
+
+
+def test_route_weight_changed_through_the_reload_path(browser, console_gateway):
+    _sign_in(browser, console_gateway.ui)
+    browser.get(f"{console_gateway.ui}/models")
+    assert _route_cells(browser, "digits", "digits-a") == ("70", "70")
+    console_gateway.write_config(weight_a=40)
+    try:
+        browser.find_element(_by("id"), "reload").click()
+        _wait(browser, lambda d: _route_cells(d, "digits", "digits-a") == ("40", "40"))
+        assert _route_cells(browser, "digits", "digits-b") == ("60", "60")
+        screenshot(browser, "models-reloaded")
+    finally:
+        console_gateway.write_config(weight_a=70)
+        httpx.post(f"{console_gateway.url}/admin/reload", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+
+
+def _model_row(driver: Any, model: str) -> list[str]:
+    for row in driver.find_elements(_by("css"), "#traffic-models tbody tr"):
+        cells = [td.text for td in row.find_elements(_by("css"), "td")]
+        if cells and cells[0] == model:
+            return cells
+    return []
+
+
+def test_live_traffic_moves_while_a_load_runs(browser, console_gateway):
+    key = create_key(console_gateway.url, "acme")
+    _sign_in(browser, console_gateway.ui)
+    browser.get(f"{console_gateway.ui}/traffic")
+    before = int(_model_row(browser, "digits")[6].replace(",", "") or 0)
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                client.post(
+                    f"{console_gateway.url}/v1/models/digits:predict",
+                    json={"instances": [[0.0] * 64]},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        # the page's own refresh (no reload) shows requests per second and a growing total
+        row = _wait(
+            browser,
+            lambda d: (
+                (r := _model_row(d, "digits"))
+                and r[1] not in ("–", "0")
+                and int(r[6].replace(",", "")) > before + 20
+                and r
+            ),
+        )
+        screenshot(browser, "traffic-under-load")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert float(row[1].replace(",", "")) > 0 and row[2] != "–"  # requests/s and p50 latency
+    tenants = {
+        cells[0]: cells
+        for r in browser.find_elements(_by("css"), "#traffic-tenants tbody tr")
+        if (cells := [td.text for td in r.find_elements(_by("css"), "td")])
+    }
+    assert float(tenants["acme"][1].replace(",", "")) > 0
+
+    # the same load is this month's usage on the tenants page, drawn as a bar per model
+    browser.find_element(_by("id"), "nav-tenants").click()
+    acme = _wait(browser, lambda d: d.find_element(_by("id"), "tenant-acme"))
+    bars = acme.find_elements(_by("css"), "svg.chart rect.bar")
+    labels = [t.text for t in acme.find_elements(_by("css"), "svg.chart text.chart-label")]
+    assert bars and "digits" in labels
+    screenshot(browser, "tenants-usage")
+
+
+def test_a_tenant_key_is_no_console_session(browser, console_gateway):
+    tenant_key = create_key(console_gateway.url, "acme")
+    browser.get(f"{console_gateway.ui}/")
+    browser.delete_all_cookies()
+    browser.add_cookie({"name": "fleetgate_console", "value": tenant_key, "path": "/admin/ui"})
+    for page in ("tenants", "keys", "models", "traffic"):
+        browser.get(f"{console_gateway.ui}/{page}")
+        assert browser.find_elements(_by("id"), "admin_key"), page
+        assert not browser.find_elements(_by("css"), "nav")
+    browser.find_element(_by("id"), "admin_key").send_keys(tenant_key)
+    browser.find_element(_by("id"), "sign-in").click()
+    assert "not the admin key" in _wait(browser, lambda d: d.find_element(_by("id"), "login-error")).text
+    screenshot(browser, "login-refused")
