@@ -95,7 +95,7 @@ def key_rows(records: list[KeyRecord]) -> list[dict[str, Any]]:
                 "models": ", ".join(r.models),
                 "created": _when(r.created_at),
                 "expires": _when(r.expires_at),
-                "last_used": _when(getattr(r, "last_used_at", None)),
+                "last_used": _when(r.last_used_at),
                 "state": state,
             }
         )

@@ -163,8 +163,14 @@ def test_created_key_works_and_revoked_key_is_refused(console_gateway):
         r = client.post("/keys", data={"tenant": "acme", "name": "http-test", "_csrf": csrf_of(client)})
         secret = re.search(r'id="new-secret"[^>]*>([^<]+)<', r.text).group(1)
         assert secret.startswith("fg-") and secret not in client.get("/keys").text  # shown once
-        assert infer(console_gateway.url, secret).status_code == 200
         key_id = secret.split("-")[1]
+        row = re.compile(rf'id="key-{key_id}".*?class="last-used">([^<]*)<', re.S)
+        assert row.search(client.get("/keys").text).group(1) == "never"
+        assert infer(console_gateway.url, secret).status_code == 200
+        deadline = time.monotonic() + 10  # written in the background after the request
+        while (used := row.search(client.get("/keys").text).group(1)) == "never" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert used.endswith(" UTC")
         r = client.post(f"/keys/{key_id}/revoke", data={"_csrf": csrf_of(client)})
         assert r.status_code == 303
         assert re.search(rf'id="key-{key_id}" class="key revoked"', client.get("/keys").text)
