@@ -71,8 +71,15 @@ run: $(STAMP) demo-models
 	echo "try:  curl -s -H \"Authorization: Bearer $$key\" -H 'content-type: application/json' localhost:$(PORT)/v1/models/digits:predict -d '{\"instances\": [[0,0,5,13,9,1,0,0,0,0,13,15,10,15,5,0,0,3,15,2,0,11,8,0,0,4,12,0,0,8,8,0,0,5,8,0,0,9,8,0,0,4,11,0,1,12,7,0,0,2,14,5,10,12,0,0,0,0,6,13,10,0,0,0]]}'"; \
 	echo; exec $(VENV)/bin/fleetgate serve --config $(CONFIG) --port $(PORT)
 
+# the cheap benchmarks (minutes on 2 cores; each writes its JSON and PNG under bench/results/), then every
+# plot redrawn from its JSON with the date and machine written on it (bench/plots.py). The long ones (LLM
+# engines, peers in their own virtualenvs, fairness traces, soak) are run one by one, by hand.
 bench: $(STAMP)
 	$(PY) bench/bench_gateway.py
+	$(PY) bench/bench_limits.py
+	$(PY) bench/bench_runtimes.py
+	$(PY) bench/bench_http_stack.py
+	$(PY) bench/plots.py
 
 clean:
 	rm -rf $(VENV) models var

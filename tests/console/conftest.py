@@ -39,6 +39,8 @@ models:
   digits-shadowed:
     routes: [{{deployment: digits-a}}]
     shadow: {{deployment: digits-b, fraction: 1.0}}
+  digits-canary:
+    routes: [{{deployment: digits-a, weight: 90}}, {{deployment: digits-b, weight: 10, canary: true}}]
 """
 
 

@@ -168,7 +168,9 @@ def test_created_key_works_and_revoked_key_is_refused(console_gateway):
         assert row.search(client.get("/keys").text).group(1) == "never"
         assert infer(console_gateway.url, secret).status_code == 200
         deadline = time.monotonic() + 10  # written in the background after the request
-        while (used := row.search(client.get("/keys").text).group(1)) == "never" and time.monotonic() < deadline:
+        while (
+            used := row.search(client.get("/keys").text).group(1)
+        ) == "never" and time.monotonic() < deadline:
             time.sleep(0.1)
         assert used.endswith(" UTC")
         r = client.post(f"/keys/{key_id}/revoke", data={"_csrf": csrf_of(client)})
@@ -197,3 +199,22 @@ def test_signing_out_clears_the_cookie(console_gateway, path):
         r = client.post("/logout", data={"_csrf": csrf_of(client, path)})
         assert r.status_code == 303 and "max-age=0" in r.headers["set-cookie"].lower()
         assert client.get(path).status_code == 401
+
+
+def test_models_page_shows_shadow_figures_canaries_and_deployments(console_gateway):
+    key = create_key(console_gateway.url, "acme")
+    for _ in range(3):
+        assert infer(console_gateway.url, key, "digits-shadowed").status_code == 200
+    compared = re.compile(r"compared ([0-9,]+)")
+    with signed_in(console_gateway.ui) as client:
+        deadline = time.monotonic() + 10  # shadows answer after the primary
+        while (found := compared.search(client.get("/models").text)) is None or int(found.group(1)) < 3:
+            assert time.monotonic() < deadline, "the shadow's comparisons never showed"
+            time.sleep(0.1)
+        page = client.get("/models").text
+    assert "Shadow: digits-b (100 % mirrored)" in page and "mean max |diff| 0" in page
+    canary = re.search(r'id="model-digits-canary".*?</section>', page, re.S).group(0)
+    assert "watching" in canary
+    for name in ("digits-a", "digits-b"):
+        row = re.search(rf'id="deployment-{name}">(.*?)</tr>', page, re.S).group(1)
+        assert "ready" in row and "onnxruntime" in row and "cpu" in row and "closed" in row
