@@ -31,28 +31,46 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def measured_on(result: Path) -> str:
-    """The date (UTC) of the numbers in `result`: today when it is new or changed, else its commit date."""
+def measured_on(result: Path) -> tuple[str, bool]:
+    """The date (UTC) of the numbers in `result`, and whether they are fresh (new or changed since
+    git recorded them: today's run on this machine) or an older result (git's date for it)."""
     try:
         changed = _git("status", "--porcelain", "--", str(result))
         committed = _git("log", "-1", "--format=%cs", "--", str(result))
     except (OSError, subprocess.CalledProcessError):  # not in a git checkout: the file's own time
-        return datetime.fromtimestamp(result.stat().st_mtime, UTC).strftime("%Y-%m-%d")
+        return datetime.fromtimestamp(result.stat().st_mtime, UTC).strftime("%Y-%m-%d"), True
     if changed or not committed:
-        return datetime.now(UTC).strftime("%Y-%m-%d")
-    return committed
+        return datetime.now(UTC).strftime("%Y-%m-%d"), True
+    return committed, False
 
 
-def describe_machine(machine: dict[str, Any] | None, fresh: bool) -> str:
-    """One line for the machine: what the result recorded; this host's CPU when it is a fresh run."""
-    machine = machine or {}
-    cpu = machine.get("cpu") or machine.get("cpu_model") or (cpu_model() if fresh else None)
-    cores = machine.get("cpus") or machine.get("cores") or (os.cpu_count() if fresh else None)
-    parts = [str(cpu) if cpu else None, f"{cores} cores" if cores else None]
-    gpu = machine.get("gpu") or machine.get("device_name")
-    if gpu:
-        parts.append(str(gpu))
-    text = ", ".join(p for p in parts if p)
+def _recorded_machine(data: Any) -> dict[str, Any]:
+    """The machine facts a result recorded, wherever its script put them (`machine`, `setup`, top level)."""
+    if not isinstance(data, dict):
+        return {}
+    facts: dict[str, Any] = {k: data[k] for k in ("cores", "cpus", "cpu_count", "gpu") if k in data}
+    setup = data.get("setup") if isinstance(data.get("setup"), dict) else {}
+    facts.update({k: setup[k] for k in ("gpu", "cpu") if k in setup})
+    machine = data.get("machine", setup.get("machine"))
+    if isinstance(machine, dict):
+        facts.update(machine)
+    elif machine:
+        facts["description"] = str(machine)
+    return facts
+
+
+def describe_machine(machine: dict[str, Any], fresh: bool) -> str:
+    """One line for the machine: what the result recorded, or this host where a fresh run recorded nothing."""
+    cores = machine.get("cpus") or machine.get("cores") or machine.get("cpu_count")
+    parts = [
+        machine.get("description"),
+        machine.get("cpu"),
+        f"{cores} cores" if cores else None,
+        machine.get("gpu"),
+    ]
+    if fresh and not machine.get("cpu") and not machine.get("description"):
+        parts[1:3] = [cpu_model(), f"{cores or os.cpu_count()} cores"]
+    text = ", ".join(str(p) for p in parts if p)
     return text or "machine not recorded in the result"
 
 
@@ -60,14 +78,13 @@ def stamp_text(path: Path) -> str:
     """The footer for the PNG at `path`, from the JSON beside it."""
     result = path.with_suffix(".json")
     if not result.exists():
-        return f"{path.stem} · {datetime.now(UTC):%Y-%m-%d} · {describe_machine(None, fresh=True)}"
+        return f"{path.stem} · {datetime.now(UTC):%Y-%m-%d} · {describe_machine({}, fresh=True)}"
     try:
         data = json.loads(result.read_text())
     except ValueError:
         data = {}
-    date = measured_on(result)
-    fresh = date == datetime.now(UTC).strftime("%Y-%m-%d")
-    machine = data.get("machine") if isinstance(data, dict) else None
+    date, fresh = measured_on(result)
+    machine = _recorded_machine(data)
     shown = result.resolve().relative_to(ROOT) if result.resolve().is_relative_to(ROOT) else result.name
     return f"{shown} · measured {date} · {describe_machine(machine, fresh)}"
 

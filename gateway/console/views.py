@@ -18,7 +18,7 @@ from gateway.core import GatewayCore
 from policies.types import KeyRecord, UsageRow
 
 #: the widest bar of a usage chart, in SVG units
-CHART_WIDTH = 240
+CHART_WIDTH = 170
 
 
 def _limits(spec: Any) -> dict[str, int]:
