@@ -32,16 +32,28 @@ def _by(kind: str) -> Any:
 
 
 def _wait(driver: Any, condition: Any, timeout_s: float = 20) -> Any:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition)
+    # the traffic page's script replaces its tables every few seconds: a row read mid-swap is read again
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, timeout_s, poll_frequency=0.2, ignored_exceptions=ignored).until(condition)
+
+
+def _navigated(driver: Any, old_page_element: Any) -> None:
+    """Wait until a click's new page has replaced the one `old_page_element` belonged to."""
+    from selenium.webdriver.support import expected_conditions
+
+    _wait(driver, expected_conditions.staleness_of(old_page_element))
 
 
 def _sign_in(driver: Any, ui: str) -> None:
     driver.delete_all_cookies()
     driver.get(f"{ui}/")
     driver.find_element(_by("id"), "admin_key").send_keys(ADMIN_KEY)
-    driver.find_element(_by("id"), "sign-in").click()
+    button = driver.find_element(_by("id"), "sign-in")
+    button.click()
+    _navigated(driver, button)
     _wait(driver, lambda d: d.current_url.endswith("/admin/ui/tenants"))
 
 
@@ -59,7 +71,9 @@ def test_sign_in_and_every_page_shows_names_as_text(browser, console_gateway):
     assert browser.title != "owned" and "Tenants" in browser.title
     screenshot(browser, "tenants")
     for page in ("keys", "models", "traffic"):
-        browser.find_element(_by("id"), f"nav-{page}").click()
+        link = browser.find_element(_by("id"), f"nav-{page}")
+        link.click()
+        _navigated(browser, link)
         _wait(browser, lambda d, page=page: d.current_url.endswith(f"/admin/ui/{page}"))
         screenshot(browser, page)
     assert _csp_violations(browser) == []  # the page's own script and style load under the CSP
@@ -70,7 +84,9 @@ def test_create_a_key_use_it_then_revoke_it(browser, console_gateway):
     browser.get(f"{console_gateway.ui}/keys")
     browser.find_element(_by("css"), "#tenant option[value='acme']").click()
     browser.find_element(_by("id"), "name").send_keys("from the browser")
-    browser.find_element(_by("id"), "create-key").click()
+    button = browser.find_element(_by("id"), "create-key")
+    button.click()
+    _navigated(browser, button)
     secret = _wait(browser, lambda d: d.find_element(_by("id"), "new-secret")).text
     screenshot(browser, "keys-created")
     assert secret.startswith("fg-") and secret not in browser.current_url
@@ -80,8 +96,10 @@ def test_create_a_key_use_it_then_revoke_it(browser, console_gateway):
     browser.get(f"{console_gateway.ui}/keys")
     row = browser.find_element(_by("id"), f"key-{key_id}")
     assert "from the browser" in row.text and secret not in browser.page_source  # shown once
-    browser.find_element(_by("id"), f"revoke-{key_id}").click()
+    button = browser.find_element(_by("id"), f"revoke-{key_id}")
+    button.click()
     _wait(browser, lambda d: d.switch_to.alert).accept()  # the script asks first
+    _navigated(browser, button)
     _wait(browser, lambda d: "revoked" in d.find_element(_by("id"), f"key-{key_id}").get_attribute("class"))
     screenshot(browser, "keys-revoked")
     _wait(browser, lambda _: infer(console_gateway.url, secret).status_code == 401, timeout_s=10)
@@ -98,7 +116,9 @@ def test_route_weight_changed_through_the_reload_path(browser, console_gateway):
     assert _route_cells(browser, "digits", "digits-a") == ("70", "70")
     console_gateway.write_config(weight_a=40)
     try:
-        browser.find_element(_by("id"), "reload").click()
+        button = browser.find_element(_by("id"), "reload")
+        button.click()
+        _navigated(browser, button)
         _wait(browser, lambda d: _route_cells(d, "digits", "digits-a") == ("40", "40"))
         assert _route_cells(browser, "digits", "digits-b") == ("60", "60")
         screenshot(browser, "models-reloaded")
@@ -107,19 +127,22 @@ def test_route_weight_changed_through_the_reload_path(browser, console_gateway):
         httpx.post(f"{console_gateway.url}/admin/reload", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
 
 
-def _model_row(driver: Any, model: str) -> list[str]:
-    for row in driver.find_elements(_by("css"), "#traffic-models tbody tr"):
-        cells = [td.text for td in row.find_elements(_by("css"), "td")]
-        if cells and cells[0] == model:
-            return cells
-    return []
+def _read_table(driver: Any, table: str) -> dict[str, list[str]]:
+    """A traffic table's rows by their first cell (may raise stale mid-swap: `_wait` reads again)."""
+    rows = driver.find_elements(_by("css"), f"#{table} tbody tr")
+    cells = [[td.text for td in r.find_elements(_by("css"), "td")] for r in rows]
+    return {row[0]: row for row in cells if row}
+
+
+def _table(driver: Any, table: str) -> dict[str, list[str]]:
+    return _wait(driver, lambda d: _read_table(d, table))
 
 
 def test_live_traffic_moves_while_a_load_runs(browser, console_gateway):
     key = create_key(console_gateway.url, "acme")
     _sign_in(browser, console_gateway.ui)
     browser.get(f"{console_gateway.ui}/traffic")
-    before = int(_model_row(browser, "digits")[6].replace(",", "") or 0)
+    before = int(_table(browser, "traffic-models")["digits"][6].replace(",", ""))
     stop = threading.Event()
 
     def load() -> None:
@@ -139,7 +162,7 @@ def test_live_traffic_moves_while_a_load_runs(browser, console_gateway):
         row = _wait(
             browser,
             lambda d: (
-                (r := _model_row(d, "digits"))
+                (r := _read_table(d, "traffic-models").get("digits"))
                 and r[1] not in ("–", "0")
                 and int(r[6].replace(",", "")) > before + 20
                 and r
@@ -151,15 +174,12 @@ def test_live_traffic_moves_while_a_load_runs(browser, console_gateway):
         for t in threads:
             t.join(timeout=30)
     assert float(row[1].replace(",", "")) > 0 and row[2] != "–"  # requests/s and p50 latency
-    tenants = {
-        cells[0]: cells
-        for r in browser.find_elements(_by("css"), "#traffic-tenants tbody tr")
-        if (cells := [td.text for td in r.find_elements(_by("css"), "td")])
-    }
-    assert float(tenants["acme"][1].replace(",", "")) > 0
+    assert float(_table(browser, "traffic-tenants")["acme"][1].replace(",", "")) > 0
 
     # the same load is this month's usage on the tenants page, drawn as a bar per model
-    browser.find_element(_by("id"), "nav-tenants").click()
+    link = browser.find_element(_by("id"), "nav-tenants")
+    link.click()
+    _navigated(browser, link)
     acme = _wait(browser, lambda d: d.find_element(_by("id"), "tenant-acme"))
     bars = acme.find_elements(_by("css"), "svg.chart rect.bar")
     labels = [t.text for t in acme.find_elements(_by("css"), "svg.chart text.chart-label")]
@@ -177,6 +197,8 @@ def test_a_tenant_key_is_no_console_session(browser, console_gateway):
         assert browser.find_elements(_by("id"), "admin_key"), page
         assert not browser.find_elements(_by("css"), "nav")
     browser.find_element(_by("id"), "admin_key").send_keys(tenant_key)
-    browser.find_element(_by("id"), "sign-in").click()
+    button = browser.find_element(_by("id"), "sign-in")
+    button.click()
+    _navigated(browser, button)
     assert "not the admin key" in _wait(browser, lambda d: d.find_element(_by("id"), "login-error")).text
     screenshot(browser, "login-refused")
