@@ -17,6 +17,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
@@ -94,12 +95,16 @@ def check_csrf(connection: ASGIConnection[Any, Any, Any, Any], session: Session,
 
 
 def check_origin(connection: ASGIConnection[Any, Any, Any, Any]) -> None:
-    """Refuse (403) a post whose Origin header names another site (SameSite=Strict is the first wall)."""
+    """Refuse (403) a post whose Origin header names another host than the one it was sent to.
+
+    A second wall behind SameSite=Strict and the CSRF token. The scheme is not compared: behind a
+    proxy that ends TLS the gateway sees http while the browser's origin is https (the proxy must
+    pass the Host header through, as it must for any same-origin check).
+    """
     origin = connection.headers.get("origin")
     if origin is None:  # not a browser (curl): the CSRF token alone decides
         return
-    own = f"{connection.url.scheme}://{connection.url.netloc}"
-    if origin != own:
+    if urlsplit(origin).netloc.lower() != connection.headers.get("host", "").lower():
         raise GatewayError(403, "cross_origin", "the console refuses posts from other origins")
 
 
