@@ -133,6 +133,7 @@ def create_app(
             await liveness.stop(beating)
             await app.state.core.shadows.close()
             await close_deployments(deployments)
+            await keys.uses_written()  # the last-use writes still in flight go to the store first
             await store.close()
             shutdown_tracing(tracer_provider)
 

@@ -184,8 +184,8 @@ class KeyService:
     async def _write_use(self, key_id: str, at: float) -> None:
         try:
             await self._store.touch_key(key_id, at)
-        except StoreUnavailable as exc:  # best effort: the request itself was served
-            log.warning("api_key_last_use_not_written", key_id=key_id, error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - best effort: the request itself was served
+            log.warning("api_key_last_use_not_written", key_id=key_id, error=f"{type(exc).__name__}: {exc}")
 
     async def uses_written(self) -> None:
         """Wait for the last-use writes in flight (tests, and a clean shutdown)."""
