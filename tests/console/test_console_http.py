@@ -16,6 +16,7 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from tests.conftest import ADMIN_KEY, create_key
 from tests.console.conftest import SCRIPT_TENANT, infer
+from tests.servers import serve_app
 
 GET_ROUTES = ["/", "/tenants", "/keys", "/models", "/traffic", "/traffic.json"]
 POST_ROUTES = ["/keys", "/keys/0123456789ab/revoke", "/reload", "/logout", "/canary/digits/digits-b/restore"]
@@ -224,3 +225,38 @@ def test_models_page_shows_shadow_figures_canaries_and_deployments(console_gatew
     for name in ("digits-a", "digits-b"):
         row = re.search(rf'id="deployment-{name}">(.*?)</tr>', page, re.S).group(1)
         assert "ready" in row and "onnxruntime" in row and "cpu" in row and "closed" in row
+
+
+def test_llm_kv_cache_and_token_usage(tmp_path):
+    """An LLM deployment: the traffic figures carry its KV-cache use, the tenants page its tokens."""
+    from backends.demo_models.tiny_llama import write_tiny_llama
+
+    folder = write_tiny_llama(tmp_path / "tiny-llama")
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments:
+  llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}}}}
+models:
+  tiny: {{routes: [{{deployment: llm}}]}}
+""",
+        base_dir=tmp_path,
+    )
+    with serve_app(create_app(config)) as url:
+        key = create_key(url, "acme")
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "ignore_eos": True},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        with signed_in(f"{url}/admin/ui") as client:
+            traffic = client.get("/traffic.json").json()
+            [kv] = [row for row in traffic["kv_cache"] if row["deployment"] == "llm"]
+            assert 0.0 <= kv["usage"] <= 1.0
+            tokens = r.json()["usage"]["total_tokens"]
+            page = client.get("/tenants").text
+            assert re.search(rf"<td>tiny</td><td>1</td><td>{tokens}</td>", page), "the month's usage row"
+            assert f"{tokens} tokens" in page  # the chart's bar is labelled in tokens
