@@ -16,6 +16,7 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from tests.conftest import ADMIN_KEY, create_key
 from tests.console.conftest import SCRIPT_TENANT, infer
+from tests.gateway.test_llm_gateway import _config as llm_gateway_config
 from tests.servers import serve_app
 
 GET_ROUTES = ["/", "/tenants", "/keys", "/models", "/traffic", "/traffic.json"]
@@ -231,18 +232,8 @@ def test_llm_kv_cache_and_token_usage(tmp_path):
     """An LLM deployment: the traffic figures carry its KV-cache use, the tenants page its tokens."""
     from backends.demo_models.tiny_llama import write_tiny_llama
 
-    folder = write_tiny_llama(tmp_path / "tiny-llama")
-    config = parse_config(
-        f"""
-state: {{url: "memory://"}}
-tenants: {{acme: {{}}}}
-deployments:
-  llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}}}}
-models:
-  tiny: {{routes: [{{deployment: llm}}]}}
-""",
-        base_dir=tmp_path,
-    )
+    # the LLM gateway of the engine's own gateway tests: tenant acme, model `tiny` on deployment `llm`
+    config = llm_gateway_config(write_tiny_llama(tmp_path / "tiny-llama"))
     with serve_app(create_app(config)) as url:
         key = create_key(url, "acme")
         r = httpx.post(
