@@ -24,7 +24,7 @@ from gateway.calls import register_metric_models
 from gateway.config import Config, ConfigError
 from gateway.console.pages import TEMPLATES as CONSOLE_TEMPLATES
 from gateway.console.routes import ROUTER as CONSOLE_ROUTER
-from gateway.console.routes import new_traffic_window
+from gateway.console.traffic import TrafficWindow
 from gateway.core import GatewayCore
 from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
 from gateway.drain import DrainState
@@ -158,6 +158,6 @@ def create_app(
         openapi_config=None,
         debug=False,
     )
-    app.state.console_traffic = new_traffic_window()
+    app.state.console_traffic = TrafficWindow()  # the console's live traffic window, per process
     app.state.drain = drain  # read by `fleetgate serve`'s DrainingServer (gateway/drain.py)
     return app

@@ -19,7 +19,7 @@ from gateway.console.pages import page, redirect, secure
 from gateway.console.session import NotSignedIn, Session
 from gateway.console.traffic import TrafficWindow, figures
 from gateway.core import GatewayCore
-from gateway.errors import describe
+from gateway.errors import GatewayError
 from gateway.http import json_response
 from gateway.probes import exposition
 from gateway.reload import reload_or_refuse
@@ -47,9 +47,8 @@ async def login(request: Request) -> Response[bytes] | Template:
     fields = await pages.read_form(request)
     try:
         verify_admin_key(request, fields.get("admin_key", ""))
-    except Exception as exc:  # noqa: BLE001 - a wrong key is the sign-in form again, with its status
-        known = describe(exc)
-        if known is None or known[0] != 401:
+    except GatewayError as exc:  # a wrong key is the sign-in form again; off (403) or throttled (429) not
+        if exc.status != 401:
             raise
         log.warning("console_sign_in_refused", client=request.client.host if request.client else None)
         return page("login", status=401, error="That is not the admin key.")
@@ -154,12 +153,8 @@ async def traffic_json(request: Request, core: GatewayCore) -> Response[bytes]:
     return secure(json_response(_traffic(request, core)))
 
 
-def _static_headers(response: Response[object]) -> Response[object]:
-    return secure(response)
-
-
 STATIC = create_static_files_router(
-    path="/static", directories=[pages.STATIC_DIR], name="console-static", after_request=_static_headers
+    path="/static", directories=[pages.STATIC_DIR], name="console-static", after_request=secure
 )
 
 ROUTER = Router(
@@ -182,8 +177,3 @@ ROUTER = Router(
     exception_handlers={NotSignedIn: pages.not_signed_in, Exception: pages.failed},
     include_in_schema=False,
 )
-
-
-def new_traffic_window() -> TrafficWindow:
-    """The per-process window of traffic snapshots (kept in `app.state.console_traffic`)."""
-    return TrafficWindow()
