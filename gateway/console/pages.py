@@ -14,8 +14,8 @@ from urllib.parse import parse_qs
 import structlog
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from litestar import Request, Response
-from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.exceptions import HTTPException
+from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Template
 from litestar.template import TemplateConfig
 
