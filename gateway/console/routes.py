@@ -127,10 +127,12 @@ async def reload_config(request: Request) -> Response[bytes]:
     return redirect("/models")
 
 
-@post("/canary/{model:str}/{deployment:str}/restore", status_code=303)
-async def canary_restore(request: Request, core: GatewayCore, model: str, deployment: str) -> Response[bytes]:
-    await _form(request)
-    restore_canary(core, model, deployment)
+@post("/canary/restore", status_code=303)
+async def canary_restore(request: Request, core: GatewayCore) -> Response[bytes]:
+    """Give a rolled-back canary its weight back (model and deployment are form fields: model names
+    may hold `/`, which a path segment cannot)."""
+    _, fields = await _form(request)
+    restore_canary(core, fields.get("model", ""), fields.get("deployment", ""))
     return redirect("/models")
 
 

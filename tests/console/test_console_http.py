@@ -20,7 +20,7 @@ from tests.gateway.test_llm_gateway import _config as llm_gateway_config
 from tests.servers import serve_app
 
 GET_ROUTES = ["/", "/tenants", "/keys", "/models", "/traffic", "/traffic.json"]
-POST_ROUTES = ["/keys", "/keys/0123456789ab/revoke", "/reload", "/logout", "/canary/digits/digits-b/restore"]
+POST_ROUTES = ["/keys", "/keys/0123456789ab/revoke", "/reload", "/logout", "/canary/restore"]
 _CSRF = re.compile(r'name="_csrf" value="([^"]+)"')
 
 
@@ -149,7 +149,10 @@ def test_bad_input_gets_its_status_never_a_500(console_gateway):
         r = client.post("/keys", data={"tenant": "nobody", "_csrf": token})
         assert r.status_code == 400 and "unknown tenant" in r.text
         assert client.post("/keys/ffffffffffff/revoke", data={"_csrf": token}).status_code == 404
-        assert client.post("/canary/digits/digits-b/restore", data={"_csrf": token}).status_code == 404
+        canary = {"model": "digits", "deployment": "digits-b", "_csrf": token}
+        assert client.post("/canary/restore", data=canary).status_code == 404  # not a canary route
+        r = client.post("/canary/restore", data={**canary, "model": "digits-canary"})
+        assert r.status_code == 303  # a canary that was not rolled back: restoring it is harmless
         r = client.post("/keys", json={"tenant": "acme", "_csrf": token})
         assert r.status_code == 415
         r = client.post(
