@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 
 install: $(STAMP)
 
-# redis-server backs the Redis state-store tests, g++ builds the LLM engine's CPU attention kernel;
-# installed with apt when missing (needs root).
+# redis-server backs the Redis state-store tests, g++ builds the LLM engine's CPU attention kernel,
+# chromium + chromium-driver run the admin console's browser tests (tests/console); installed with apt
+# when missing (needs root).
 system-deps:
 	@command -v g++ >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; } \
@@ -44,6 +45,10 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } \
 	    || echo "could not install redis-server: Redis tests will be skipped"; \
 	  else echo "redis-server missing and not root: Redis tests will be skipped"; fi; }
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+	    || echo "could not install chromium: the console's browser tests will be skipped"; \
+	  else echo "chromium or chromedriver missing and not root: the console's browser tests will be skipped"; fi; }
 
 lint: $(STAMP)
 	$(PY) -m ruff check fleetgate gateway backends router policies tests bench
@@ -66,8 +71,15 @@ run: $(STAMP) demo-models
 	echo "try:  curl -s -H \"Authorization: Bearer $$key\" -H 'content-type: application/json' localhost:$(PORT)/v1/models/digits:predict -d '{\"instances\": [[0,0,5,13,9,1,0,0,0,0,13,15,10,15,5,0,0,3,15,2,0,11,8,0,0,4,12,0,0,8,8,0,0,5,8,0,0,9,8,0,0,4,11,0,1,12,7,0,0,2,14,5,10,12,0,0,0,0,6,13,10,0,0,0]]}'"; \
 	echo; exec $(VENV)/bin/fleetgate serve --config $(CONFIG) --port $(PORT)
 
+# the cheap benchmarks (minutes on 2 cores; each writes its JSON and PNG under bench/results/), then every
+# plot redrawn from its JSON with the date and machine written on it (bench/plots.py). The long ones (LLM
+# engines, peers in their own virtualenvs, fairness traces, soak) are run one by one, by hand.
 bench: $(STAMP)
 	$(PY) bench/bench_gateway.py
+	$(PY) bench/bench_limits.py
+	$(PY) bench/bench_runtimes.py
+	$(PY) bench/bench_http_stack.py
+	$(PY) bench/plots.py
 
 clean:
 	rm -rf $(VENV) models var

@@ -74,7 +74,8 @@ def plot(points: list[dict], path: Path) -> None:
             ax.set_xlabel("concurrency")
             ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, path)
 
 
 def main() -> None:

@@ -177,7 +177,8 @@ models: {{enc: {{routes: [{{deployment: enc}}]}}}}
     ax.set_ylabel("embeddings / s (median of rounds)")
     ax.set_title(f"embeddings: gateway / direct = {ratio:.2f}")
     fig.tight_layout()
-    fig.savefig(RESULTS / "embeddings.png", dpi=110)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, RESULTS / "embeddings.png")
     print(json.dumps(out["median"]))
 
 

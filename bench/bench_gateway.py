@@ -300,6 +300,9 @@ def main() -> None:
         "models": models,
     }
     (RESULTS / "gateway.json").write_text(json.dumps(out, indent=2))
+    from plots import plot_gateway  # the PNG beside the JSON (bench/plots.py)
+
+    plot_gateway(out, RESULTS / "gateway.png")
     for name, m in models.items():
         for kind, points in m["results"].items():
             for c, r in points.items():

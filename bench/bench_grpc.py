@@ -159,7 +159,8 @@ def plot(summary: dict, out: Path) -> None:
     axes[1].legend()
     fig.suptitle("digits model: gRPC v2 vs HTTP v2 vs ONNX Runtime direct (medians of rounds)")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, out)
 
 
 def main() -> None:

@@ -165,6 +165,9 @@ async def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    from plots import plot_limits  # the PNG beside the JSON (bench/plots.py)
+
+    plot_limits(report, Path(args.out).with_suffix(".png"))
     sys.stdout.write(json.dumps(results, indent=2) + "\n")
 
 

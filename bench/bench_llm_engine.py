@@ -298,7 +298,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
     ax[2].legend(fontsize=7)
     fig.suptitle(result["setup"]["summary"])
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, path)
 
 
 def main() -> None:

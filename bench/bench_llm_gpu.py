@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
+    from plots import plot_llm_gpu  # the PNG beside the JSON (bench/plots.py)
+
+    plot_llm_gpu(result, args.out.with_suffix(".png"))
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -503,7 +503,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
         a.legend(fontsize=8)
     fig.suptitle(result["setup"]["summary"], fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, path)
 
 
 B1_PROMPT = 32

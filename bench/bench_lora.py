@@ -127,7 +127,8 @@ def plot(result: dict, path: pathlib.Path) -> None:
     ax.set_xlabel("requests on: the base / N distinct adapters")
     ax.set_title(result["setup"]["summary"], fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, path, dpi=120)
 
 
 def main() -> None:

@@ -371,7 +371,8 @@ def plot(medians: dict[str, dict[str, dict[str, float]]], path: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("OpenAI chat completions through the tenant policy path (wrk, medians over rounds)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, path)
 
 
 def main() -> None:

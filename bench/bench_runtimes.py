@@ -192,6 +192,9 @@ def main() -> None:
     report = asyncio.run(run(args.seconds))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    from plots import plot_runtimes  # the PNG beside the JSON (bench/plots.py)
+
+    plot_runtimes(report, args.out.with_suffix(".png"))
     sys.stdout.write(json.dumps(report["results"], indent=1) + "\n")
 
 

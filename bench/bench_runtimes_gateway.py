@@ -414,7 +414,8 @@ def plot(report: dict, path: Path) -> None:
         ax.set_title(f"{model}: gateway rows/s over direct rows/s (median of {report['rounds']} rounds)")
         ax.legend(fontsize=7, ncol=4, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, path)
 
 
 def main() -> None:

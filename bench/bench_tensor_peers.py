@@ -373,7 +373,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
         f"MLP {D_IN}-{HIDDEN}-{HIDDEN}-{D_OUT} fp32, JSON bodies, closed loop, {os.cpu_count()} CPUs"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, path)
 
 
 def versions(servers: list[str]) -> dict[str, str]:

@@ -116,6 +116,9 @@ tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "tracing.json").write_text(json.dumps(out, indent=2))
+    from plots import plot_tracing  # the PNG beside the JSON (bench/plots.py)
+
+    plot_tracing(out, RESULTS / "tracing.png")
     print(json.dumps(summary, indent=1))
 
 

@@ -114,6 +114,9 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     report = {"seconds": args.seconds, "rounds": rounds, "median": median, "cores": 2}
     (RESULTS / "workers.json").write_text(json.dumps(report, indent=1))
+    from plots import plot_workers  # the PNG beside the JSON (bench/plots.py)
+
+    plot_workers(report, RESULTS / "workers.png")
     print(json.dumps(median, indent=1))
 
 

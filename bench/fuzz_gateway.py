@@ -87,6 +87,9 @@ def main() -> None:
     report["process_alive_throughout"] = all(o["alive_after"] for o in report["operations"].values())
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "fuzz.json").write_text(json.dumps(report, indent=1))
+    from plots import plot_fuzz  # the PNG beside the JSON (bench/plots.py)
+
+    plot_fuzz(report, RESULTS / "fuzz.png")
     print(json.dumps({k: report[k] for k in ("requests", "seconds", "responses_5xx", "process_alive_throughout")}))
 
 

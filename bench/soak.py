@@ -195,7 +195,8 @@ def plot(rss: list[tuple[float, float]], path: Path) -> None:
     ax.set_ylabel("gateway RSS (MiB)")
     ax.set_title("soak: mixed protocols, streams dropped mid-way")
     fig.tight_layout()
-    fig.savefig(path)
+    import plotting  # bench/plotting.py: the footer with the date and machine
+    plotting.save(fig, path)
 
 
 def main() -> None:

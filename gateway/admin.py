@@ -17,6 +17,7 @@ from gateway.calls import Call
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError
 from gateway.http import http_failure, json_response, read_admin_json
+from policies.types import KeyRecord
 
 log = structlog.get_logger(__name__)
 
@@ -28,14 +29,44 @@ class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str | None = None
 
 
+# --- the actions, shared by these routes and the console (gateway/console/) -----------------------
+
+
+async def create_tenant_key(core: GatewayCore, body: CreateKeyBody) -> tuple[KeyRecord, str]:
+    """Create a key of `body.tenant`; its record and its secret (shown once). 400 on bad input."""
+    try:
+        return await core.keys.create(body.tenant, body.models, body.expires_at, body.name)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+async def revoke_tenant_key(core: GatewayCore, key_id: str) -> None:
+    """Revoke a key on every replica (within a second); 404 when there is no such key."""
+    if not await core.keys.revoke(key_id):
+        raise GatewayError(404, "key_not_found", f"no key {key_id!r}")
+
+
+def restore_canary(core: GatewayCore, model: str, deployment: str) -> dict[str, object]:
+    """Give a rolled-back canary its configured weight back; 404 when it is not a canary route."""
+    try:
+        was_rolled_back = core.router.canaries.restore(model, deployment)
+    except KeyError:
+        raise GatewayError(
+            404, "canary_not_found", f"model {model!r} has no canary route {deployment!r}"
+        ) from None
+    weight = core.router.effective_weights(model)[deployment]
+    log.info("canary_restored", model=model, deployment=deployment, was_rolled_back=was_rolled_back)
+    return {"model": model, "deployment": deployment, "restored": was_rolled_back, "weight": weight}
+
+
+# --- routes ----------------------------------------------------------------------------------------
+
+
 @post("/admin/keys", status_code=201, guards=ADMIN_GUARD)
 async def create_key(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
     try:
         body = await read_admin_json(request, CreateKeyBody)
-        try:
-            record, secret = await core.keys.create(body.tenant, body.models, body.expires_at, body.name)
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
+        record, secret = await create_tenant_key(core, body)
         call.tenant = body.tenant
         call.done(201)
         return json_response({"key": secret, **msgspec.to_builtins(record)}, 201)
@@ -56,8 +87,7 @@ async def list_keys(core: GatewayCore, call: Call, tenant: str | None = None) ->
 @delete("/admin/keys/{key_id:str}", status_code=200, guards=ADMIN_GUARD)
 async def revoke_key(core: GatewayCore, call: Call, key_id: str) -> Response[bytes]:
     try:
-        if not await core.keys.revoke(key_id):
-            raise GatewayError(404, "key_not_found", f"no key {key_id!r}")
+        await revoke_tenant_key(core, key_id)
         call.done(200)
         return json_response({"key_id": key_id, "revoked": True})
     except Exception as exc:  # noqa: BLE001
@@ -94,18 +124,9 @@ async def canary_status(core: GatewayCore, call: Call) -> Response[bytes]:
 async def canary_restore(core: GatewayCore, call: Call, model: str, deployment: str) -> Response[bytes]:
     """Give a rolled-back canary its configured weight back (its window starts afresh)."""
     try:
-        try:
-            was_rolled_back = core.router.canaries.restore(model, deployment)
-        except KeyError:
-            raise GatewayError(
-                404, "canary_not_found", f"model {model!r} has no canary route {deployment!r}"
-            ) from None
-        weight = core.router.effective_weights(model)[deployment]
-        log.info("canary_restored", model=model, deployment=deployment, was_rolled_back=was_rolled_back)
+        answer = restore_canary(core, model, deployment)
         call.done(200)
-        return json_response(
-            {"model": model, "deployment": deployment, "restored": was_rolled_back, "weight": weight}
-        )
+        return json_response(answer)
     except Exception as exc:  # noqa: BLE001
         return http_failure(call, exc)
 

@@ -85,18 +85,32 @@ def _matches(presented: str, env_names: tuple[str, ...]) -> bool:
     return matched
 
 
-def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _handler: Any) -> None:
-    """Litestar guard: the request must carry the admin key (401/403/429 in the plain envelope)."""
+def admin_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    """The admin key now (read at each request: rotation needs no restart); 403 when the API is off."""
     admin = connection.app.state.core.config.admin
-    if not os.environ.get(admin.key_env, ""):
+    key = os.environ.get(admin.key_env, "")
+    if not key:
         raise GatewayError(403, "admin_disabled", f"the admin API is off: set {admin.key_env} to enable it")
+    return key
+
+
+def verify_admin_key(connection: ASGIConnection[Any, Any, Any, Any], presented: str) -> None:
+    """Raise 401/403/429 unless `presented` is the admin key; a wrong key counts as a failed attempt.
+
+    The one check of the admin key: the admin API's guard and the console's sign-in both call it.
+    """
+    admin_key(connection)
     attempts: AdminAttempts = connection.app.state.admin_attempts
     address = _client_address(connection)
     attempts.check(address)
-    presented = bearer_key(lower_headers(connection)) or ""
-    if not _matches(presented, (admin.key_env,)):
+    if not _matches(presented, (connection.app.state.core.config.admin.key_env,)):
         attempts.failed(address)
         raise GatewayError(401, "invalid_admin_key", "missing or invalid admin key")
+
+
+def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _handler: Any) -> None:
+    """Litestar guard: the request must carry the admin key (401/403/429 in the plain envelope)."""
+    verify_admin_key(connection, bearer_key(lower_headers(connection)) or "")
 
 
 ADMIN_GUARD = [admin_guard]

@@ -22,6 +22,9 @@ from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin_guard import AdminAttempts
 from gateway.calls import register_metric_models
 from gateway.config import Config, ConfigError
+from gateway.console.pages import TEMPLATES as CONSOLE_TEMPLATES
+from gateway.console.routes import ROUTER as CONSOLE_ROUTER
+from gateway.console.traffic import TrafficWindow
 from gateway.core import GatewayCore
 from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
 from gateway.drain import DrainState
@@ -130,6 +133,7 @@ def create_app(
             await liveness.stop(beating)
             await app.state.core.shadows.close()
             await close_deployments(deployments)
+            await keys.uses_written()  # the last-use writes still in flight go to the store first
             await store.close()
             shutdown_tracing(tracer_provider)
 
@@ -144,7 +148,9 @@ def create_app(
             *ADMIN_ROUTES,
             *LORA_ROUTES,
             *RELOAD_ROUTES,
+            CONSOLE_ROUTER,
         ],
+        template_config=CONSOLE_TEMPLATES,
         lifespan=[lifespan],
         exception_handlers={HTTPException: _http_exception, Exception: _raised},
         dependencies=DEPENDENCIES,
@@ -152,5 +158,6 @@ def create_app(
         openapi_config=None,
         debug=False,
     )
+    app.state.console_traffic = TrafficWindow()  # the console's live traffic window, per process
     app.state.drain = drain  # read by `fleetgate serve`'s DrainingServer (gateway/drain.py)
     return app

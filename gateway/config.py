@@ -126,7 +126,8 @@ class TracingConfig(SpecBase):
 
 
 class AdminConfig(SpecBase):
-    #: environment variable holding the admin API bearer key; no variable set = admin API off
+    #: environment variable holding the admin API bearer key (also the console's sign-in, /admin/ui);
+    #: no variable set = admin API and console off
     key_env: str = "FLEETGATE_ADMIN_KEY"
     #: environment variable holding a key that reads /metrics and readiness detail (and nothing else)
     metrics_key_env: str = "FLEETGATE_METRICS_KEY"

@@ -60,6 +60,12 @@ def metrics_endpoint(request: Request) -> Response[bytes]:
         else:
             error = GatewayError(401, "invalid_metrics_key", "missing or invalid metrics key")
         return exception_response("plain", error)
+    return Response(content=exposition(core), media_type=CONTENT_TYPE_LATEST)
+
+
+def exposition(core: GatewayCore) -> bytes:
+    """The text /metrics serves (every worker's series when there are several); the console's
+    live traffic page reads the same text."""
     # Queue depths, load estimates and route weights are read when scraped rather than updated
     # on every enqueue, dispatch and rollback.
     for name, dep in core.deployments.items():
@@ -76,7 +82,7 @@ def metrics_endpoint(request: Request) -> Response[bytes]:
     merged = multiprocess_metrics()  # server.workers > 1: every worker's series, summed
     if merged is None:  # one process: the default registry, and the engine's vLLM-named copies
         merged = generate_latest() + generate_latest(VllmNames(REGISTRY))
-    return Response(content=merged, media_type=CONTENT_TYPE_LATEST)
+    return merged
 
 
 ROUTES = [health_live, health_ready, metrics_endpoint]

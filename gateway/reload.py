@@ -78,15 +78,18 @@ def reload_from_file(app: Litestar) -> Config:
     return new
 
 
+def reload_or_refuse(app: Litestar) -> Config:
+    """`reload_from_file`, a refused config answered as 400 (the admin API's and the console's reload)."""
+    try:
+        return reload_from_file(app)
+    except ConfigError as exc:
+        raise GatewayError(400, "invalid_config", f"config refused, the running one stays: {exc}") from None
+
+
 @post("/admin/reload", status_code=200, guards=ADMIN_GUARD)
 async def reload_endpoint(request: Request, call: Call) -> Response[bytes]:
     try:
-        try:
-            new = reload_from_file(request.app)
-        except ConfigError as exc:
-            raise GatewayError(
-                400, "invalid_config", f"config refused, the running one stays: {exc}"
-            ) from None
+        new = reload_or_refuse(request.app)
         call.done(200)
         body = {"reloaded": True, "models": sorted(new.models), "tenants": sorted(new.tenants)}
         return Response(content=_encoder.encode(body), media_type="application/json")

@@ -4,6 +4,8 @@ A secret reads `fg-<key_id>-<secret>`: `key_id` (12 hex digits) is public and is
 `secret` is 256 random bits. The store keeps only `sha256(key_id:secret)` (a fast hash is enough for a
 high-entropy secret: there is nothing to brute-force), compared in constant time. Records are cached
 for at most `cache_ttl_s` (default 0.5 s) so a revocation reaches every replica within one second.
+A key's last use is written to the store in the background, at most once a minute per key and
+replica, so the admin list can show it without a store write on every request.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ log = structlog.get_logger(__name__)
 KEY_PREFIX = "fg"
 _KEY_RE = re.compile(r"^fg-([0-9a-f]{12})-([A-Za-z0-9_-]{43})$")
 _MAX_CACHE = 10_000
+#: a key's last use is written at most this often (per key and replica)
+LAST_USED_EVERY_S = 60.0
 
 
 def hash_secret(key_id: str, secret: str) -> str:
@@ -78,6 +82,9 @@ class KeyService:
         self._unknown: OrderedDict[str, float] = OrderedDict()
         #: store lookups in flight by id: concurrent requests with one key share one store call
         self._inflight: dict[str, asyncio.Future[tuple[KeyRecord, str] | None]] = {}
+        #: when each key's last use was last written from here (bounded LRU)
+        self._use_written: OrderedDict[str, float] = OrderedDict()
+        self._use_writes: set[asyncio.Task[None]] = set()
 
     def update_tenants(self, tenants: Collection[str] | None) -> None:
         """Replace the set of configured tenants (config reload)."""
@@ -158,7 +165,32 @@ class KeyService:
             raise Unauthenticated(f"API key {key_id} has expired")
         if self._tenants is not None and record.tenant not in self._tenants:
             raise Unauthenticated(f"API key {key_id} belongs to a tenant that is no longer configured")
+        self._note_use(key_id, now)
         return Principal(record.tenant, key_id, tuple(record.models))
+
+    def _note_use(self, key_id: str, now: float) -> None:
+        """Write the key's last use in the background, unless this replica wrote it within a minute."""
+        written = self._use_written.get(key_id)
+        if written is not None and now - written < LAST_USED_EVERY_S:
+            return
+        self._use_written[key_id] = now
+        self._use_written.move_to_end(key_id)
+        if len(self._use_written) > _MAX_CACHE:
+            self._use_written.popitem(last=False)
+        task = asyncio.ensure_future(self._write_use(key_id, now))
+        self._use_writes.add(task)
+        task.add_done_callback(self._use_writes.discard)
+
+    async def _write_use(self, key_id: str, at: float) -> None:
+        try:
+            await self._store.touch_key(key_id, at)
+        except Exception as exc:  # noqa: BLE001 - best effort: the request itself was served
+            log.warning("api_key_last_use_not_written", key_id=key_id, error=f"{type(exc).__name__}: {exc}")
+
+    async def uses_written(self) -> None:
+        """Wait for the last-use writes in flight (tests, and a clean shutdown)."""
+        while self._use_writes:
+            await asyncio.gather(*self._use_writes, return_exceptions=True)
 
     async def _lookup(self, key_id: str) -> tuple[KeyRecord, str] | None:
         now = self._clock()

@@ -110,6 +110,7 @@ class KeyRecord(msgspec.Struct, kw_only=True, frozen=True):
         created_at: creation time (UTC).
         expires_at: expiry time (UTC), or None for a key that does not expire.
         revoked_at: revocation time (UTC), or None while the key is not revoked.
+        last_used_at: when the key last authenticated (UTC, to about a minute: see KeyService), or None.
     """
 
     key_id: str
@@ -119,6 +120,7 @@ class KeyRecord(msgspec.Struct, kw_only=True, frozen=True):
     created_at: datetime
     expires_at: datetime | None = None
     revoked_at: datetime | None = None
+    last_used_at: datetime | None = None
 
     def active(self, now: float) -> bool:
         """Whether the key authenticates at epoch time `now` (not revoked, not expired)."""

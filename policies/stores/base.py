@@ -177,6 +177,10 @@ class StateStore(abc.ABC):
         """Key records, of one tenant or of all, sorted by creation time."""
 
     @abc.abstractmethod
+    async def touch_key(self, key_id: str, at: float) -> None:
+        """Record that the key authenticated at `at` (kept only when later than what is stored)."""
+
+    @abc.abstractmethod
     async def revoke_key(self, key_id: str, now: float) -> bool:
         """Mark a key revoked (kept for audit). False when no such key exists."""
 

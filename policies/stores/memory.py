@@ -177,6 +177,15 @@ class MemoryStore(StateStore):
         records = [r for r, _ in self.keys.values() if tenant is None or r.tenant == tenant]
         return sorted(records, key=lambda r: (r.created_at, r.key_id))
 
+    async def touch_key(self, key_id: str, at: float) -> None:
+        found = self.keys.get(key_id)
+        if found is None:
+            return
+        record, secret_hash = found
+        if record.last_used_at is None or record.last_used_at.timestamp() < at:
+            used = msgspec.structs.replace(record, last_used_at=datetime.fromtimestamp(at, UTC))
+            self.keys[key_id] = (used, secret_hash)
+
     async def revoke_key(self, key_id: str, now: float) -> bool:
         found = self.keys.get(key_id)
         if found is None:

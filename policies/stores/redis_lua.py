@@ -172,6 +172,13 @@ return 1
 """
 
 # KEYS: key hash; ARGV: now
+TOUCH_KEY = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local old = tonumber(redis.call('HGET', KEYS[1], 'last_used_at') or '0')
+if tonumber(ARGV[1]) > old then redis.call('HSET', KEYS[1], 'last_used_at', ARGV[1]) end
+return 1
+"""
+
 REVOKE_KEY = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSETNX', KEYS[1], 'revoked_at', ARGV[1])

@@ -66,6 +66,7 @@ class RedisStore(StateStore):
         self._renew = client.register_script(redis_lua.RENEW)
         self._put_key = client.register_script(redis_lua.PUT_KEY)
         self._revoke_key = client.register_script(redis_lua.REVOKE_KEY)
+        self._touch_key = client.register_script(redis_lua.TOUCH_KEY)
         #: scripts waiting for the next pipeline: (script, keys, args, the caller's future)
         self._queued: list[tuple[Any, list[str], list[Any], asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
@@ -284,6 +285,9 @@ class RedisStore(StateStore):
         records = [r for r in records if tenant is None or r.tenant == tenant]
         return sorted(records, key=lambda r: (r.created_at, r.key_id))
 
+    async def touch_key(self, key_id: str, at: float) -> None:
+        await self._call(self._touch_key(keys=[self._p + "key:" + key_id], args=[repr(at)]))
+
     async def revoke_key(self, key_id: str, now: float) -> bool:
         result = self._revoke_key(keys=[self._p + "key:" + key_id], args=[repr(now)])
         return await self._call(result) == 1
@@ -323,4 +327,5 @@ def _key_from_hash(key_id: str, h: dict[str, str]) -> KeyRecord:
         created_at=from_epoch(float(h["created_at"])),
         expires_at=from_epoch(epoch("expires_at")),
         revoked_at=from_epoch(epoch("revoked_at")),
+        last_used_at=from_epoch(epoch("last_used_at")),
     )

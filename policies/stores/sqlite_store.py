@@ -57,9 +57,10 @@ CREATE TABLE IF NOT EXISTS settled (id TEXT PRIMARY KEY, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS journal (id TEXT PRIMARY KEY, instance TEXT NOT NULL, payload TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, hash TEXT NOT NULL,
-    models TEXT NOT NULL, name TEXT, created_at REAL NOT NULL, expires_at REAL, revoked_at REAL);
+    models TEXT NOT NULL, name TEXT, created_at REAL NOT NULL, expires_at REAL, revoked_at REAL,
+    last_used_at REAL);
 """
-_KEY_COLUMNS = "key_id, tenant, models, name, created_at, expires_at, revoked_at"
+_KEY_COLUMNS = "key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at"
 
 
 class _SqliteTxn:
@@ -137,7 +138,7 @@ def _store_error(path: str, exc: Exception) -> Exception:
 
 
 def _key_from_row(row: tuple) -> KeyRecord:
-    key_id, tenant, models, name, created_at, expires_at, revoked_at = row
+    key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at = row
     return KeyRecord(
         key_id=key_id,
         tenant=tenant,
@@ -146,7 +147,15 @@ def _key_from_row(row: tuple) -> KeyRecord:
         created_at=from_epoch(created_at),
         expires_at=from_epoch(expires_at),
         revoked_at=from_epoch(revoked_at),
+        last_used_at=from_epoch(last_used_at),
     )
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """Bring a file made by an older release up to this schema (columns are only ever added)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}
+    if "last_used_at" not in columns:
+        conn.execute("ALTER TABLE keys ADD COLUMN last_used_at REAL")
 
 
 class SqliteStore(StateStore):
@@ -194,6 +203,7 @@ class SqliteStore(StateStore):
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute(f"PRAGMA synchronous = {self._synchronous}")
                 conn.executescript(_SCHEMA)
+                _add_missing_columns(conn)
                 break
             except sqlite3.OperationalError:
                 if attempt == 49:
@@ -408,11 +418,11 @@ class SqliteStore(StateStore):
             to_epoch(record.expires_at),
             to_epoch(record.revoked_at),
         )
-        return await self._tx(
-            lambda c: (
-                c.execute("INSERT OR IGNORE INTO keys VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values).rowcount == 1
-            )
+        sql = (
+            "INSERT OR IGNORE INTO keys (key_id, tenant, hash, models, name, created_at, expires_at, revoked_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
+        return await self._tx(lambda c: c.execute(sql, values).rowcount == 1)
 
     async def get_key(self, key_id: str) -> tuple[KeyRecord, str] | None:
         def run(c: sqlite3.Connection) -> tuple | None:
@@ -432,6 +442,10 @@ class SqliteStore(StateStore):
             return c.execute(sql + " WHERE tenant = ? ORDER BY created_at, key_id", (tenant,)).fetchall()
 
         return [_key_from_row(row) for row in await self._tx(run)]
+
+    async def touch_key(self, key_id: str, at: float) -> None:
+        sql = "UPDATE keys SET last_used_at = ? WHERE key_id = ? AND coalesce(last_used_at, 0) < ?"
+        await self._tx(lambda c: c.execute(sql, (at, key_id, at)))
 
     async def revoke_key(self, key_id: str, now: float) -> bool:
         def run(c: sqlite3.Connection) -> bool:

@@ -173,3 +173,53 @@ async def test_unknown_and_concurrent_lookups_reach_the_store_once(store, clock)
     before = counting.lookups
     principals = await asyncio.gather(*(keys.authenticate(secret) for _ in range(16)))
     assert {p.tenant for p in principals} == {"acme"} and counting.lookups == before + 1
+
+
+async def test_last_use_is_recorded_at_most_once_a_minute_per_replica(store, clock) -> None:
+    keys = KeyService(store, clock, tenants={"acme"}, cache_ttl_s=0)
+    record, secret = await keys.create("acme")
+    assert (await keys.list())[0].last_used_at is None
+    await keys.authenticate(secret)
+    await keys.uses_written()
+    first = datetime.fromtimestamp(clock(), UTC)
+    assert (await keys.list())[0].last_used_at == first
+    clock.advance(30)
+    await keys.authenticate(secret)  # within the minute: not written again
+    await keys.uses_written()
+    assert (await keys.list())[0].last_used_at == first
+    clock.advance(31)
+    await keys.authenticate(secret)
+    await keys.uses_written()
+    assert (await keys.list())[0].last_used_at == datetime.fromtimestamp(clock(), UTC)
+    # an older time never replaces a newer one (another replica's late write)
+    await store.touch_key(record.key_id, clock() - 120)
+    await store.touch_key("ffffffffffff", clock())  # no such key: nothing happens
+    assert (await keys.list())[0].last_used_at == datetime.fromtimestamp(clock(), UTC)
+    assert (await store.get_key(record.key_id))[0].last_used_at is not None
+
+
+def test_sqlite_file_of_an_older_release_gains_the_last_used_column(tmp_path) -> None:
+    import sqlite3
+
+    from policies.stores import open_store
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, hash TEXT NOT NULL, models TEXT NOT NULL,"
+        " name TEXT, created_at REAL NOT NULL, expires_at REAL, revoked_at REAL)"
+    )
+    conn.execute("INSERT INTO keys VALUES ('0123456789ab', 'acme', 'h', '[\"*\"]', NULL, 1.0, NULL, NULL)")
+    conn.commit()
+    conn.close()
+
+    async def run() -> None:
+        store = await open_store(f"sqlite:///{path}")
+        try:
+            await store.touch_key("0123456789ab", 5.0)
+            [record] = await store.list_keys()
+            assert record.key_id == "0123456789ab" and record.last_used_at == datetime.fromtimestamp(5.0, UTC)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
