@@ -17,6 +17,7 @@ released), and usage is still flushed by the same shutdown.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from types import FrameType
@@ -26,6 +27,11 @@ import structlog
 import uvicorn
 
 log = structlog.get_logger(__name__)
+
+
+#: what the supervisor of `server.workers > 1` sends its workers to start their drain (SIGTERM
+#: to a worker may come from the process group's kill as well; see gateway/supervisor.py)
+DRAIN_SIGNAL = signal.SIGUSR1
 
 
 class DrainState:
@@ -49,15 +55,31 @@ class DrainingServer(uvicorn.Server):
     process of `server.workers: N` (gateway/supervisor.py), whose app is built inside it, so its
     drain state is found once the app has started (`state=None`)."""
 
-    def __init__(self, config: uvicorn.Config, state: DrainState | None, grace_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state: DrainState | None, grace_s: float, repeat_sigterm_forces: bool = True
+    ) -> None:
         super().__init__(config)
         self.drain = state
         self.grace_s = grace_s
+        #: False in a worker: a SIGTERM during its drain is the process group's copy of the one that
+        #: started it, not a second request (the supervisor forces with SIGINT)
+        self.repeat_sigterm_forces = repeat_sigterm_forces
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        previous = signal.signal(DRAIN_SIGNAL, self._on_drain_signal)
+        try:
+            await super().serve(sockets)
+        finally:
+            signal.signal(DRAIN_SIGNAL, previous)
+
+    def _on_drain_signal(self, sig: int, frame: FrameType | None) -> None:
+        """The supervisor's "drain": a first SIGTERM's drain, and nothing more when one runs already
+        (a SIGTERM sent to the whole process group reaches the workers directly too)."""
+        if self.drain is not None and self.drain.draining:
+            return
+        self.handle_exit(signal.SIGTERM, frame)
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -68,16 +90,20 @@ class DrainingServer(uvicorn.Server):
         # Not recorded in uvicorn's captured signals: it would re-raise SIGTERM after the shutdown,
         # and the process would end killed by it instead of exiting 0.
         drain = self.drain  # None: a signal before the app started, nothing to drain yet
+        if sig == signal.SIGTERM and drain is not None and drain.draining and not self.repeat_sigterm_forces:
+            return
         if drain is None or drain.draining or self.should_exit or sig != signal.SIGTERM or self._loop is None:
             if (drain is not None and drain.draining) or self.should_exit:
-                log.warning("drain_forced", signal=signal.Signals(sig).name)
+                log.warning("drain_forced", signal=signal.Signals(sig).name, pid=os.getpid())
                 self.force_exit = True
             if drain is not None:
                 drain.begin()
                 drain.refuse_new()
             self.should_exit = True
             return
-        log.info("drain_started", grace_s=self.grace_s, timeout_s=self.config.timeout_graceful_shutdown)
+        log.info(
+            "drain_started", grace_s=self.grace_s, timeout_s=self.config.timeout_graceful_shutdown, pid=os.getpid()
+        )
         self.drain.begin()
         self._loop.call_soon_threadsafe(self._loop.call_later, self.grace_s, self._after_grace)
 

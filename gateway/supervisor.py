@@ -4,16 +4,25 @@ uvicorn's own supervisor starts workers whose servers end at once on SIGTERM; th
 worker as a `DrainingServer` (gateway/drain.py), so a worker drains exactly like a lone gateway:
 not-ready at once, still serving for the grace, then refusing new work while what runs finishes.
 
-Signals to the parent: SIGTERM is passed to every worker (they drain) and the parent waits for
-them, up to the grace plus the drain timeout plus a margin, then kills what is left. A second
-SIGTERM, or SIGINT, is passed on too: the workers end at once (still flushing usage). A worker that
-dies while the gateway serves is replaced; one that fails during its start-up stops the gateway
-(the same config would fail the same way in every replacement).
+Signals to the parent:
+- SIGTERM: every worker is told to drain with SIGUSR1 (`DRAIN_SIGNAL`), not SIGTERM, so a SIGTERM
+  that also reached the workers directly (systemd's control-group kill, `kill -- -PGID`, `tini -g`)
+  is not taken as a second one. The parent closes its copy of the listening socket (once the workers
+  close theirs, new connections are refused at once) and waits up to the grace plus the drain timeout
+  plus a margin, then kills what is left.
+- A second SIGTERM, or SIGINT: passed on as SIGINT; the workers end at once (still flushing usage).
+- SIGHUP: passed on; each worker reloads its config in place (gateway/reload.py).
+
+Workers: one that dies while the gateway serves is replaced, after a pause that doubles with each
+death soon after a start (1 s up to 30 s); when `_MAX_QUICK_DEATHS` starts in a row die within
+`_QUICK_DEATH_S`, the gateway drains the others and stops (the config or the machine is broken, and
+respawning would spin). A worker whose parent disappears (killed, OOM) drains and exits on its own.
 """
 
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import signal
 import socket
@@ -25,9 +34,8 @@ from types import FrameType
 import structlog
 import uvicorn
 from uvicorn._subprocess import get_subprocess
-from uvicorn.config import STARTUP_FAILURE
 
-from gateway.drain import DrainingServer
+from gateway.drain import DRAIN_SIGNAL, DrainingServer
 from gateway.workers import METRICS_DIR_ENV
 
 log = structlog.get_logger(__name__)
@@ -35,11 +43,33 @@ log = structlog.get_logger(__name__)
 #: seconds the parent waits beyond the workers' own drain before killing them
 _KILL_MARGIN_S = 10.0
 _POLL_S = 0.25
+#: a worker that dies this soon after its start counts towards giving up
+_QUICK_DEATH_S = 120.0
+_MAX_QUICK_DEATHS = 5
+_MAX_BACKOFF_S = 30.0
 
 
 def run_worker(config: uvicorn.Config, grace_s: float, sockets: list[socket.socket]) -> None:
     """A worker process's body (spawned, so module level): one draining server on the shared socket."""
-    DrainingServer(config, None, grace_s).run(sockets=sockets)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_drain_when_orphaned, args=(parent.sentinel,), daemon=True).start()
+    DrainingServer(config, None, grace_s, repeat_sigterm_forces=False).run(sockets=sockets)
+
+
+def _drain_when_orphaned(parent_sentinel: int) -> None:
+    """Wait for the parent to end; if it ends first (killed), drain this worker instead of serving
+    on without a supervisor."""
+    multiprocessing.connection.wait([parent_sentinel])
+    os.kill(os.getpid(), DRAIN_SIGNAL)
+
+
+class _Worker:
+    """One worker process and when it started."""
+
+    def __init__(self, process: SpawnProcess) -> None:
+        self.process = process
+        self.started_at = time.monotonic()
 
 
 class DrainingSupervisor:
@@ -50,75 +80,90 @@ class DrainingSupervisor:
         self.workers = workers
         self.grace_s = grace_s
         self.stop_wait_s = grace_s + drain_timeout_s + _KILL_MARGIN_S
-        self._signals: list[int] = []
+        self._stop_signals: list[int] = []
         self._wake = threading.Event()
-        self._processes: list[SpawnProcess] = []
+        self._workers: list[_Worker] = []
+        self._quick_deaths = 0
+        self._respawn_at = 0.0
 
     def run(self) -> int:
-        """Serve until a signal; the exit status: 0 when every worker ended cleanly."""
+        """Serve until a stop signal; the exit status: 0 when every worker ended cleanly."""
         sock = self.config.bind_socket()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
-        self._processes = [self._spawn(sock) for _ in range(self.workers)]
-        log.info("workers_started", workers=self.workers, pids=[p.pid for p in self._processes])
-        while not self._signals:
+        self._workers = [self._spawn(sock) for _ in range(self.workers)]
+        log.info("workers_started", workers=self.workers, pids=[w.process.pid for w in self._workers])
+        while not self._stop_signals:
             self._wake.wait(_POLL_S)
-            if not self._signals and not self._replace_dead(sock):
-                self._signals.append(signal.SIGINT)  # a worker cannot start: stop the rest at once
-        status = self._stop()
-        sock.close()
-        return status
+            self._wake.clear()
+            if not self._stop_signals and not self._replace_dead(sock):
+                log.error("workers_keep_dying", deaths=self._quick_deaths)
+                self._stop_signals.append(signal.SIGTERM)  # drain the ones still serving, then stop
+        return self._stop(sock)
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
-        self._signals.append(sig)
+        if sig == signal.SIGHUP:
+            self._pass_on(signal.SIGHUP)
+            return
+        self._stop_signals.append(sig)
         self._wake.set()
-        if len(self._signals) > 1 or sig != signal.SIGTERM:
-            self._pass_on(sig)  # while stopping: the workers end at once
+        if len(self._stop_signals) > 1 or sig != signal.SIGTERM:
+            self._pass_on(signal.SIGINT)  # while stopping, or SIGINT: the workers end at once
 
-    def _spawn(self, sock: socket.socket) -> SpawnProcess:
-        process = get_subprocess(self.config, functools.partial(run_worker, self.config, self.grace_s), [sock])
+    def _spawn(self, sock: socket.socket) -> _Worker:
+        target = functools.partial(run_worker, self.config, self.grace_s)
+        process = get_subprocess(self.config, target, [sock])
         process.start()
-        return process
+        return _Worker(process)
 
     def _replace_dead(self, sock: socket.socket) -> bool:
-        """Replace workers that died; False when one failed while starting (nothing to retry)."""
-        for index, process in enumerate(self._processes):
+        """Replace workers that died (after the backoff); False when they keep dying at start."""
+        now = time.monotonic()
+        for index, worker in enumerate(self._workers):
+            process = worker.process
             if process.is_alive():
                 continue
-            if process.exitcode == STARTUP_FAILURE:
-                log.error("worker_failed_to_start", pid=process.pid)
-                return False
-            log.warning("worker_died", pid=process.pid, exitcode=process.exitcode)
+            if now < self._respawn_at:
+                continue
+            quick = now - worker.started_at < _QUICK_DEATH_S
+            self._quick_deaths = self._quick_deaths + 1 if quick else 0
+            log.warning("worker_died", pid=process.pid, exitcode=process.exitcode, quick=quick)
             _forget_metrics_of(process)
-            self._processes[index] = self._spawn(sock)
+            if self._quick_deaths >= _MAX_QUICK_DEATHS:
+                return False
+            self._respawn_at = now + min(_MAX_BACKOFF_S, 2.0 ** (self._quick_deaths - 1)) if quick else now
+            self._workers[index] = self._spawn(sock)
         return True
 
     def _pass_on(self, sig: int) -> None:
-        for process in self._processes:
-            if process.is_alive() and process.pid is not None:
+        for worker in self._workers:
+            pid = worker.process.pid
+            if worker.process.is_alive() and pid is not None:
                 try:
-                    os.kill(process.pid, sig)
+                    os.kill(pid, sig)
                 except ProcessLookupError:  # ended meanwhile
                     pass
 
-    def _stop(self) -> int:
-        first = self._signals[0]
+    def _stop(self, sock: socket.socket) -> int:
+        first = self._stop_signals[0]
         log.info("workers_stopping", signal=signal.Signals(first).name, wait_s=self.stop_wait_s)
-        self._pass_on(first)
+        sock.close()  # the workers' own listeners close after the grace: then connections are refused
+        self._pass_on(DRAIN_SIGNAL if first == signal.SIGTERM else signal.SIGINT)
         deadline = time.monotonic() + self.stop_wait_s
-        for process in self._processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-        left = [p for p in self._processes if p.is_alive()]
+        for worker in self._workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+        left = [w.process for w in self._workers if w.process.is_alive()]
         for process in left:
             log.error("worker_killed", pid=process.pid)
             process.kill()
             process.join()
-        for process in self._processes:
-            _forget_metrics_of(process)
-        codes = [p.exitcode for p in self._processes]
+        for worker in self._workers:
+            _forget_metrics_of(worker.process)
+        codes = [w.process.exitcode for w in self._workers]
         log.info("workers_stopped", exitcodes=codes, killed=len(left))
-        # -SIGTERM: a worker still booting (before its server took over the signal) served nothing
-        clean = (0, -signal.SIGTERM, -signal.SIGINT)
+        # killed by a signal the parent passed on (or a direct one) before its server took the
+        # signals over: a worker still booting, which had served nothing
+        clean = (0, -signal.SIGTERM, -signal.SIGINT, -DRAIN_SIGNAL)
         return 0 if not left and all(code in clean for code in codes) else 1
 
 
