@@ -364,7 +364,7 @@ class GatewayCore:
         try:
             streams, dep = await self._attempt_each(plan, candidates, attempt, lambda dep, exc: True)
         except BaseException:
-            await share.settle_rest()
+            await share.fail()
             raise
         return streams, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
 

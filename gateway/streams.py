@@ -95,6 +95,7 @@ class ChoiceShare:
         if self._queue is not None and self._ticket is not None:
             self._queue.release(self._ticket, float(self._attempt_prompt + 2 * self._attempt_completion))
         self._queue = self._ticket = None
+        self._left, self._failed = self._parts, 0  # the started choices' settlements are in
 
     def choice_ticket(self) -> Ticket:
         """A ticket for one choice's stream: already released, so the stream neither charges nor
@@ -106,10 +107,16 @@ class ChoiceShare:
             dispatched_at=t.dispatched_at, dispatch_seq=t.dispatch_seq, released=True,
         )  # fmt: skip
 
-    async def settle_rest(self) -> None:
-        """Settle the choices that never started (the request failed as a whole)."""
-        while self._left > 0:
-            await self.settle(Usage(), failed=True)
+    async def fail(self) -> None:
+        """No deployment could start every choice: the request got no answer, so it costs no usage
+        and no request quota (as a single request that never started); the queue ticket of the
+        last attempt, if still held, is released at what its started choices used."""
+        if self._left <= 0:
+            return
+        self.abandon_attempt()
+        self._left = 0  # late settlements of closed choices change nothing now
+        # (the request's span is ended by the caller, with the error)
+        await self.admission.reconcile(self.reservation, 0, failed=True)
 
     async def settle(self, usage: Usage, failed: bool) -> None:
         if self._left <= 0:

@@ -3,7 +3,8 @@
 It "generates" deterministically: the completion is the prompt's words in reverse order, one word per
 stream event, truncated at `max_tokens` words. That makes every answer predictable, so the tests can
 check exactly what passed through the gateway. a prompt containing "fail-midway" breaks the stream after
-two words; `model == "missing"` answers 404 like a real server. A chat that offers `tools` (and a
+two words; `model == "missing"` answers 404 like a real server; `model == "busy-for-seed-1"` answers 503 to a
+request with `seed: 1` (the second choice of a seeded `n` request). A chat that offers `tools` (and a
 `tool_choice` other than "none") is answered with one call of the chosen (or first) tool, whose
 arguments are `{"words": [...]}`, the reply words; streamed, the arguments come in two pieces.
 """
@@ -129,6 +130,8 @@ async def _handle(request: Request, chat: bool) -> Response[Any]:
         return Response(
             {"error": {"message": "model missing not found", "type": "not_found"}}, status_code=404
         )
+    if body.get("model") == "busy-for-seed-1" and body.get("seed") == 1:  # failure injection: one choice of n
+        return Response({"error": {"message": "overloaded"}}, status_code=503)
     if request.headers.get("authorization") != "Bearer upstream-secret":
         return Response({"error": {"message": "bad upstream key"}}, status_code=401)
     tool = _tool_call(body) if chat else None

@@ -49,10 +49,15 @@ deployments:
   llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}}}}
   up: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: echo-upstream, api_key_env: TEST_UPSTREAM_KEY}}
   down: {{backend: remote, url: "http://127.0.0.1:{free_port()}", protocol: openai, model_name: gone}}
+  down2: {{backend: remote, url: "http://127.0.0.1:{free_port()}", protocol: openai, model_name: gone}}
+  busy: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: busy-for-seed-1, api_key_env: TEST_UPSTREAM_KEY}}
+  busy2: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: busy-for-seed-1, api_key_env: TEST_UPSTREAM_KEY}}
 models:
   tiny: {{routes: [{{deployment: llm}}]}}
   echo: {{routes: [{{deployment: up}}]}}
   tiny-behind-down: {{routes: [{{deployment: down}}], fallback: [llm]}}
+  all-down: {{routes: [{{deployment: down}}], fallback: [down2]}}
+  half-busy: {{routes: [{{deployment: busy}}], fallback: [busy2]}}
 """,
         base_dir=Path("."),
     )
@@ -340,6 +345,17 @@ def test_n_choices_fall_back_together(both: OpenAI, stream: bool) -> None:
     assert usage.completion_tokens == 12
     requests, tokens = _usage_tokens(both, "tiny-behind-down")
     assert (requests - before[0], tokens - before[1]) == (1, usage.prompt_tokens + usage.completion_tokens)
+
+
+@pytest.mark.parametrize("model", ["all-down", "half-busy"])
+def test_n_choices_that_no_deployment_can_start_cost_nothing(both: OpenAI, model: str) -> None:
+    """Every route down, or every route refusing the second choice after the first started: a 503,
+    and no usage and no request counted (as for a single request that never started)."""
+    before = _usage_tokens(both, model)
+    with pytest.raises(openai.APIStatusError) as info:
+        both.chat.completions.create(model=model, messages=HELLO, max_tokens=4, n=3, seed=0)
+    assert info.value.status_code == 503
+    assert _usage_tokens(both, model) == before
 
 
 def test_n_is_bounded(both: OpenAI) -> None:
