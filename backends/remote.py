@@ -64,6 +64,13 @@ class UpstreamTooLarge(BackendInternalError):
     code = "upstream_too_large"
 
 
+class UpstreamMalformed(BackendInternalError):
+    """The upstream's answer is not what its protocol says (a fault of the deployment: bad gateway)."""
+
+    status = 502
+    code = "upstream_malformed"
+
+
 class UpstreamIncomplete(BackendInternalError):
     """The upstream answered without something the call asked for (e.g. logprobs)."""
 
@@ -200,7 +207,7 @@ class RemoteBackend:
         try:
             return _json_decode.decode(raw)
         except JSON_DECODE_ERRORS:
-            raise BackendInternalError(f"upstream {self.name!r} sent a body that is not JSON") from None
+            raise UpstreamMalformed(f"upstream {self.name!r} sent a body that is not JSON") from None
 
     # --- Open Inference Protocol v2 ----------------------------------------------------------
 
@@ -225,7 +232,7 @@ class RemoteBackend:
                 extra={"url": self.spec.url, "upstream_model": self._upstream_model},
             )
         except (KeyError, TypeError, ValueError):
-            raise BackendInternalError(f"upstream {self.name!r} sent malformed model metadata") from None
+            raise UpstreamMalformed(f"upstream {self.name!r} sent malformed model metadata") from None
 
     async def infer(self, request: TensorRequest) -> TensorResponse:
         if self.protocol != "kserve_v2":
@@ -257,7 +264,7 @@ class RemoteBackend:
                 for o in answer["outputs"]
             ]
         except (KeyError, TypeError, ValueError):
-            raise BackendInternalError(
+            raise UpstreamMalformed(
                 f"upstream {self.name!r} sent a malformed inference response"
             ) from None
         return TensorResponse(id=request.id, outputs=outputs)
@@ -328,6 +335,8 @@ class RemoteBackend:
                 return
             lines = _each_within(response.lines(limit), self.spec.timeout_s)
             async for event in self._parse_sse(request.request_id, lines):
+                if request.sampling.logprobs and event.text and not event.token_logprobs:
+                    raise UpstreamIncomplete(f"upstream {self.name!r} did not send the logprobs asked for")
                 yield event
         except TimeoutError:
             raise BackendTimeout(
@@ -357,7 +366,7 @@ class RemoteBackend:
             )
             logprobs = read_logprobs(choice.get("logprobs"))
         except (*JSON_DECODE_ERRORS, AttributeError, TypeError, ValueError, IndexError, KeyError):
-            raise BackendInternalError(f"upstream {self.name!r} sent a malformed completion") from None
+            raise UpstreamMalformed(f"upstream {self.name!r} sent a malformed completion") from None
         finish = choice.get("finish_reason") or "stop"
         return TokenEvent(
             request_id=request_id, text=str(text), finish_reason=finish, usage=usage,
@@ -378,7 +387,7 @@ class RemoteBackend:
             try:
                 chunk = _json_decode.decode(data)
             except JSON_DECODE_ERRORS:
-                raise BackendInternalError(f"upstream {self.name!r} sent a malformed stream event") from None
+                raise UpstreamMalformed(f"upstream {self.name!r} sent a malformed stream event") from None
             if chunk.get("error"):
                 raise _upstream_error(502, _json_encode.encode(chunk))
             if chunk.get("usage"):
@@ -403,19 +412,18 @@ class RemoteBackend:
             raise BackendUnavailable(f"upstream {self.name!r} ended the stream before finishing")
         yield TokenEvent(request_id=request_id, finish_reason=finish or "stop", usage=usage or Usage())
 
-
     def _chunk_logprobs(self, choice: dict[str, Any]) -> list[TokenLogprob] | None:
         try:
             return read_logprobs(choice.get("logprobs")) or None
         except (AttributeError, TypeError, ValueError, KeyError):
-            raise BackendInternalError(f"upstream {self.name!r} sent malformed logprobs") from None
+            raise UpstreamMalformed(f"upstream {self.name!r} sent malformed logprobs") from None
 
 
     def _chunk_tool_calls(self, delta: dict[str, Any]) -> list[dict[str, Any]] | None:
         try:
             return _tool_calls(delta.get("tool_calls"))
         except (AttributeError, TypeError, ValueError):
-            raise BackendInternalError(f"upstream {self.name!r} sent malformed tool calls") from None
+            raise UpstreamMalformed(f"upstream {self.name!r} sent malformed tool calls") from None
 
 
 def _message_json(m: ChatMessage) -> dict[str, Any]:
@@ -432,11 +440,21 @@ def _message_json(m: ChatMessage) -> dict[str, Any]:
 
 
 def _tool_calls(raw: Any) -> list[dict[str, Any]] | None:
-    """An upstream's tool calls (or their stream deltas), checked to be a list of objects."""
+    """An upstream's tool calls (or their stream deltas), checked to be OpenAI's shape: objects with
+    an optional integer `index`, string `id` / `type`, and a `function` object of strings."""
     if not raw:
         return None
-    if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
-        raise ValueError("tool_calls is not a list of objects")
+    if not isinstance(raw, list):
+        raise ValueError("tool_calls is not a list")
+    for call in raw:
+        function = call.get("function", {}) if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise ValueError("a tool call or its function is not an object")
+        texts = [call.get("id"), call.get("type"), function.get("name"), function.get("arguments")]
+        if not all(t is None or isinstance(t, str) for t in texts):
+            raise ValueError("a tool call's id, type, name or arguments is not a string")
+        if not (call.get("index") is None or type(call.get("index")) is int):
+            raise ValueError("a tool call's index is not an integer")
     return raw
 
 

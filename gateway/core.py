@@ -591,6 +591,11 @@ class GatewayCore:
             except BaseException as exc:
                 blame = caller_fault(dep, exc)
                 self.outcomes.record(plan.model, dep, exc, time.perf_counter() - started, caller_fault=blame)
+                if last_error is not None and isinstance(exc, InvalidInput):
+                    # a fallback that cannot take this request (a remote's `tools` on the own
+                    # engine, another signature) must not turn the outage before it into a 400
+                    log.warning("fallback_refused_request", deployment=dep.name, error=str(exc))
+                    continue
                 raise
             self.outcomes.record(plan.model, dep, None, latency_s, service_s)
             return result, dep

@@ -251,7 +251,7 @@ class GenerationStream:
             new = len(event.token_ids)
         else:
             before = -(-self._text_bytes // BYTES_PER_TOKEN)
-            self._text_bytes += len(event.text.encode())
+            self._text_bytes += len(event.text.encode()) + _tool_call_bytes(event)
             new = -(-self._text_bytes // BYTES_PER_TOKEN) - before
         self.delivered += new
         ticket = self.job.ticket
@@ -314,3 +314,13 @@ async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:
             await close()
         except Exception:  # noqa: BLE001 - best effort
             pass
+
+
+def _tool_call_bytes(event: TokenEvent) -> int:
+    """The generated text inside an upstream's tool calls (names and arguments): output too, counted
+    by the same bytes-per-token estimate where the upstream reports no usage."""
+    total = 0
+    for call in event.tool_calls or ():
+        function = call.get("function") or {}
+        total += len(str(function.get("name") or "").encode()) + len(str(function.get("arguments") or "").encode())
+    return total

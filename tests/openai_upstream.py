@@ -99,7 +99,9 @@ def _tool_call(body: dict[str, Any]) -> tuple[str, str] | None:
 
 async def _tool_events(body: dict[str, Any], name: str, arguments: str) -> AsyncIterator[bytes]:
     half = len(arguments) // 2
-    call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": name, "arguments": ""}}
+    call: dict[str, Any] = {"index": 0, "id": "call_0", "type": "function", "function": {"name": name, "arguments": ""}}
+    if body.get("model") == "malformed-tools":  # failure injection: a broken upstream
+        call["function"] = ["not", "an", "object"]
     deltas = [
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"tool_calls": [{"index": 0, "function": {"arguments": arguments[:half]}}]},
@@ -139,6 +141,8 @@ async def _handle(request: Request, chat: bool) -> Response[Any]:
         return Stream(_tool_events(body, *tool), media_type="text/event-stream")
     if tool is not None:
         call = {"id": "call_0", "type": "function", "function": {"name": tool[0], "arguments": tool[1]}}
+        if body.get("model") == "malformed-tools":  # failure injection: a broken upstream
+            call["function"] = ["not", "an", "object"]
         message = {"role": "assistant", "content": None, "tool_calls": [call]}
         usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
         return Response({"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}], "usage": usage})

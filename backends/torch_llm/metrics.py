@@ -32,13 +32,17 @@ _L = ("deployment",)
 _LIVE = "liveall"
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
-NUM_RUNNING = Gauge("fleetgate_llm_num_requests_running", "Sequences in the running batch.", _L, multiprocess_mode=_LIVE
+NUM_RUNNING = Gauge(
+    "fleetgate_llm_num_requests_running", "Sequences in the running batch.", _L, multiprocess_mode=_LIVE
 )
-NUM_WAITING = Gauge("fleetgate_llm_num_requests_waiting", "Sequences waiting for admission.", _L, multiprocess_mode=_LIVE
+NUM_WAITING = Gauge(
+    "fleetgate_llm_num_requests_waiting", "Sequences waiting for admission.", _L, multiprocess_mode=_LIVE
 )
-KV_USAGE = Gauge("fleetgate_llm_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", _L, multiprocess_mode=_LIVE
+KV_USAGE = Gauge(
+    "fleetgate_llm_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", _L, multiprocess_mode=_LIVE
 )
-KV_WASTE = Gauge("fleetgate_llm_kv_cache_waste_perc", "Allocated but unused KV slots / allocated (0..1).", _L, multiprocess_mode=_LIVE
+KV_WASTE = Gauge(
+    "fleetgate_llm_kv_cache_waste_perc", "Allocated but unused KV slots / allocated (0..1).", _L, multiprocess_mode=_LIVE
 )
 PREFIX_QUERIES = Counter(
     "fleetgate_llm_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", _L

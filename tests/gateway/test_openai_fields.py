@@ -51,6 +51,7 @@ deployments:
   down: {{backend: remote, url: "http://127.0.0.1:{free_port()}", protocol: openai, model_name: gone}}
   down2: {{backend: remote, url: "http://127.0.0.1:{free_port()}", protocol: openai, model_name: gone}}
   busy: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: busy-for-seed-1, api_key_env: TEST_UPSTREAM_KEY}}
+  broken: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: malformed-tools, api_key_env: TEST_UPSTREAM_KEY}}
   busy2: {{backend: remote, url: {upstream_url}, protocol: openai, model_name: busy-for-seed-1, api_key_env: TEST_UPSTREAM_KEY}}
 models:
   tiny: {{routes: [{{deployment: llm}}]}}
@@ -58,6 +59,7 @@ models:
   tiny-behind-down: {{routes: [{{deployment: down}}], fallback: [llm]}}
   all-down: {{routes: [{{deployment: down}}], fallback: [down2]}}
   half-busy: {{routes: [{{deployment: busy}}], fallback: [busy2]}}
+  broken-tools: {{routes: [{{deployment: broken}}]}}
 """,
         base_dir=Path("."),
     )
@@ -118,10 +120,11 @@ def test_neutral_values_are_accepted(both: OpenAI) -> None:
     assert out.choices[0].finish_reason in ("stop", "length")
 
 
-def test_logprobs_missing_from_an_upstream_answer_are_an_error_not_dropped(both: OpenAI) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_missing_from_an_upstream_answer_are_an_error_not_dropped(both: OpenAI, stream: bool) -> None:
     """The echo upstream ignores `logprobs`: the caller gets a clear error, never an answer without them."""
     with pytest.raises(openai.APIStatusError) as info:
-        both.chat.completions.create(model="echo", messages=HELLO, max_tokens=2, logprobs=True)
+        both.chat.completions.create(model="echo", messages=HELLO, max_tokens=2, logprobs=True, stream=stream)
     assert info.value.status_code == 502 and "logprobs" in info.value.message
 
 
@@ -196,6 +199,21 @@ def test_malformed_tool_fields_are_400s_naming_them(both: OpenAI, fields: dict, 
     with pytest.raises(openai.BadRequestError) as info:
         both.chat.completions.create(model="echo", messages=HELLO, max_tokens=2, **fields)
     assert words.replace("without ", "").strip("`") in info.value.message
+
+
+def test_tool_requests_are_not_refused_by_a_fallback_that_hides_the_outage(both: OpenAI) -> None:
+    """The remote route is down and the fallback (the own engine) cannot take `tools`: the caller
+    sees the outage (503), not a 400 that says its request is wrong."""
+    with pytest.raises(openai.APIStatusError) as info:
+        both.chat.completions.create(model="tiny-behind-down", messages=HELLO, max_tokens=2, tools=TOOLS)
+    assert info.value.status_code == 503
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_malformed_upstream_tool_calls_are_a_502(both: OpenAI, stream: bool) -> None:
+    with pytest.raises(openai.APIStatusError) as info:
+        both.chat.completions.create(model="broken-tools", messages=HELLO, max_tokens=2, tools=TOOLS, stream=stream)
+    assert info.value.status_code == 502
 
 
 def test_tool_calls_pass_through_a_remote_deployment(both: OpenAI) -> None:

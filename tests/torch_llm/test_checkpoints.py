@@ -169,7 +169,8 @@ def test_folders_saved_by_transformers_chat_through_the_gateway_as_hugging_face_
 ) -> None:
     """Llama, Qwen2 and Mistral folders written by `save_pretrained`: the gateway reads the chat
     template from chat_template.jinja and the end-of-sequence ids from generation_config.json, and
-    its greedy chat answer is Hugging Face's `generate` on the same folder, token for token."""
+    its greedy chat answer is Hugging Face's `generate` on the same folder: the same prompt token
+    count, the same number of output tokens ending on the same stop id, the same text."""
     from openai import OpenAI
     from transformers import GenerationConfig
 
