@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 import structlog
@@ -19,7 +20,7 @@ from policies import quotas as q
 from policies import ratelimit as rl
 from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable, Unauthenticated
 from policies.principal import Principal
-from policies.stores.base import AcquireResult, CounterOp, Journal, StateStore, UsageDelta
+from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
 from policies.types import TenantSpec, UsageRow
 
@@ -55,6 +56,8 @@ class Reservation(msgspec.Struct, kw_only=True):
     degraded: bool = False
     settled: bool = False
     renewed_at: float = 0.0
+    #: a background request's HeldSettle: `reconcile` hands it the settlement instead of applying it
+    held: Any = None
 
 
 class Admission:
@@ -126,11 +129,15 @@ class Admission:
         if isinstance(cost_tokens, bool) or not isinstance(cost_tokens, int) or cost_tokens < 0:
             raise ValueError(f"cost_tokens must be a non-negative int, got {cost_tokens!r}")
         now = self._clock()
+        held = principal.background
+        # a batch job's requests count against quotas (the bill) but not per-minute limits: those
+        # shape interactive bursts, and the batch runner paces itself through the fair queue
+        limits, key_limits = (None, None) if held is not None else (spec.limits, spec.key_limits)
         t_buckets, t_leases = rl.rate_checks(
-            f"tenant {principal.tenant}", f"t:{principal.tenant}", spec.limits, cost_tokens
+            f"tenant {principal.tenant}", f"t:{principal.tenant}", limits, cost_tokens
         )
         k_buckets, k_leases = rl.rate_checks(
-            f"key {principal.key_id}", f"k:{principal.key_id}", spec.key_limits, cost_tokens
+            f"key {principal.key_id}", f"k:{principal.key_id}", key_limits, cost_tokens
         )
         buckets, leases = t_buckets + k_buckets, t_leases + k_leases
         quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
@@ -147,11 +154,13 @@ class Admission:
             now=now,
             journal=journal,
         )
-        result, degraded = await self._acquire(kwargs, now)
+        result, degraded = await self._acquire(kwargs, now, fail_open=held is None)
         headers = rl.ratelimit_headers(buckets, result.buckets)
         if not result.ok:
             self._refuse(principal.tenant, result, buckets, leases, quota_checks, headers, now)
         self.stats["admitted"] += 1
+        if held is not None:
+            held.reserved = True
         return Reservation(
             id=lease_id,
             tenant=principal.tenant,
@@ -168,9 +177,10 @@ class Admission:
             headers=headers,
             degraded=degraded,
             renewed_at=now,
+            held=held,
         )
 
-    async def _acquire(self, kwargs: dict, now: float) -> tuple[AcquireResult, bool]:
+    async def _acquire(self, kwargs: dict, now: float, fail_open: bool = True) -> tuple[AcquireResult, bool]:
         if not (kwargs["buckets"] or kwargs["leases"] or kwargs["counters"]):
             return AcquireResult(True, [], [], []), False  # an unlimited tenant: nothing to check
         try:
@@ -178,7 +188,8 @@ class Admission:
         except StoreUnavailable as exc:
             if self._down_since is None:
                 self._down_since = now
-            if self._fail_open_s > 0 and now - self._down_since <= self._fail_open_s:
+            # never for a batch line: its settlement must reach the shared store with its record
+            if fail_open and self._fail_open_s > 0 and now - self._down_since <= self._fail_open_s:
                 log.warning("state_store_down_failing_open", error=exc.detail, down_s=now - self._down_since)
                 result = await self._local.acquire(**{**kwargs, "journal": None})
                 self.stats["fail_open"] += result.ok
@@ -268,6 +279,9 @@ class Admission:
             usage=usage,
             now=self._clock(),
         )
+        if r.held is not None:  # a batch line: committed by its runner with the line's record
+            r.held.hold(settle)
+            return
         if r.degraded:
             await self._local.settle(**settle)
             # The shared store never saw this request: charge it there (quotas, usage) when it is back.
@@ -301,6 +315,16 @@ class Admission:
             now=self._clock(),
         )
         log.warning("reclaimed_reservation_settled_late", reservation=r.id)
+
+    async def commit(self, held: Any, marks: list[Mark]) -> bool:
+        """Write a background request's `marks` with its held settlement in one atomic store step
+        (just the marks when it was never admitted). False when that settlement was applied before
+        (nothing is written again). Raises StoreUnavailable (the caller retries)."""
+        settle = await held.wait()
+        if settle is None:
+            await self._store.put_marks(marks)
+            return True
+        return await self._store.settle(**settle, marks=marks)
 
     async def heartbeat(self, ttl_s: float) -> None:
         """Tell the store this process is alive for `ttl_s` more seconds (its reservations are not orphans)."""

@@ -33,6 +33,9 @@ class QueueSpec(SpecBase):
             most this many rows, each taking its own turn in the queue: a quiet tenant's request
             waits behind one slice of a large request, not the whole of it. Only for models whose
             rows are independent (every input and output batched along dimension 0); None: off.
+        background_max_in_flight: background requests (batch jobs) dispatched at once, at most;
+            they run only in capacity no interactive request waits for. None: half of
+            `max_concurrency` (at least 1).
     """
 
     policy: PolicyName = "vtc"
@@ -43,6 +46,14 @@ class QueueSpec(SpecBase):
     drr_quantum: float = 16.0
     vtc_burst: float = 0.0
     split_rows: int | None = None
+    background_max_in_flight: int | None = None
+
+    @property
+    def background_limit(self) -> int:
+        """Background requests allowed in flight (see `background_max_in_flight`)."""
+        if self.background_max_in_flight is not None:
+            return self.background_max_in_flight
+        return max(1, self.max_concurrency // 2)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -61,5 +72,7 @@ class QueueSpec(SpecBase):
             raise ValueError("drr_quantum must be a finite number > 0")
         if not (math.isfinite(self.vtc_burst) and self.vtc_burst >= 0):
             raise ValueError("vtc_burst must be a finite number >= 0")
+        if self.background_max_in_flight is not None and self.background_max_in_flight < 1:
+            raise ValueError("background_max_in_flight must be >= 1 (or null)")
         if self.split_rows is not None and self.split_rows < 1:
             raise ValueError("split_rows must be >= 1 (or null)")

@@ -18,6 +18,7 @@ class Ticket(msgspec.Struct, kw_only=True):
         dispatch_seq: dispatch order in its queue (0, 1, 2, ...).
         charged: service charged to the tenant so far (estimate, then `charge` deltas).
         released: True once `release` ran (a second release is a no-op).
+        background: dispatched from the background class.
     """
 
     id: int
@@ -29,6 +30,8 @@ class Ticket(msgspec.Struct, kw_only=True):
     dispatch_seq: int
     charged: float = 0.0
     released: bool = False
+    #: dispatched from the background class (batch jobs; see policies/fair_queue/background.py)
+    background: bool = False
 
     @property
     def queue_time_s(self) -> float:
