@@ -3,12 +3,14 @@
 It "generates" deterministically: the completion is the prompt's words in reverse order, one word per
 stream event, truncated at `max_tokens` words. That makes every answer predictable, so the tests can
 check exactly what passed through the gateway. a prompt containing "fail-midway" breaks the stream after
-two words; `model == "missing"` answers 404 like a real server.
+two words; `model == "missing"` answers 404 like a real server; a prompt containing `sleep-ms-N`
+answers N milliseconds late (a slow upstream, for tests that must catch a job half-way).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -89,8 +91,14 @@ RECEIVED: list[dict[str, Any]] = []
 RECEIVED_HEADERS: list[dict[str, str]] = []
 
 
+_SLEEP = re.compile(r"sleep-ms-([0-9]+)")
+
+
 async def _handle(request: Request, chat: bool) -> Response[Any]:
     body = msgspec.json.decode(await request.body())
+    slow = _SLEEP.search(_prompt_of(body))
+    if slow:
+        await asyncio.sleep(int(slow.group(1)) / 1000)
     RECEIVED.append(body)
     del RECEIVED[:-50]
     RECEIVED_HEADERS.append(dict(request.headers))
