@@ -1,0 +1,83 @@
+"""A batch job survives `kill -9`: a real gateway process is killed mid-job, a new one resumes the job
+where it stopped, and every line is in the output once and on the tenant's bill once (SQLite and Redis)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import create_key
+from tests.gateway.test_batches import chat_line, expected_tokens, jsonl, read_lines, usage_of, wait_for
+from tests.openai_upstream import RECEIVED, reply_words
+from tests.tenancy.conftest import redis_url, start_gateway, wait_ready  # noqa: F401 - redis_url: fixture
+
+LINES = 40
+
+
+def resume_yaml(state_url: str, files: Path, upstream_url: str) -> str:
+    return f"""
+state: {{url: "{state_url}"}}
+batches: {{files_dir: "{files}", poll_interval_s: 0.1, claim_ttl_s: 1.5, concurrency: 2}}
+tenants:
+  acme: {{limits: {{requests_per_minute: 5}}}}
+deployments:
+  echo-remote:
+    backend: remote
+    url: {upstream_url}
+    protocol: openai
+    model_name: echo-upstream
+    api_key_env: TEST_UPSTREAM_KEY
+models:
+  echo: {{routes: [{{deployment: echo-remote}}]}}
+"""
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_a_job_killed_mid_way_resumes_with_every_line_once(
+    store: str, upstream_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if store == "sqlite":
+        state_url = f"sqlite:///{tmp_path / 'state.db'}"
+    else:
+        state_url = f"{request.getfixturevalue('redis_url')}?prefix=b{tmp_path.name[-8:]}:"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(resume_yaml(state_url, tmp_path / "files", upstream_url), encoding="utf-8")
+    prompts = {f"k{i}": f"sleep-ms-60 resume{i} {store} words here" for i in range(LINES)}
+    first = start_gateway(config, tmp_path / "first.log")
+    try:
+        wait_ready(first)
+        key = create_key(first.url, "acme")
+        client = openai.OpenAI(base_url=f"{first.url}/v1", api_key=key, max_retries=0)
+        file_id = client.files.create(
+            file=("in.jsonl", io.BytesIO(jsonl([chat_line(c, p) for c, p in prompts.items()]))), purpose="batch"
+        ).id
+        batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+        while client.batches.retrieve(batch.id).request_counts.completed < 6:
+            time.sleep(0.02)
+    finally:
+        first.kill()  # SIGKILL, mid-job: lines in flight, nothing flushed on the way out
+    second = start_gateway(config, tmp_path / "second.log")
+    try:
+        wait_ready(second)
+        client = openai.OpenAI(base_url=f"{second.url}/v1", api_key=key, max_retries=0)
+        interrupted = client.batches.retrieve(batch.id)
+        assert interrupted.status == "in_progress" and 6 <= interrupted.request_counts.completed < LINES
+        done = wait_for(client, batch.id, {"completed", "failed"}, timeout_s=60)
+        assert done.status == "completed" and done.request_counts.completed == LINES
+        output = read_lines(client, done.output_file_id)
+        assert sorted(x["custom_id"] for x in output) == sorted(prompts)  # none lost, none twice
+        for x in output:
+            text = x["response"]["body"]["choices"][0]["message"]["content"]
+            assert text == " ".join(reply_words(prompts[x["custom_id"]], 8))
+        assert done.error_file_id is None
+        # on the bill once per line, though the lines in flight at the kill reached the upstream twice
+        assert usage_of(second.url, "acme") == (LINES, sum(expected_tokens(p) for p in prompts.values()))
+        sent = [json.dumps(b.get("messages")) for b in RECEIVED if store in json.dumps(b.get("messages"))]
+        assert LINES <= len(sent) <= LINES + 2
+    finally:
+        second.kill()
