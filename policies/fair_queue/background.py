@@ -1,8 +1,11 @@
 """The background class of a deployment's fair queue: batch jobs' requests, below every interactive one.
 
-A background request is dispatched only into capacity that no interactive request is waiting for,
-and at most `QueueSpec.background_max_in_flight` of them run at once, so that an interactive request
-arriving at a busy deployment finds a slot (or a short wait) instead of a backend full of batch work.
+A background request is dispatched only into capacity that no interactive request is waiting for.
+While interactive traffic is present, at most `QueueSpec.background_max_in_flight` of them run at
+once (default 1), so interactive requests share the backend with little batch work; after
+`background_idle_s` without interactive traffic they may fill all but one slot, which stays free for
+the next interactive arrival. Nothing already running is preempted: when interactive traffic comes
+back, the background work in flight drains as it finishes.
 Tenants take turns (round robin over the tenants with background work waiting). Background service
 is not charged to the tenants' fair-share counters: a tenant's batch job never lowers its own
 interactive share.

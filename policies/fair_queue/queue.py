@@ -75,6 +75,8 @@ class FairQueue:
         self._policy = make_policy(spec, self.weight)
         self._backlog = Backlog(spec, self._policy)
         self._background = BackgroundLane()
+        #: clock time interactive traffic was last seen (an arrival or a release)
+        self._interactive_seen = -math.inf
         self._in_flight = 0
         self._seq = itertools.count()
         self._dispatch_seq = itertools.count()
@@ -150,7 +152,7 @@ class FairQueue:
             raise ValueError(f"cost must be a finite number >= 0, got {cost!r}")
         if background:
             return await self._acquire_background(tenant, cost, priority)
-        now = self._clock()
+        now = self._interactive_seen = self._clock()
         deadline = resolve_deadline(now, deadline, timeout_s, self.spec.default_deadline_s)
         if deadline is not None and deadline <= now:
             self._backlog.stats_of(tenant).expired += 1
@@ -234,6 +236,7 @@ class FairQueue:
             self._background.in_flight -= 1
         else:
             self._backlog.released(ticket)
+            self._interactive_seen = self._clock()
         self._dispatch()
 
     def notify(self) -> None:
@@ -297,7 +300,7 @@ class FairQueue:
             while (
                 self._background
                 and not self._backlog
-                and self._background.in_flight < self.spec.background_limit
+                and self._background.in_flight < self._background_limit()
                 and self._has_capacity()
             ):
                 entry = self._background.pop()
@@ -307,6 +310,11 @@ class FairQueue:
                 self._grant(entry, background=True)
         finally:
             self._dispatching = False
+
+    def _background_limit(self) -> int:
+        interactive = self._in_flight - self._background.in_flight
+        recent = self._clock() - self._interactive_seen < self.spec.background_idle_s
+        return self.spec.background_limit(interactive > 0 or recent)
 
     def _grant(self, entry: Entry, background: bool = False) -> None:
         now = self._clock()
