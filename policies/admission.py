@@ -280,7 +280,7 @@ class Admission:
             now=self._clock(),
         )
         if r.held is not None:  # a batch line: committed by its runner with the line's record
-            r.held.hold(settle)
+            r.held.hold(settle, self._late_settle(r, actual_tokens, requests, usage))
             return
         if r.degraded:
             await self._local.settle(**settle)
@@ -308,23 +308,41 @@ class Admission:
         The reclaim refunded the whole reservation; the request did run, so its usage is recorded
         and its real cost charged to the quotas, once (its own settle id).
         """
-        charge = [CounterOp(c.key, None, actual_tokens, c.expires_at) for c in r.token_quotas]
-        charge += [CounterOp(c.key, None, requests, c.expires_at) for c in r.request_quotas]
-        await self._store.settle(
-            settle_id=f"late:{r.id}", lease_id=r.id, buckets=[], release=[], counters=charge, usage=usage,
-            now=self._clock(),
-        )
+        await self._store.settle(**self._late_settle(r, actual_tokens, requests, usage))
         log.warning("reclaimed_reservation_settled_late", reservation=r.id)
 
-    async def commit(self, held: Any, marks: list[Mark]) -> bool:
+    def _late_settle(
+        self, r: Reservation, actual_tokens: int, requests: int, usage: list[UsageDelta]
+    ) -> dict[str, Any]:
+        """The settle of a reservation already refunded by a reclaim: its whole real cost, once."""
+        charge = [CounterOp(c.key, None, actual_tokens, c.expires_at) for c in r.token_quotas]
+        charge += [CounterOp(c.key, None, requests, c.expires_at) for c in r.request_quotas]
+        return dict(
+            settle_id=f"late:{r.id}", lease_id=r.id, buckets=[], release=[], counters=charge, usage=usage,
+            now=self._clock(),
+        )  # fmt: skip
+
+    async def commit(self, held: Any, marks: list[Mark]) -> None:
         """Write a background request's `marks` with its held settlement in one atomic store step
-        (just the marks when it was never admitted). False when that settlement was applied before
-        (nothing is written again). Raises StoreUnavailable (the caller retries)."""
-        settle = await held.wait()
+        (just the marks when it was never admitted). Raises StoreUnavailable (the caller retries:
+        a settlement applied once is never applied again, by its settle id).
+
+        When a reclaim (`recover`, by a process that took this one for dead) refunded the reservation
+        first, the request's real cost is charged by its late settle, which carries the marks then.
+        """
+        settle, late = await held.wait()
         if settle is None:
             await self._store.put_marks(marks)
-            return True
-        return await self._store.settle(**settle, marks=marks)
+            return
+        if await self._store.settle(**settle, marks=marks) or late is None:
+            return
+        # Not applied: either this very commit went through before (a retry after an outage that
+        # hid its answer: the marks are there) or a reclaim refunded the reservation (they are not).
+        # Only the caller writes these marks (it holds the job's claim), so reading them is enough.
+        for mark in marks:
+            if (await self._store.get_marks(mark.key)).get(mark.field) != mark.value:
+                await self._store.settle(**late, marks=marks)
+                return
 
     async def heartbeat(self, ttl_s: float) -> None:
         """Tell the store this process is alive for `ttl_s` more seconds (its reservations are not orphans)."""

@@ -18,23 +18,26 @@ class HeldSettle:
     Attributes:
         reserved: `admit` granted a reservation (so a settlement will come).
         settle: the store settle's arguments once `reconcile` ran (None before).
+        late: the settle that charges the request's whole cost, should a reclaim have refunded its
+            reservation first (see `Admission.commit`).
     """
 
-    __slots__ = ("reserved", "settle", "_done")
+    __slots__ = ("reserved", "settle", "late", "_done")
 
     def __init__(self) -> None:
         self.reserved = False
         self.settle: dict[str, Any] | None = None
+        self.late: dict[str, Any] | None = None
         self._done = asyncio.Event()
 
-    def hold(self, settle: dict[str, Any]) -> None:
-        """Keep `settle` (called by `Admission.reconcile`, once)."""
-        self.settle = settle
+    def hold(self, settle: dict[str, Any], late: dict[str, Any]) -> None:
+        """Keep the settlement (called by `Admission.reconcile`, once)."""
+        self.settle, self.late = settle, late
         self._done.set()
 
-    async def wait(self) -> dict[str, Any] | None:
-        """The held settlement once the request has been reconciled; None when it was never admitted."""
+    async def wait(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """(settle, late) once the request has been reconciled; (None, None) when it was never admitted."""
         if not self.reserved:
-            return None
+            return None, None
         await self._done.wait()
-        return self.settle
+        return self.settle, self.late

@@ -31,6 +31,10 @@ class Files:
         self.directory = Path(directory)
 
     def path(self, file_id: str) -> Path:
+        # ids are made here (random hex, or a job's fixed names); a record is looked up before any
+        # path is built from a URL, and this refuses anything that could leave the directory
+        if "/" in file_id or "\\" in file_id or file_id.startswith("."):
+            raise not_found(f"no such file: {file_id[:64]!r}")
         return self.directory / file_id
 
     async def create(
