@@ -558,7 +558,9 @@ class GatewayCore:
         parse and a cached key check, not the read, decode and admission of its body.
         """
         dep = self.deployments.get(plan.primary)
-        if dep is not None:
+        # a batch job's line waits in the background class, which has no bound of its own (the job
+        # paces itself); the tenant's full interactive queue says nothing about it
+        if dep is not None and principal.background is None:
             dep.queue.check_room(principal.tenant)
 
     def _candidates(self, plan: Plan, capability: Capability) -> list[Deployment]:

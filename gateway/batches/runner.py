@@ -29,6 +29,8 @@ class Runner:
         self._store = store
         self._jobs: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
+        #: a scan started by `wake` (held so it is not garbage-collected mid-way)
+        self._waking: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="fleetgate-batches")
@@ -36,15 +38,21 @@ class Runner:
     async def stop(self) -> None:
         """Stop looking and stop the running jobs (their open lines resume elsewhere or later),
         giving their claims back so that a restarted process resumes them at once."""
-        tasks = [t for t in (self._task, *self._jobs.values()) if t is not None]
+        tasks = [t for t in (self._task, self._waking, *self._jobs.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def wake(self) -> None:
         """A job was created here: look now instead of at the next poll."""
-        if self._task is not None and not self._task.done():
-            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._scan()))
+        if self._task is not None and not self._task.done() and self._waking is None:
+            self._waking = asyncio.ensure_future(self._scan())
+            self._waking.add_done_callback(self._woken)
+
+    def _woken(self, task: asyncio.Future[None]) -> None:
+        self._waking = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("batches_scan_failed", error=str(task.exception()))
 
     async def _loop(self) -> None:
         while True:
