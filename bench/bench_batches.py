@@ -119,7 +119,9 @@ class Batches:
     """The Batch API through plain HTTP (the SDK's calls, without its client overhead in the timing)."""
 
     def __init__(self, port: int, key: str) -> None:
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", headers={"Authorization": f"Bearer {key}"})
+        self.http = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}/v1", headers={"Authorization": f"Bearer {key}"}
+        )
 
     def create(self, n: int, args: argparse.Namespace) -> str:
         lines = [
@@ -171,7 +173,9 @@ def run_round(rnd: int, port: int, keys: dict[str, str], args: argparse.Namespac
     def client() -> None:
         out["client_c16_s"] = asyncio.run(client_c16(port, keys["bench"], args.lines, args))
 
-    order = [alone, with_batch, batch_idle, client] if rnd % 2 == 0 else [with_batch, alone, client, batch_idle]
+    order = (
+        [alone, with_batch, batch_idle, client] if rnd % 2 == 0 else [with_batch, alone, client, batch_idle]
+    )
     for step in order:
         step()
     return out
@@ -199,7 +203,9 @@ def summarize(rounds: list[dict], args: argparse.Namespace) -> dict:
     summary = {k: med([p[k] for p in per_round]) for k in per_round[0]}
     summary["p50_ratio"] = med([p["with_batch_p50_ms"] / p["alone_p50_ms"] for p in per_round])
     summary["p99_ratio"] = med([p["with_batch_p99_ms"] / p["alone_p99_ms"] for p in per_round])
-    summary["batch_vs_client_throughput"] = med([p["batch_idle_req_s"] / p["client_c16_req_s"] for p in per_round])
+    summary["batch_vs_client_throughput"] = med(
+        [p["batch_idle_req_s"] / p["client_c16_req_s"] for p in per_round]
+    )
     return {"summary": summary, "rounds": per_round}
 
 
@@ -226,7 +232,9 @@ def plot(rounds: list[dict], result: dict, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=15.0, help="interactive load per phase")
     parser.add_argument("--clients", type=int, default=2, help="closed-loop interactive clients")

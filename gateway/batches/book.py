@@ -55,7 +55,9 @@ class Book:
         await self._store.put_marks([Mark(ACTIVE, record.id, tenant)])
 
     async def save(self, tenant: str, record: BatchRecord) -> None:
-        await self._store.put_record(KIND, record.id, tenant, record.created or record.created_at, encode(record))
+        await self._store.put_record(
+            KIND, record.id, tenant, record.created or record.created_at, encode(record)
+        )
 
     async def load(self, batch_id: str) -> tuple[str, BatchRecord] | None:
         """(tenant, record) of any tenant's job (for the runner)."""

@@ -72,7 +72,9 @@ class Files:
             raise not_found(f"the content of file {file_id!r} is gone") from None
 
     async def list(self, tenant: str, after: str | None, limit: int) -> list[FileObject]:
-        return [decode_file(b) for b in await self._store.list_records(KIND, tenant, after=after, limit=limit)]
+        return [
+            decode_file(b) for b in await self._store.list_records(KIND, tenant, after=after, limit=limit)
+        ]
 
     async def delete(self, tenant: str, file_id: str) -> None:
         await self.get(tenant, file_id)

@@ -58,7 +58,9 @@ def parse_input(data: bytes, max_lines: int) -> list[Request]:
             raise InvalidInput(f"the file has more than {max_lines} requests (batches.max_lines)")
         request = _parse_line(raw, number, len(requests))
         if request.custom_id in seen:
-            raise InvalidInput(f"line {number}: custom_id {request.custom_id[:64]!r} is not unique in the file")
+            raise InvalidInput(
+                f"line {number}: custom_id {request.custom_id[:64]!r} is not unique in the file"
+            )
         seen.add(request.custom_id)
         requests.append(request)
     if not requests:

@@ -93,7 +93,9 @@ class Job:
             failed=sum(not d.ok for d in done.values()),
         )
         pending = deque(r for r in requests if r.index not in done)
-        log.info("batch_running", batch=self.record.id, tenant=self.tenant, left=len(pending), total=len(requests))
+        log.info(
+            "batch_running", batch=self.record.id, tenant=self.tenant, left=len(pending), total=len(requests)
+        )
         await self._check_stop()
         try:
             workers = [
@@ -110,6 +112,8 @@ class Job:
         try:
             data = await self.ctx.files.content(self.tenant, self.record.input_file_id)
             return parse_input(data, self.ctx.config.max_lines)
+        except StoreUnavailable:
+            raise  # an outage is no reason to fail the job: it is tried again at a later poll
         except Exception as exc:  # noqa: BLE001 - any reason the input cannot be read fails the job
             message = getattr(exc, "message", None) or str(exc)
             self.record.errors = BatchErrors([BatchError(code="invalid_input_file", message=message)])
@@ -139,7 +143,9 @@ class Job:
 
     async def _save_counts(self) -> None:
         if self._counts != self._saved_counts:
-            self.record.request_counts = RequestCounts(self._counts.total, self._counts.completed, self._counts.failed)
+            self.record.request_counts = RequestCounts(
+                self._counts.total, self._counts.completed, self._counts.failed
+            )
             self._saved_counts = self.record.request_counts
             await self.ctx.book.save(self.tenant, self.record)
 
@@ -210,7 +216,9 @@ class Job:
     async def _write_file(self, kind: str, lines: list[bytes], now: int) -> str:
         file_id = f"file-{self.record.id.removeprefix('batch_')}-{kind}"
         data = b"\n".join(lines) + b"\n"
-        await self.ctx.files.create(self.tenant, f"{self.record.id}_{kind}.jsonl", "batch_output", data, now, file_id)
+        await self.ctx.files.create(
+            self.tenant, f"{self.record.id}_{kind}.jsonl", "batch_output", data, now, file_id
+        )
         return file_id
 
     async def _end(self, status: str) -> None:
@@ -218,7 +226,15 @@ class Job:
         self.record.status = status  # type: ignore[assignment]
         setattr(self.record, f"{status}_at", now)
         if status == "cancelled":
-            self.record.cancelling_at = self.record.cancelling_at or (await self.ctx.book.cancels()).get(self.record.id)
+            self.record.cancelling_at = self.record.cancelling_at or (await self.ctx.book.cancels()).get(
+                self.record.id
+            )
         await self.ctx.book.save(self.tenant, self.record)
         await self.ctx.book.ended(self.record.id)
-        log.info("batch_ended", batch=self.record.id, tenant=self.tenant, status=status, counts=self.record.request_counts)
+        log.info(
+            "batch_ended",
+            batch=self.record.id,
+            tenant=self.tenant,
+            status=status,
+            counts=self.record.request_counts,
+        )

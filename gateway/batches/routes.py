@@ -33,6 +33,8 @@ class CreateBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    #: OpenAI's expiry of the output files: accepted, not applied (files stay until deleted)
+    output_expires_after: dict[str, Any] | None = None
 
 
 def _service(request: Request) -> BatchService:
@@ -71,17 +73,23 @@ async def upload_file(request: Request, core: GatewayCore, call: Call) -> Respon
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)
         service = _service(request)
+        if not call.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+            raise GatewayError(415, "unsupported_media_type", "send the file as multipart/form-data")
         limit = service.config.max_file_bytes + 64 * 1024  # the multipart framing around the file
         raw = await read_body(request, limit, allowed_types=("multipart/form-data",), headers=call.headers)
         form = parse_form(call.headers.get("content-type", ""), raw)
         purpose = form.fields.get("purpose")
         if purpose != "batch":
-            raise InvalidInput(f"purpose must be `batch` (the only purpose this gateway stores), got {purpose!r}")
+            raise InvalidInput(
+                f"purpose must be `batch` (the only purpose this gateway stores), got {purpose!r}"
+            )
         if "file" not in form.files:
             raise InvalidInput("the form has no `file` part")
         filename, data = form.files["file"]
         if len(data) > service.config.max_file_bytes:
-            raise GatewayError(413, "file_too_large", f"the file exceeds {service.config.max_file_bytes} bytes")
+            raise GatewayError(
+                413, "file_too_large", f"the file exceeds {service.config.max_file_bytes} bytes"
+            )
         parse_input(data, service.config.max_lines)
         obj = await service.files.create(principal.tenant, filename[:256], "batch", data, service.clock())
         return msgspec.to_builtins(obj), 200

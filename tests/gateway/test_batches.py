@@ -71,6 +71,14 @@ def upload(client: openai.OpenAI, lines: list[dict]) -> str:
     return client.files.create(file=("input.jsonl", io.BytesIO(jsonl(lines))), purpose="batch").id
 
 
+def start(client: openai.OpenAI, lines: list[dict], window: str = "24h") -> str:
+    """Upload `lines` and create a chat completions job of them; its id."""
+    file_id = upload(client, lines)
+    return client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window=window
+    ).id
+
+
 def wait_for(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 30.0):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -112,7 +120,11 @@ def test_a_batch_runs_end_to_end_through_the_sdk_past_the_per_minute_limit(gw: B
     assert batch.status == "validating" and batch.request_counts.total == 11 and batch.metadata == {"k": "v"}
     done = wait_for(client, batch.id, {"completed", "failed"})
     assert done.status == "completed", done
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (11, 10, 1)
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+        11,
+        10,
+        1,
+    )
     assert done.in_progress_at and done.finalizing_at and done.completed_at
     output = read_lines(client, done.output_file_id)
     assert sorted(x["custom_id"] for x in output) == sorted(prompts)
@@ -129,16 +141,27 @@ def test_a_batch_runs_end_to_end_through_the_sdk_past_the_per_minute_limit(gw: B
     assert spent[1] - before[1] == sum(expected_tokens(p) for p in prompts.values())
     # and its interactive requests/minute budget is untouched
     for _ in range(3):
-        client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b"}], max_tokens=2)
+        client.chat.completions.create(
+            model="echo", messages=[{"role": "user", "content": "a b"}], max_tokens=2
+        )
 
 
 def test_completions_lines_listing_and_pagination(gw: BatchGateway) -> None:
     client = gw.client("other")
-    line = {"custom_id": "c1", "method": "POST", "url": "/v1/completions", "body": {"model": "echo", "prompt": "one two", "max_tokens": 4}}
+    line = {
+        "custom_id": "c1",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "echo", "prompt": "one two", "max_tokens": 4},
+    }
     ids = []
     for _ in range(3):
         file_id = upload(client, [line])
-        ids.append(client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h").id)
+        ids.append(
+            client.batches.create(
+                input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"
+            ).id
+        )
     done = wait_for(client, ids[-1], {"completed"})
     (out,) = read_lines(client, done.output_file_id)
     assert out["response"]["body"]["choices"][0]["text"] == "two one"
@@ -153,14 +176,18 @@ def test_completions_lines_listing_and_pagination(gw: BatchGateway) -> None:
 def test_another_tenant_cannot_see_read_or_cancel(gw: BatchGateway) -> None:
     owner, stranger = gw.client(), gw.client("other")
     file_id = upload(owner, [chat_line("a", "sleep-ms-300 x")])
-    batch = owner.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = owner.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     for call in (
         lambda: stranger.files.retrieve(file_id),
         lambda: stranger.files.content(file_id),
         lambda: stranger.files.delete(file_id),
         lambda: stranger.batches.retrieve(batch.id),
         lambda: stranger.batches.cancel(batch.id),
-        lambda: stranger.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"),
+        lambda: stranger.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
     ):
         with pytest.raises(openai.NotFoundError):
             call()
@@ -172,7 +199,7 @@ def test_another_tenant_cannot_see_read_or_cancel(gw: BatchGateway) -> None:
 def test_cancel_stops_the_job_with_what_finished(gw: BatchGateway) -> None:
     client = gw.client()
     lines = [chat_line(f"s{i}", f"sleep-ms-100 w{i}") for i in range(40)]
-    batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h")
+    batch = client.batches.retrieve(start(client, lines))
     wait_for(client, batch.id, {"in_progress"})
     while client.batches.retrieve(batch.id).request_counts.completed < 2:
         time.sleep(0.05)
@@ -182,17 +209,16 @@ def test_cancel_stops_the_job_with_what_finished(gw: BatchGateway) -> None:
     output = read_lines(client, done.output_file_id)
     assert 2 <= len(output) == done.request_counts.completed < 40
     assert len({x["custom_id"] for x in output}) == len(output)
-    with pytest.raises(openai.ConflictError):
-        client.batches.cancel(wait_for(client, client.batches.create(
-            input_file_id=upload(client, [chat_line("q", "q")]), endpoint="/v1/chat/completions",
-            completion_window="24h").id, {"completed"}).id)  # fmt: skip
+    ended = start(client, [chat_line("q", "q")])
+    wait_for(client, ended, {"completed"})
+    with pytest.raises(openai.ConflictError):  # a job that has ended cannot be cancelled
+        client.batches.cancel(ended)
 
 
 def test_an_expired_job_ends_expired_with_what_finished(gw: BatchGateway) -> None:
     client = gw.client()
     lines = [chat_line(f"e{i}", f"sleep-ms-150 w{i}") for i in range(60)]
-    batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="1s")
-    done = wait_for(client, batch.id, {"expired"})
+    done = wait_for(client, start(client, lines, window="1s"), {"expired"})
     output, errors = read_lines(client, done.output_file_id), read_lines(client, done.error_file_id)
     assert output and len(output) + len(errors) == 60
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
@@ -202,9 +228,7 @@ def test_an_expired_job_ends_expired_with_what_finished(gw: BatchGateway) -> Non
 def test_token_quota_counts_and_bad_input_is_refused_clearly(gw: BatchGateway) -> None:
     client = gw.client("capped")  # 30 tokens a day: the first lines fit, the rest are refused
     lines = [chat_line(f"q{i}", "one two three four") for i in range(6)]
-    done = wait_for(client, client.batches.create(
-        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h").id,
-        {"completed"})  # fmt: skip
+    done = wait_for(client, start(client, lines), {"completed"})
     errors = read_lines(client, done.error_file_id)
     assert done.request_counts.completed >= 1 and errors
     assert {e["response"]["body"]["error"]["code"] for e in errors} == {"quota_exceeded"}
@@ -214,7 +238,10 @@ def test_token_quota_counts_and_bad_input_is_refused_clearly(gw: BatchGateway) -
         (b'{"custom_id": "a"', "line 1: malformed JSON"),
         (jsonl([chat_line("a", "x"), {**chat_line("a", "y")}]), "line 2: custom_id 'a' is not unique"),
         (jsonl([{**chat_line("a", "x"), "url": "/v1/images"}]), "line 1: url must be one of"),
-        (jsonl([{**chat_line("a", "x"), "body": {"model": "echo", "messages": 3}}]), "line 1: body: invalid request"),
+        (
+            jsonl([{**chat_line("a", "x"), "body": {"model": "echo", "messages": 3}}]),
+            "line 1: body: invalid request",
+        ),
     ]
     for data, message in bad:
         with pytest.raises(openai.BadRequestError) as refused:
@@ -229,4 +256,12 @@ def test_token_quota_counts_and_bad_input_is_refused_clearly(gw: BatchGateway) -
         acme.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="48h")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{gw.url}/v1", api_key="fg-bad", max_retries=0).batches.list()
-    assert httpx.get(f"{gw.url}/v1/batches", params={"limit": "x"}, headers={"Authorization": f"Bearer {gw.keys['acme']}"}).status_code == 400
+    auth = {"Authorization": f"Bearer {gw.keys['acme']}"}
+    raw = [
+        httpx.get(f"{gw.url}/v1/batches", params={"limit": "x"}, headers=auth),
+        httpx.post(f"{gw.url}/v1/files", json={"purpose": "batch"}, headers=auth),
+        httpx.post(f"{gw.url}/v1/batches", json={"input_file_id": file_id, "endpoint": "x"}, headers=auth),
+        httpx.post(f"{gw.url}/v1/batches", content=b"{", headers={**auth, "content-type": "application/json"}),
+    ]
+    assert [r.status_code for r in raw] == [400, 415, 400, 400]
+    assert all(set(r.json()["error"]) >= {"message", "type", "code"} for r in raw)  # OpenAI's envelope

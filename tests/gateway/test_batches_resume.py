@@ -54,9 +54,12 @@ def test_a_job_killed_mid_way_resumes_with_every_line_once(
         key = create_key(first.url, "acme")
         client = openai.OpenAI(base_url=f"{first.url}/v1", api_key=key, max_retries=0)
         file_id = client.files.create(
-            file=("in.jsonl", io.BytesIO(jsonl([chat_line(c, p) for c, p in prompts.items()]))), purpose="batch"
+            file=("in.jsonl", io.BytesIO(jsonl([chat_line(c, p) for c, p in prompts.items()]))),
+            purpose="batch",
         ).id
-        batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+        batch = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
         while client.batches.retrieve(batch.id).request_counts.completed < 6:
             time.sleep(0.02)
     finally:

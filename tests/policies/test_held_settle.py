@@ -20,7 +20,10 @@ def background() -> tuple[HeldSettle, object]:
 
 async def test_background_requests_skip_rate_limits_but_not_quotas(store, clock) -> None:
     adm = admission(
-        store, clock, limits=Limits(requests_per_minute=1, max_concurrency=1), quotas=Quotas(tokens_per_day=100)
+        store,
+        clock,
+        limits=Limits(requests_per_minute=1, max_concurrency=1),
+        quotas=Quotas(tokens_per_day=100),
     )
     for _ in range(3):  # three at once, past both the per-minute and the concurrency limit
         held, principal = background()

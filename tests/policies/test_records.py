@@ -14,7 +14,11 @@ async def test_documents_are_owned_listed_newest_first_and_paged(store) -> None:
     assert await store.get_record("batch", "nope") is None
     assert await store.get_record("file", "b1") is None  # kinds are separate
     assert await store.list_records("batch", "acme", limit=2) == ['{"n":4}', '{"n":3}']
-    assert await store.list_records("batch", "acme", after="b3", limit=10) == ['{"n":2}', '{"n":1}', '{"n":0}']
+    assert await store.list_records("batch", "acme", after="b3", limit=10) == [
+        '{"n":2}',
+        '{"n":1}',
+        '{"n":0}',
+    ]
     assert await store.list_records("batch", "other") == ["theirs"]
     await store.put_record("batch", "b4", "acme", 104.0, "changed")  # replace keeps its place
     assert (await store.list_records("batch", "acme", limit=1)) == ["changed"]
