@@ -56,6 +56,11 @@ QUEUE_DEPTH = Gauge(
     "Requests waiting in a deployment's fair queue, by tenant.",
     ["deployment", "tenant"],
 )
+QUEUE_BACKGROUND = Gauge(
+    "fleetgate_queue_background",
+    "Batch-job requests in a deployment's background class, by state (waiting, in_flight).",
+    ["deployment", "state"],
+)
 QUEUE_TIME = Histogram(
     "fleetgate_queue_time_seconds",
     "Time a request waited in the fair queue before reaching the backend.",

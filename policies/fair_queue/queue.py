@@ -256,6 +256,8 @@ class FairQueue:
             in_flight=self._in_flight,
             depth=self.depth(),
             tenants=tenants,
+            background_in_flight=self._background.in_flight,
+            background_depth=self._background.depth(),
         )
 
     # --- waiting -------------------------------------------------------------------------------

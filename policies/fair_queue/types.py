@@ -66,3 +66,6 @@ class QueueStats(msgspec.Struct, kw_only=True):
     in_flight: int
     depth: int
     tenants: dict[str, TenantQueueStats]
+    #: the background class (batch jobs): dispatched and waiting (not counted in the tenants' stats)
+    background_in_flight: int = 0
+    background_depth: int = 0

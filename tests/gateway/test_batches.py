@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -101,6 +102,12 @@ def usage_of(url: str, tenant: str) -> tuple[int, int]:
     rows = rows["usage"] if isinstance(rows, dict) else rows
     days = [r for r in rows if len(r["period"]) == 10]
     return sum(r["requests"] for r in days), sum(r["tokens"] for r in days)
+
+
+def background_in_flight(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS).text
+    found = re.search(r'fleetgate_queue_background\{deployment="echo-remote",state="in_flight"\} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
 
 
 def expected_tokens(prompt: str, max_tokens: int = 8) -> int:
@@ -201,6 +208,11 @@ def test_cancel_stops_the_job_with_what_finished(gw: BatchGateway) -> None:
     lines = [chat_line(f"s{i}", f"sleep-ms-100 w{i}") for i in range(40)]
     batch = client.batches.retrieve(start(client, lines))
     wait_for(client, batch.id, {"in_progress"})
+    # its lines wait in the fair queue's background class, not in the tenant's interactive queue
+    deadline = time.monotonic() + 10
+    while background_in_flight(gw.url) < 1:
+        assert time.monotonic() < deadline, "no batch line ever ran in the background class"
+        time.sleep(0.02)
     while client.batches.retrieve(batch.id).request_counts.completed < 2:
         time.sleep(0.05)
     assert client.batches.cancel(batch.id).status == "cancelling"
