@@ -111,7 +111,7 @@ class Job:
         """The job's requests, from its input file; a file gone since creation fails the job."""
         try:
             data = await self.ctx.files.content(self.tenant, self.record.input_file_id)
-            return parse_input(data, self.ctx.config.max_lines)
+            return await asyncio.to_thread(parse_input, data, self.ctx.config.max_lines)
         except StoreUnavailable:
             raise  # an outage is no reason to fail the job: it is tried again at a later poll
         except Exception as exc:  # noqa: BLE001 - any reason the input cannot be read fails the job

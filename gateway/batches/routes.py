@@ -7,6 +7,7 @@ not exist. Errors are answered in OpenAI's envelope.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -77,7 +78,8 @@ async def upload_file(request: Request, core: GatewayCore, call: Call) -> Respon
             raise GatewayError(415, "unsupported_media_type", "send the file as multipart/form-data")
         limit = service.config.max_file_bytes + 64 * 1024  # the multipart framing around the file
         raw = await read_body(request, limit, allowed_types=("multipart/form-data",), headers=call.headers)
-        form = parse_form(call.headers.get("content-type", ""), raw)
+        # parsing and checking a large file takes a while: off the event loop
+        form = await asyncio.to_thread(parse_form, call.headers.get("content-type", ""), raw)
         purpose = form.fields.get("purpose")
         if purpose != "batch":
             raise InvalidInput(
@@ -90,7 +92,7 @@ async def upload_file(request: Request, core: GatewayCore, call: Call) -> Respon
             raise GatewayError(
                 413, "file_too_large", f"the file exceeds {service.config.max_file_bytes} bytes"
             )
-        parse_input(data, service.config.max_lines)
+        await asyncio.to_thread(parse_input, data, service.config.max_lines)
         obj = await service.files.create(principal.tenant, filename[:256], "batch", data, service.clock())
         return msgspec.to_builtins(obj), 200
 
@@ -146,7 +148,8 @@ async def _checked_input(service: BatchService, tenant: str, body: CreateBatch) 
     file = await service.files.get(tenant, body.input_file_id)
     if file.purpose != "batch":
         raise InvalidInput(f"file {body.input_file_id!r} has purpose {file.purpose!r}, not `batch`")
-    requests = parse_input(await service.files.content(tenant, body.input_file_id), service.config.max_lines)
+    data = await service.files.content(tenant, body.input_file_id)
+    requests = await asyncio.to_thread(parse_input, data, service.config.max_lines)
     for r in requests:
         if r.url != body.endpoint:
             raise InvalidInput(
