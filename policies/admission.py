@@ -4,6 +4,10 @@
 tokens/min (cost = prompt tokens + max_tokens, reserved up front), concurrency (a lease that expires
 if this replica dies), and the tenant's day/month quotas. `reconcile` refunds what was reserved but not
 used, records usage per tenant+model+period and releases the concurrency slot, once per reservation.
+
+Background requests (batch jobs' lines, `Principal.background`) are admitted against quotas only,
+never fail open, and their settlement is handed to their `HeldSettle`; `commit` writes it later
+together with the line's done mark, in one atomic store step (gateway/batches/job.py).
 """
 
 from __future__ import annotations
