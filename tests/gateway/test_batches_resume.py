@@ -84,3 +84,33 @@ def test_a_job_killed_mid_way_resumes_with_every_line_once(
         assert LINES <= len(sent) <= LINES + 2
     finally:
         second.kill()
+
+
+def test_two_gateways_sharing_a_store_run_each_job_once(upstream_url: str, tmp_path: Path) -> None:
+    from gateway.app import create_app
+    from gateway.config import parse_config
+    from tests.servers import serve_app
+
+    text = resume_yaml(f"sqlite:///{tmp_path / 'state.db'}", tmp_path / "files", upstream_url)
+    config = parse_config(text, base_dir=tmp_path)
+    prompts = {f"t{i}": f"sleep-ms-20 twin{i} shared store" for i in range(30)}
+    with serve_app(create_app(config)) as first, serve_app(create_app(config)) as second:
+        key = create_key(first, "acme")
+        clients = [openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) for url in (first, second)]
+        file_id = (
+            clients[0]
+            .files.create(
+                file=("in.jsonl", io.BytesIO(jsonl([chat_line(c, p) for c, p in prompts.items()]))),
+                purpose="batch",
+            )
+            .id
+        )
+        batch = clients[1].batches.create(  # created on the other replica: the file is shared
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = wait_for(clients[0], batch.id, {"completed", "failed"})
+        assert done.status == "completed" and done.request_counts.completed == 30
+        assert sorted(x["custom_id"] for x in read_lines(clients[1], done.output_file_id)) == sorted(prompts)
+        assert usage_of(first, "acme") == (30, sum(expected_tokens(p) for p in prompts.values()))
+    sent = [json.dumps(b.get("messages")) for b in RECEIVED if "twin" in json.dumps(b.get("messages"))]
+    assert len(sent) == 30  # one claim: no line ran on both replicas
