@@ -80,11 +80,14 @@ def start(client: openai.OpenAI, lines: list[dict], window: str = "24h") -> str:
     ).id
 
 
-def wait_for(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 30.0):
+def wait_for(
+    client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 30.0, completed: int = 0
+):
+    """The job once its status is one of `statuses` with at least `completed` lines done."""
     deadline = time.monotonic() + timeout_s
     while True:
         batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses:
+        if batch.status in statuses and batch.request_counts.completed >= completed:
             return batch
         assert time.monotonic() < deadline, f"batch stuck in {batch.status}"
         time.sleep(0.05)
@@ -213,8 +216,7 @@ def test_cancel_stops_the_job_with_what_finished(gw: BatchGateway) -> None:
     while background_in_flight(gw.url) < 1:
         assert time.monotonic() < deadline, "no batch line ever ran in the background class"
         time.sleep(0.02)
-    while client.batches.retrieve(batch.id).request_counts.completed < 2:
-        time.sleep(0.05)
+    wait_for(client, batch.id, {"in_progress"}, completed=2)
     assert client.batches.cancel(batch.id).status == "cancelling"
     done = wait_for(client, batch.id, {"cancelled"})
     assert done.cancelling_at and done.cancelled_at

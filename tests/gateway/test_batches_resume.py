@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from pathlib import Path
 
 import openai
@@ -60,8 +59,7 @@ def test_a_job_killed_mid_way_resumes_with_every_line_once(
         batch = client.batches.create(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        while (seen := client.batches.retrieve(batch.id)).request_counts.completed < 6:
-            time.sleep(0.02)
+        seen = wait_for(client, batch.id, {"in_progress"}, completed=6)
         # killed at once: the ~34 lines left take the job about a second more
         assert seen.status == "in_progress" and seen.request_counts.completed < LINES
     finally:
