@@ -20,6 +20,8 @@ from litestar.exceptions import HTTPException
 from gateway import liveness, openapi, probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin_guard import AdminAttempts
+from gateway.batches.routes import ROUTES as BATCH_ROUTES
+from gateway.batches.service import BatchService
 from gateway.calls import register_metric_models
 from gateway.config import Config, ConfigError
 from gateway.console.pages import TEMPLATES as CONSOLE_TEMPLATES
@@ -120,6 +122,9 @@ def create_app(
         app.state.load_retries = retries
         await open_deployments(deployments, retries)
         app.state.grpc = await start_grpc(config, lambda: app.state.core)
+        batches = BatchService.open(config.batches, store, admission, lambda: app.state.core, clock)
+        app.state.batches = batches
+        batches.runner.start()
         log.info("gateway_started", deployments=len(deployments), models=len(config.models))
         try:
             yield
@@ -128,6 +133,7 @@ def create_app(
                 # SIGTERM's drain covers HTTP; gRPC calls in flight get a short grace of their own
                 await app.state.grpc.stop(min(5.0, config.server.shutdown_timeout_s))
             await retries.cancel()
+            await batches.runner.stop()
             # settlements of streams the shutdown cut still write usage: let them finish first
             await app.state.core.settlement.wait_all()
             await liveness.stop(beating)
@@ -145,6 +151,7 @@ def create_app(
             *tfserving.ROUTES,
             *openai.ROUTES,
             *openai_embeddings.ROUTES,
+            *BATCH_ROUTES,
             *ADMIN_ROUTES,
             *LORA_ROUTES,
             *RELOAD_ROUTES,

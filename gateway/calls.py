@@ -19,6 +19,7 @@ import structlog
 
 from gateway import metrics
 from gateway.errors import Protocol
+from policies.principal import Principal
 
 log = structlog.get_logger("fleetgate.access")
 
@@ -81,6 +82,7 @@ class Call:
         "tenant",
         "headers",
         "api_key",
+        "principal",
     )
 
     def __init__(self, protocol: Protocol, headers: Mapping[str, str], api_key: str | None = None) -> None:
@@ -89,6 +91,9 @@ class Call:
         self.headers = headers
         #: the credential the adapter found (None: the caller sent none)
         self.api_key = api_key
+        #: who the call is for when the gateway itself makes it (a batch job's line, run as the
+        #: job's tenant): `identify` takes it instead of a credential. Never set from a request.
+        self.principal: Principal | None = None
         # The gateway's own id keys the request everywhere inside (engine, aborts, shadows): a
         # client-chosen id could collide with, reveal or abort another tenant's request. 128 random
         # bits as 32 hex digits, like uuid4().hex without building a UUID object.

@@ -19,6 +19,7 @@ import msgspec
 import yaml
 
 from backends.spec import DeploymentSpec, SpecBase
+from gateway.batches.config import BatchesConfig
 from policies.fair_queue import QueueSpec
 from policies.types import TenantSpec
 from router.spec import BreakerConfig, ModelConfig
@@ -156,6 +157,8 @@ class Config(SpecBase):
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
     #: circuit breakers of every deployment (changeable by reload)
     breakers: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
+    #: OpenAI Batch API: files directory and how jobs run (gateway/batches)
+    batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)
 
 
 def with_listen_overrides(config: Config, listen: Mapping[str, Any]) -> Config:
@@ -210,7 +213,8 @@ def _resolve_paths(config: Config, base_dir: Path) -> Config:
     if state.url.startswith("sqlite:///") and not state.url.startswith("sqlite:////"):
         relative = state.url.removeprefix("sqlite:///")
         state = msgspec.structs.replace(state, url="sqlite:///" + str(_resolve(relative, base_dir)))
-    return msgspec.structs.replace(config, deployments=deployments, state=state)
+    batches = msgspec.structs.replace(config.batches, files_dir=str(_resolve(config.batches.files_dir, base_dir)))
+    return msgspec.structs.replace(config, deployments=deployments, state=state, batches=batches)
 
 
 def _check_model(model: str, spec: ModelConfig, names: Mapping[str, object]) -> None:

@@ -46,7 +46,7 @@ from gateway.drain import DrainState
 from gateway.errors import GatewayError
 from gateway.lora_models import base_model_of, declared_adapters, served_models
 from gateway.outcomes import Outcomes
-from gateway.queue_hints import NO_HINTS, QueueHints, queue_hints
+from gateway.queue_hints import BACKGROUND_HINTS, NO_HINTS, QueueHints, queue_hints
 from gateway.row_slices import CONTINUING_PRIORITY, join_row_slices, row_slices
 from gateway.shadowing import Shadows
 from gateway.streams import ChoiceShare, GenerationStream, StreamJob, StreamSettlement
@@ -244,10 +244,13 @@ class GatewayCore:
                 "this gateway instance is shutting down; retry (another instance will answer)",
                 headers={"Retry-After": "1"},
             )
-        if call.api_key is None:
+        if call.principal is not None:  # made by the gateway itself (a batch line), already known
+            principal = call.principal
+        elif call.api_key is None:
             raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
-        with tracing.child("authenticate"):
-            principal = await self.keys.authenticate(call.api_key)
+        else:
+            with tracing.child("authenticate"):
+                principal = await self.keys.authenticate(call.api_key)
         if principal.tenant not in self.config.tenants:
             raise Unauthenticated("the API key belongs to a tenant that is no longer configured")
         call.tenant = principal.tenant
@@ -275,7 +278,7 @@ class GatewayCore:
             # decoded against the first deployment that will be tried (TF Serving's row form
             # needs its signature); one that is down is skipped as `infer` skips it
             decoded = await load(self._candidates(plan, Capability.TENSOR)[0].backend.metadata())
-            response, served = await self.infer(principal, plan, decoded.request, queue_hints(call.headers))
+            response, served = await self.infer(principal, plan, decoded.request, _hints(call))
         self._record_server(call, served, span)
         return TensorOutcome(decoded, response, served)
 
@@ -298,7 +301,7 @@ class GatewayCore:
                 request.adapter = plan.model if plan.model in self.adapter_models else None
                 async with deadline.scope():
                     prompt_tokens = await self.estimate_prompt_tokens(plan, request)
-                    hints = queue_hints(call.headers)
+                    hints = _hints(call)
                     if given.n == 1:
                         stream, served = await self.start_generation(
                             principal, plan, request, prompt_tokens, hints, span
@@ -338,7 +341,11 @@ class GatewayCore:
         async def attempt(dep: Deployment) -> tuple[list[GenerationStream], float, float]:
             with tracing.child("queue", **{"fleetgate.deployment": dep.name}):
                 ticket = await dep.queue.acquire(
-                    principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
+                    principal.tenant,
+                    cost,
+                    priority=hints.priority,
+                    timeout_s=hints.timeout_s,
+                    background=hints.background,
                 )
             share.begin_attempt(dep.queue, ticket)
             started = time.perf_counter()
@@ -388,7 +395,7 @@ class GatewayCore:
             given.inputs, call.request_id, given.dimensions
         )
         cost = first.tokens
-        hints = queue_hints(call.headers)
+        hints = _hints(call)
         async with deadline.scope():
             reservation = await self._admit(principal, plan.model, cost)
 
@@ -540,7 +547,9 @@ class GatewayCore:
         parse and a cached key check, not the read, decode and admission of its body.
         """
         dep = self.deployments.get(plan.primary)
-        if dep is not None:
+        # a batch job's line waits in the background class, which has no bound of its own (the job
+        # paces itself); the tenant's full interactive queue says nothing about it
+        if dep is not None and principal.background is None:
             dep.queue.check_room(principal.tenant)
 
     def _candidates(self, plan: Plan, capability: Capability) -> list[Deployment]:
@@ -707,6 +716,7 @@ class GatewayCore:
                     priority=hints.priority,
                     timeout_s=hints.timeout_s,
                     continuing=continuing,
+                    background=hints.background,
                 )
         except BaseException:
             work.close()  # never awaited: close it so Python does not warn
@@ -775,7 +785,11 @@ class GatewayCore:
         async def attempt(dep: Deployment) -> tuple[GenerationStream, float, float]:
             with tracing.child("queue", **{"fleetgate.deployment": dep.name}):
                 ticket = await dep.queue.acquire(
-                    principal.tenant, cost, priority=hints.priority, timeout_s=hints.timeout_s
+                    principal.tenant,
+                    cost,
+                    priority=hints.priority,
+                    timeout_s=hints.timeout_s,
+                    background=hints.background,
                 )
             started = time.perf_counter()
             stream = as_generative(dep.backend).generate(request)
@@ -819,6 +833,14 @@ async def _first_event(events: Any, request_id: str) -> TokenEvent:
         return await anext(events)
     except StopAsyncIteration:
         return TokenEvent(request_id=request_id, finish_reason="stop", usage=Usage())
+
+
+def _hints(call: Call) -> QueueHints:
+    """The call's fair-queue hints: a batch job's line waits in the background class; an
+    interactive call asks with its headers."""
+    if call.principal is not None and call.principal.background is not None:
+        return BACKGROUND_HINTS
+    return queue_hints(call.headers)
 
 
 def _call_attributes(call: Call) -> dict[str, Any]:

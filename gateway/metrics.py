@@ -62,6 +62,11 @@ QUEUE_DEPTH = Gauge(
     ["deployment", "tenant"],
     multiprocess_mode=LIVE_WORKERS_ONLY,
 )
+QUEUE_BACKGROUND = Gauge(
+    "fleetgate_queue_background",
+    "Batch-job requests in a deployment's background class, by state (waiting, in_flight).",
+    ["deployment", "state"],
+)
 QUEUE_TIME = Histogram(
     "fleetgate_queue_time_seconds",
     "Time a request waited in the fair queue before reaching the backend.",

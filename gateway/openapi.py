@@ -21,6 +21,8 @@ from gateway import probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin import CreateKeyBody
 from gateway.admin_guard import ADMIN_GUARD
+from gateway.batches.routes import ROUTES as BATCH_ROUTES
+from gateway.batches.routes import CreateBatch
 from gateway.http import DEPENDENCIES
 from gateway.protocols import kserve, openai, openai_embeddings, tfserving
 from gateway.protocols.openai_schema import ChatBody, CompletionBody, EmbeddingsBody
@@ -149,10 +151,29 @@ def _json_body(schema: dict[str, Any], *, binary: bool = False) -> dict[str, Any
     return {"required": True, "content": content}
 
 
+_UPLOAD = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["file", "purpose"],
+                "properties": {
+                    "file": {"type": "string", "format": "binary", "description": "JSONL, one request a line"},
+                    "purpose": {"type": "string", "enum": ["batch"]},
+                },
+            }
+        }
+    },
+}
+
+
 def _request_bodies(refs: dict[str, dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     infer = _json_body(refs["InferRequestJSON"], binary=True)
     predict = _json_body(_PREDICT_BODY)
     return {
+        ("/v1/files", "post"): _UPLOAD,
+        ("/v1/batches", "post"): _json_body(refs["CreateBatch"]),
         ("/v1/completions", "post"): _json_body(refs["CompletionBody"]),
         ("/v1/chat/completions", "post"): _json_body(refs["ChatBody"]),
         ("/v1/embeddings", "post"): _json_body(refs["EmbeddingsBody"]),
@@ -215,7 +236,7 @@ def _build(handlers: list[Any], title: str) -> dict[str, Any]:
     )
     document = app.openapi_schema.to_schema()
     _, refs = msgspec.json.schema_components(
-        [ChatBody, CompletionBody, EmbeddingsBody, InferRequestJSON, CreateKeyBody], ref_template=_REF
+        [ChatBody, CompletionBody, EmbeddingsBody, InferRequestJSON, CreateKeyBody, CreateBatch], ref_template=_REF
     )
     document.setdefault("components", {}).setdefault("schemas", {}).update(refs)
     named = {name: {"$ref": _REF.format(name=name)} for name in refs}
@@ -225,7 +246,14 @@ def _build(handlers: list[Any], title: str) -> dict[str, Any]:
 @cache
 def client_document() -> dict[str, Any]:
     """Every client-facing route (OpenAI, Open Inference Protocol v2, TF Serving REST, probes)."""
-    handlers = [*openai.ROUTES, *openai_embeddings.ROUTES, *kserve.ROUTES, *tfserving.ROUTES, *probes.ROUTES]
+    handlers = [
+        *openai.ROUTES,
+        *openai_embeddings.ROUTES,
+        *BATCH_ROUTES,
+        *kserve.ROUTES,
+        *tfserving.ROUTES,
+        *probes.ROUTES,
+    ]
     return _build(handlers, "fleetgate")
 
 

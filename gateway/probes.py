@@ -69,8 +69,11 @@ def exposition(core: GatewayCore) -> bytes:
     # Queue depths, load estimates and route weights are read when scraped rather than updated
     # on every enqueue, dispatch and rollback.
     for name, dep in core.deployments.items():
-        for tenant, stats in dep.queue.stats().tenants.items():
+        queue = dep.queue.stats()
+        for tenant, stats in queue.tenants.items():
             metrics.QUEUE_DEPTH.labels(name, tenant).set(stats.depth)
+        metrics.QUEUE_BACKGROUND.labels(name, "waiting").set(queue.background_depth)
+        metrics.QUEUE_BACKGROUND.labels(name, "in_flight").set(queue.background_in_flight)
         service_s = core.service_times.get(name)
         if service_s is not None:
             metrics.SERVICE_TIME.labels(name, dep.device, dep.hardware).set(service_s)

@@ -32,9 +32,13 @@ class QueueHints(msgspec.Struct, frozen=True):
     priority: int = 0
     #: seconds the request may wait for its turn; None: the deployment's default
     timeout_s: float | None = None
+    #: wait in the fair queue's background class (batch jobs; never from a header): dispatched only
+    #: into capacity that no interactive request is waiting for
+    background: bool = False
 
 
 NO_HINTS = QueueHints()
+BACKGROUND_HINTS = QueueHints(background=True)
 
 
 def queue_hints(headers: Mapping[str, str]) -> QueueHints:

@@ -4,6 +4,10 @@
 tokens/min (cost = prompt tokens + max_tokens, reserved up front), concurrency (a lease that expires
 if this replica dies), and the tenant's day/month quotas. `reconcile` refunds what was reserved but not
 used, records usage per tenant+model+period and releases the concurrency slot, once per reservation.
+
+Background requests (batch jobs' lines, `Principal.background`) are admitted against quotas only,
+never fail open, and their settlement is handed to their `HeldSettle`; `commit` writes it later
+together with the line's done mark, in one atomic store step (gateway/batches/job.py).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 import structlog
@@ -19,7 +24,7 @@ from policies import quotas as q
 from policies import ratelimit as rl
 from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable, Unauthenticated
 from policies.principal import Principal
-from policies.stores.base import AcquireResult, CounterOp, Journal, StateStore, UsageDelta
+from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
 from policies.types import TenantSpec, UsageRow
 
@@ -55,6 +60,8 @@ class Reservation(msgspec.Struct, kw_only=True):
     degraded: bool = False
     settled: bool = False
     renewed_at: float = 0.0
+    #: a background request's HeldSettle: `reconcile` hands it the settlement instead of applying it
+    held: Any = None
 
 
 class Admission:
@@ -126,11 +133,15 @@ class Admission:
         if isinstance(cost_tokens, bool) or not isinstance(cost_tokens, int) or cost_tokens < 0:
             raise ValueError(f"cost_tokens must be a non-negative int, got {cost_tokens!r}")
         now = self._clock()
+        held = principal.background
+        # a batch job's requests count against quotas (the bill) but not per-minute limits: those
+        # shape interactive bursts, and the batch runner paces itself through the fair queue
+        limits, key_limits = (None, None) if held is not None else (spec.limits, spec.key_limits)
         t_buckets, t_leases = rl.rate_checks(
-            f"tenant {principal.tenant}", f"t:{principal.tenant}", spec.limits, cost_tokens
+            f"tenant {principal.tenant}", f"t:{principal.tenant}", limits, cost_tokens
         )
         k_buckets, k_leases = rl.rate_checks(
-            f"key {principal.key_id}", f"k:{principal.key_id}", spec.key_limits, cost_tokens
+            f"key {principal.key_id}", f"k:{principal.key_id}", key_limits, cost_tokens
         )
         buckets, leases = t_buckets + k_buckets, t_leases + k_leases
         quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
@@ -147,11 +158,13 @@ class Admission:
             now=now,
             journal=journal,
         )
-        result, degraded = await self._acquire(kwargs, now)
+        result, degraded = await self._acquire(kwargs, now, fail_open=held is None)
         headers = rl.ratelimit_headers(buckets, result.buckets)
         if not result.ok:
             self._refuse(principal.tenant, result, buckets, leases, quota_checks, headers, now)
         self.stats["admitted"] += 1
+        if held is not None:
+            held.reserved = True
         return Reservation(
             id=lease_id,
             tenant=principal.tenant,
@@ -168,9 +181,10 @@ class Admission:
             headers=headers,
             degraded=degraded,
             renewed_at=now,
+            held=held,
         )
 
-    async def _acquire(self, kwargs: dict, now: float) -> tuple[AcquireResult, bool]:
+    async def _acquire(self, kwargs: dict, now: float, fail_open: bool = True) -> tuple[AcquireResult, bool]:
         if not (kwargs["buckets"] or kwargs["leases"] or kwargs["counters"]):
             return AcquireResult(True, [], [], []), False  # an unlimited tenant: nothing to check
         try:
@@ -178,7 +192,8 @@ class Admission:
         except StoreUnavailable as exc:
             if self._down_since is None:
                 self._down_since = now
-            if self._fail_open_s > 0 and now - self._down_since <= self._fail_open_s:
+            # never for a batch line: its settlement must reach the shared store with its record
+            if fail_open and self._fail_open_s > 0 and now - self._down_since <= self._fail_open_s:
                 log.warning("state_store_down_failing_open", error=exc.detail, down_s=now - self._down_since)
                 result = await self._local.acquire(**{**kwargs, "journal": None})
                 self.stats["fail_open"] += result.ok
@@ -268,6 +283,9 @@ class Admission:
             usage=usage,
             now=self._clock(),
         )
+        if r.held is not None:  # a batch line: committed by its runner with the line's record
+            r.held.hold(settle, self._late_settle(r, actual_tokens, requests, usage))
+            return
         if r.degraded:
             await self._local.settle(**settle)
             # The shared store never saw this request: charge it there (quotas, usage) when it is back.
@@ -294,13 +312,41 @@ class Admission:
         The reclaim refunded the whole reservation; the request did run, so its usage is recorded
         and its real cost charged to the quotas, once (its own settle id).
         """
+        await self._store.settle(**self._late_settle(r, actual_tokens, requests, usage))
+        log.warning("reclaimed_reservation_settled_late", reservation=r.id)
+
+    def _late_settle(
+        self, r: Reservation, actual_tokens: int, requests: int, usage: list[UsageDelta]
+    ) -> dict[str, Any]:
+        """The settle of a reservation already refunded by a reclaim: its whole real cost, once."""
         charge = [CounterOp(c.key, None, actual_tokens, c.expires_at) for c in r.token_quotas]
         charge += [CounterOp(c.key, None, requests, c.expires_at) for c in r.request_quotas]
-        await self._store.settle(
+        return dict(
             settle_id=f"late:{r.id}", lease_id=r.id, buckets=[], release=[], counters=charge, usage=usage,
             now=self._clock(),
-        )
-        log.warning("reclaimed_reservation_settled_late", reservation=r.id)
+        )  # fmt: skip
+
+    async def commit(self, held: Any, marks: list[Mark]) -> None:
+        """Write a background request's `marks` with its held settlement in one atomic store step
+        (just the marks when it was never admitted). Raises StoreUnavailable (the caller retries:
+        a settlement applied once is never applied again, by its settle id).
+
+        When a reclaim (`recover`, by a process that took this one for dead) refunded the reservation
+        first, the request's real cost is charged by its late settle, which carries the marks then.
+        """
+        settle, late = await held.wait()
+        if settle is None:
+            await self._store.put_marks(marks)
+            return
+        if await self._store.settle(**settle, marks=marks) or late is None:
+            return
+        # Not applied: either this very commit went through before (a retry after an outage that
+        # hid its answer: the marks are there) or a reclaim refunded the reservation (they are not).
+        # Only the caller writes these marks (it holds the job's claim), so reading them is enough.
+        for mark in marks:
+            if (await self._store.get_marks(mark.key)).get(mark.field) != mark.value:
+                await self._store.settle(**late, marks=marks)
+                return
 
     async def heartbeat(self, ttl_s: float) -> None:
         """Tell the store this process is alive for `ttl_s` more seconds (its reservations are not orphans)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from typing import Any
 
 import msgspec
 
@@ -14,11 +15,16 @@ class Principal(msgspec.Struct, frozen=True):
         tenant: tenant name from the config.
         key_id: public id of the API key (safe to log; never the secret).
         models: model globs the key is restricted to (`("*",)` when the key has no restriction).
+        background: set on the requests of a batch job (gateway/batches), never from a credential:
+            a `policies.held_settle.HeldSettle` that receives the request's settlement. Such
+            requests skip the per-minute rate limits and concurrency limits (quotas still apply)
+            and wait in the fair queue's background class.
     """
 
     tenant: str
     key_id: str
     models: tuple[str, ...] = ("*",)
+    background: Any = None
 
     def can_see(self, model_name: str, tenant_models: list[str] | tuple[str, ...]) -> bool:
         """Whether this key may see `model_name`: both the key's and the tenant's globs must allow it."""

@@ -4,14 +4,17 @@ It "generates" deterministically: the completion is the prompt's words in revers
 stream event, truncated at `max_tokens` words. That makes every answer predictable, so the tests can
 check exactly what passed through the gateway. a prompt containing "fail-midway" breaks the stream after
 two words; `model == "missing"` answers 404 like a real server; `model == "busy-for-seed-1"` answers 503 to a
-request with `seed: 1` (the second choice of a seeded `n` request). A chat that offers `tools` (and a
-`tool_choice` other than "none") is answered with one call of the chosen (or first) tool, whose
-arguments are `{"words": [...]}`, the reply words; streamed, the arguments come in two pieces.
+request with `seed: 1` (the second choice of a seeded `n` request); a prompt containing `sleep-ms-N`
+answers N milliseconds late (a slow upstream, for tests that must catch a job half-way). A chat that
+offers `tools` (and a `tool_choice` other than "none") is answered with one call of the chosen (or
+first) tool, whose arguments are `{"words": [...]}`, the reply words; streamed, the arguments come in
+two pieces.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -122,8 +125,14 @@ RECEIVED: list[dict[str, Any]] = []
 RECEIVED_HEADERS: list[dict[str, str]] = []
 
 
+_SLEEP = re.compile(r"sleep-ms-([0-9]+)")
+
+
 async def _handle(request: Request, chat: bool) -> Response[Any]:
     body = msgspec.json.decode(await request.body())
+    slow = _SLEEP.search(_prompt_of(body))
+    if slow:
+        await asyncio.sleep(int(slow.group(1)) / 1000)
     RECEIVED.append(body)
     del RECEIVED[:-50]
     RECEIVED_HEADERS.append(dict(request.headers))

@@ -9,6 +9,7 @@ empty `choices` carries the usage. A stream that breaks after its first token en
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -153,13 +154,26 @@ def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
 
 
 async def _generate(request: Request, core: GatewayCore, call: Call, chat: bool) -> Response[Any]:
-    async def load() -> GenerationInput:
-        raw = await read_body(
+    async def read() -> bytes:
+        return await read_body(
             request,
             core.config.server.max_body_bytes,
             allowed_types=("application/json", ""),
             headers=call.headers,
         )
+
+    return await generate(core, call, chat, read)
+
+
+async def generate(
+    core: GatewayCore, call: Call, chat: bool, read: Callable[[], Awaitable[bytes]]
+) -> Response[Any]:
+    """Serve a (chat) completion whose JSON body `read` returns: the HTTP route, and a batch job's
+    line (gateway/batches) with the body from its input file. Every failure is answered in
+    OpenAI's envelope."""
+
+    async def load() -> GenerationInput:
+        raw = await read()
         body = decode(raw, chat_decoder if chat else completion_decoder)
         model, version, label = split_model_name(body.model)
 

@@ -11,6 +11,7 @@ the model's width before admission.
 from __future__ import annotations
 
 import base64
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -31,13 +32,22 @@ def _encoded(vector: np.ndarray, encoding: str) -> Any:
 
 @post("/v1/embeddings", status_code=200, opt=protocol_opt("openai"))
 async def embeddings(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
-    async def load() -> EmbeddingsInput:
-        raw = await read_body(
+    async def read() -> bytes:
+        return await read_body(
             request,
             core.config.server.max_body_bytes,
             allowed_types=("application/json", ""),
             headers=call.headers,
         )
+
+    return await embed(core, call, read)
+
+
+async def embed(core: GatewayCore, call: Call, read: Callable[[], Awaitable[bytes]]) -> Response[bytes]:
+    """Serve an embeddings call whose JSON body `read` returns (the HTTP route, and batch lines)."""
+
+    async def load() -> EmbeddingsInput:
+        raw = await read()
         body: EmbeddingsBody = decode(raw, embeddings_decoder)
         name, version, label = split_model_name(body.model)
         return EmbeddingsInput(ModelRef(name, version, label), embedding_inputs(body), body, body.dimensions)

@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
+from policies.fair_queue.background import BackgroundLane
 from policies.fair_queue.backlog import Backlog
 from policies.fair_queue.deadlines import Deadlines, resolve_deadline
 from policies.fair_queue.errors import QueueDeadlineExceeded, QueueError, QueueFull
@@ -73,6 +74,9 @@ class FairQueue:
         self._weights = check_weights(weights)
         self._policy = make_policy(spec, self.weight)
         self._backlog = Backlog(spec, self._policy)
+        self._background = BackgroundLane()
+        #: clock time interactive traffic was last seen (an arrival or a release)
+        self._interactive_seen = -math.inf
         self._in_flight = 0
         self._seq = itertools.count()
         self._dispatch_seq = itertools.count()
@@ -120,6 +124,7 @@ class FairQueue:
         deadline: float | None = None,
         timeout_s: float | None = None,
         continuing: bool = False,
+        background: bool = False,
     ) -> Ticket:
         """Wait for the request's turn and a free unit of capacity.
 
@@ -132,6 +137,8 @@ class FairQueue:
                 either, `spec.default_deadline_s` applies.
             continuing: a later part of a request already admitted here (`split_rows` slices): not
                 refused for a full queue, so a started request is never cut half-way.
+            background: wait in the background class (batch jobs): dispatched only into capacity
+                no interactive request waits for; no deadline, no queue bound (its caller paces it).
 
         Returns:
             The ticket to pass to `charge` and `release`.
@@ -143,7 +150,9 @@ class FairQueue:
         """
         if not (math.isfinite(cost) and cost >= 0):
             raise ValueError(f"cost must be a finite number >= 0, got {cost!r}")
-        now = self._clock()
+        if background:
+            return await self._acquire_background(tenant, cost, priority)
+        now = self._interactive_seen = self._clock()
         deadline = resolve_deadline(now, deadline, timeout_s, self.spec.default_deadline_s)
         if deadline is not None and deadline <= now:
             self._backlog.stats_of(tenant).expired += 1
@@ -168,6 +177,28 @@ class FairQueue:
             return await entry.future
         except asyncio.CancelledError:
             self._abandon(entry)
+            raise
+
+    async def _acquire_background(self, tenant: str, cost: float, priority: int) -> Ticket:
+        self._loop = asyncio.get_running_loop()
+        entry = Entry(
+            seq=next(self._seq),
+            tenant=tenant,
+            cost=float(cost),
+            priority=priority,
+            deadline=None,
+            enqueued_at=self._clock(),
+            future=self._loop.create_future(),
+        )
+        self._background.push(entry)
+        self._dispatch()
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            if entry.state is EntryState.QUEUED:
+                self._background.remove(entry)
+            elif entry.state is EntryState.DISPATCHED and not entry.future.cancelled():
+                self.release(entry.future.result(), actual_cost=0.0)
             raise
 
     @asynccontextmanager
@@ -201,7 +232,11 @@ class FairQueue:
             self._charge(ticket, actual_cost - ticket.charged)
         ticket.released = True
         self._in_flight -= 1
-        self._backlog.released(ticket)
+        if ticket.background:
+            self._background.in_flight -= 1
+        else:
+            self._backlog.released(ticket)
+            self._interactive_seen = self._clock()
         self._dispatch()
 
     def notify(self) -> None:
@@ -221,6 +256,8 @@ class FairQueue:
             in_flight=self._in_flight,
             depth=self.depth(),
             tenants=tenants,
+            background_in_flight=self._background.in_flight,
+            background_depth=self._background.depth(),
         )
 
     # --- waiting -------------------------------------------------------------------------------
@@ -261,10 +298,27 @@ class FairQueue:
                     self._backlog.stats_of(entry.tenant).cancelled += 1
                     continue
                 self._grant(entry)
+            # the background class fills what is left: nobody interactive waits, a slot is free
+            while (
+                self._background
+                and not self._backlog
+                and self._background.in_flight < self._background_limit()
+                and self._has_capacity()
+            ):
+                entry = self._background.pop()
+                if entry.future.done():
+                    entry.state = EntryState.CANCELLED
+                    continue
+                self._grant(entry, background=True)
         finally:
             self._dispatching = False
 
-    def _grant(self, entry: Entry) -> None:
+    def _background_limit(self) -> int:
+        interactive = self._in_flight - self._background.in_flight
+        recent = self._clock() - self._interactive_seen < self.spec.background_idle_s
+        return self.spec.background_limit(interactive > 0 or recent)
+
+    def _grant(self, entry: Entry, background: bool = False) -> None:
         now = self._clock()
         entry.state = EntryState.DISPATCHED
         ticket = Ticket(
@@ -275,13 +329,20 @@ class FairQueue:
             enqueued_at=entry.enqueued_at,
             dispatched_at=now,
             dispatch_seq=next(self._dispatch_seq),
+            background=background,
         )
         self._in_flight += 1
-        self._backlog.granted(ticket)
+        if background:
+            self._background.in_flight += 1
+        else:
+            self._backlog.granted(ticket)
         self._charge(ticket, entry.cost)
         entry.future.set_result(ticket)
 
     def _charge(self, ticket: Ticket, delta: float) -> None:
+        if ticket.background:  # not against the tenant's fair share (see background.py)
+            ticket.charged += delta
+            return
         if delta:
             self._policy.charge(ticket.tenant, delta)
             ticket.charged += delta

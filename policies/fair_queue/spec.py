@@ -33,6 +33,13 @@ class QueueSpec(SpecBase):
             most this many rows, each taking its own turn in the queue: a quiet tenant's request
             waits behind one slice of a large request, not the whole of it. Only for models whose
             rows are independent (every input and output batched along dimension 0); None: off.
+        background_max_in_flight: background requests (batch jobs) dispatched at once while
+            interactive traffic is present (a request in flight, or one seen in the last
+            `background_idle_s`). Background requests only ever take capacity no interactive
+            request waits for; this bounds how much of the backend they share with interactive
+            ones (a continuous-batching engine runs them in the same steps).
+        background_idle_s: after this long without interactive traffic, background requests may
+            fill `max_concurrency - 1` slots (one is kept for the next interactive arrival).
     """
 
     policy: PolicyName = "vtc"
@@ -43,6 +50,14 @@ class QueueSpec(SpecBase):
     drr_quantum: float = 16.0
     vtc_burst: float = 0.0
     split_rows: int | None = None
+    background_max_in_flight: int = 1
+    background_idle_s: float = 1.0
+
+    def background_limit(self, interactive_present: bool) -> int:
+        """Background requests allowed in flight (see `background_max_in_flight`)."""
+        if interactive_present:
+            return self.background_max_in_flight
+        return max(self.background_max_in_flight, self.max_concurrency - 1)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -61,5 +76,9 @@ class QueueSpec(SpecBase):
             raise ValueError("drr_quantum must be a finite number > 0")
         if not (math.isfinite(self.vtc_burst) and self.vtc_burst >= 0):
             raise ValueError("vtc_burst must be a finite number >= 0")
+        if self.background_max_in_flight < 1:
+            raise ValueError("background_max_in_flight must be >= 1")
+        if not (math.isfinite(self.background_idle_s) and self.background_idle_s >= 0):
+            raise ValueError("background_idle_s must be a finite number >= 0")
         if self.split_rows is not None and self.split_rows < 1:
             raise ValueError("split_rows must be >= 1 (or null)")

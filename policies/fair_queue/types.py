@@ -18,6 +18,7 @@ class Ticket(msgspec.Struct, kw_only=True):
         dispatch_seq: dispatch order in its queue (0, 1, 2, ...).
         charged: service charged to the tenant so far (estimate, then `charge` deltas).
         released: True once `release` ran (a second release is a no-op).
+        background: dispatched from the background class.
     """
 
     id: int
@@ -29,6 +30,8 @@ class Ticket(msgspec.Struct, kw_only=True):
     dispatch_seq: int
     charged: float = 0.0
     released: bool = False
+    #: dispatched from the background class (batch jobs; see policies/fair_queue/background.py)
+    background: bool = False
 
     @property
     def queue_time_s(self) -> float:
@@ -63,3 +66,6 @@ class QueueStats(msgspec.Struct, kw_only=True):
     in_flight: int
     depth: int
     tenants: dict[str, TenantQueueStats]
+    #: the background class (batch jobs): dispatched and waiting (not counted in the tenants' stats)
+    background_in_flight: int = 0
+    background_depth: int = 0

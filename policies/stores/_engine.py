@@ -19,6 +19,7 @@ from policies.stores.base import (
     Denial,
     Journal,
     LeaseOp,
+    Mark,
     UsageDelta,
 )
 
@@ -37,6 +38,7 @@ class Txn(Protocol):
     def mark_settled(self, settle_id: str, now: float) -> bool: ...  # False if already there
     def put_journal(self, reservation_id: str, instance: str, payload: str) -> None: ...
     def drop_journal(self, reservation_id: str) -> None: ...
+    def put_mark(self, key: str, field: str, value: str) -> None: ...
 
 
 def acquire(
@@ -102,6 +104,7 @@ def settle(
     counters: list[CounterOp],
     usage: list[UsageDelta],
     now: float,
+    marks: list[Mark] | None = None,
 ) -> bool:
     """Apply a reconciliation once per settle_id (see `StateStore.settle`)."""
     if not txn.mark_settled(settle_id, now):
@@ -117,6 +120,8 @@ def settle(
         txn.add_counter(c.key, c.cost, c.expires_at)
     for row in usage:
         txn.add_usage(row)
+    for mark in marks or ():
+        txn.put_mark(mark.key, mark.field, mark.value)
     return True
 
 

@@ -69,6 +69,18 @@ class UsageDelta(msgspec.Struct, frozen=True):
     tokens: int
 
 
+class Mark(msgspec.Struct, frozen=True):
+    """Set `field` of the named map `key` to `value` (batch jobs' per-line records, cancel requests).
+
+    Handed to `settle`, marks are written in the same atomic step as the settlement they go with,
+    so "this line is done" and "this line is on the bill" are never true one without the other.
+    """
+
+    key: str
+    field: str
+    value: str
+
+
 class BucketView(msgspec.Struct, frozen=True):
     """A bucket after an acquire: units left now, seconds until it is full again."""
 
@@ -141,8 +153,11 @@ class StateStore(abc.ABC):
         counters: list[CounterOp],
         usage: list[UsageDelta],
         now: float,
+        marks: list[Mark] | None = None,
     ) -> bool:
         """Adjust buckets and counters (limits ignored), release leases, add usage; once per settle_id.
+
+        `marks` are written in the same atomic step, and only when the settle is applied.
 
         Returns:
             False when this settle_id was already applied (nothing is done again).
@@ -183,6 +198,39 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def revoke_key(self, key_id: str, now: float) -> bool:
         """Mark a key revoked (kept for audit). False when no such key exists."""
+
+    # --- documents and marks (batch jobs and their files, gateway/batches) ----------------------
+
+    @abc.abstractmethod
+    async def put_record(self, kind: str, record_id: str, tenant: str, created_at: float, body: str) -> None:
+        """Create or replace the document `record_id` of `kind`, owned by `tenant`."""
+
+    @abc.abstractmethod
+    async def get_record(self, kind: str, record_id: str) -> tuple[str, str] | None:
+        """(tenant, body) of a document, or None."""
+
+    @abc.abstractmethod
+    async def list_records(
+        self, kind: str, tenant: str, *, after: str | None = None, limit: int = 20
+    ) -> list[str]:
+        """Bodies of `tenant`'s documents of `kind`, newest first (by created_at, then id), starting
+        after the document `after` (a cursor from a previous page; unknown: from the start)."""
+
+    @abc.abstractmethod
+    async def delete_record(self, kind: str, record_id: str) -> bool:
+        """Remove a document; False when there was none."""
+
+    @abc.abstractmethod
+    async def put_marks(self, marks: list[Mark]) -> None:
+        """Write marks (each `key.field = value`), all in one atomic step."""
+
+    @abc.abstractmethod
+    async def get_marks(self, key: str) -> dict[str, str]:
+        """Every field of the map `key` (empty when there is none)."""
+
+    @abc.abstractmethod
+    async def drop_marks(self, key: str, fields: list[str] | None = None) -> None:
+        """Remove `fields` of the map `key`, or the whole map when `fields` is None."""
 
     @abc.abstractmethod
     async def ping(self) -> None:

@@ -17,6 +17,7 @@ from policies.stores.base import (
     CounterOp,
     Journal,
     LeaseOp,
+    Mark,
     StateStore,
     UsageDelta,
 )
@@ -72,6 +73,9 @@ class _MemoryTxn:
     def drop_journal(self, reservation_id: str) -> None:
         self.s.journal.pop(reservation_id, None)
 
+    def put_mark(self, key: str, field: str, value: str) -> None:
+        self.s.marks.setdefault(key, {})[field] = value
+
 
 class MemoryStore(StateStore):
     """State in dicts of this process."""
@@ -86,6 +90,9 @@ class MemoryStore(StateStore):
         #: open reservations: id -> (instance, encoded Journal); instance -> heartbeat expiry
         self.journal: dict[str, tuple[str, str]] = {}
         self.instances: dict[str, float] = {}
+        #: documents: (kind, id) -> (tenant, created_at, body); marks: map key -> field -> value
+        self.records: dict[tuple[str, str], tuple[str, float, str]] = {}
+        self.marks: dict[str, dict[str, str]] = {}
         self._ops = 0
 
     def _gc(self, now: float) -> None:
@@ -139,6 +146,7 @@ class MemoryStore(StateStore):
         counters: list[CounterOp],
         usage: list[UsageDelta],
         now: float,
+        marks: list[Mark] | None = None,
     ) -> bool:
         return _engine.settle(
             _MemoryTxn(self),
@@ -149,6 +157,7 @@ class MemoryStore(StateStore):
             counters=counters,
             usage=usage,
             now=now,
+            marks=marks,
         )
 
     async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:
@@ -195,6 +204,40 @@ class MemoryStore(StateStore):
             revoked = msgspec.structs.replace(record, revoked_at=datetime.fromtimestamp(now, UTC))
             self.keys[key_id] = (revoked, secret_hash)
         return True
+
+    async def put_record(self, kind: str, record_id: str, tenant: str, created_at: float, body: str) -> None:
+        self.records[(kind, record_id)] = (tenant, created_at, body)
+
+    async def get_record(self, kind: str, record_id: str) -> tuple[str, str] | None:
+        found = self.records.get((kind, record_id))
+        return None if found is None else (found[0], found[2])
+
+    async def list_records(
+        self, kind: str, tenant: str, *, after: str | None = None, limit: int = 20
+    ) -> list[str]:
+        rows = [(c, rid, b) for (k, rid), (t, c, b) in self.records.items() if k == kind and t == tenant]
+        rows.sort(reverse=True)
+        start = next((i + 1 for i, (_, rid, _) in enumerate(rows) if rid == after), 0)
+        return [body for _, _, body in rows[start : start + limit]]
+
+    async def delete_record(self, kind: str, record_id: str) -> bool:
+        return self.records.pop((kind, record_id), None) is not None
+
+    async def put_marks(self, marks: list[Mark]) -> None:
+        txn = _MemoryTxn(self)
+        for m in marks:
+            txn.put_mark(m.key, m.field, m.value)
+
+    async def get_marks(self, key: str) -> dict[str, str]:
+        return dict(self.marks.get(key, {}))
+
+    async def drop_marks(self, key: str, fields: list[str] | None = None) -> None:
+        if fields is None:
+            self.marks.pop(key, None)
+            return
+        held = self.marks.get(key, {})
+        for f in fields:
+            held.pop(f, None)
 
     async def ping(self) -> None:
         return None

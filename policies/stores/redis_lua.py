@@ -105,9 +105,9 @@ return out
 )
 
 # KEYS: settle marker, bucket keys (nb), lease keys (nl), counter keys (nc), usage keys (nu), usage
-#       index, journal hash
-# ARGV: now, lease_id, marker_ttl_s, nb, nl, nc, nu, [capacity, rate, delta] * nb, [delta, ttl_s] * nc,
-#       [requests, tokens, index member] * nu
+#       index, journal hash, mark map keys (nm)
+# ARGV: now, lease_id, marker_ttl_s, nb, nl, nc, nu, nm, [capacity, rate, delta] * nb, [delta, ttl_s] * nc,
+#       [requests, tokens, index member] * nu, [field, value] * nm
 # Returns: 1 when applied, 0 when this settle id was applied before.
 # The marker is written last: Redis does not roll back a script that fails half-way, and a marker
 # written first would make the retry of such a settle a no-op with its work half done.
@@ -116,8 +116,9 @@ SETTLE = (
     + """
 local now, lease_id, marker_ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local nb, nl, nc, nu = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local nm = tonumber(ARGV[8])
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local a = 8
+local a = 9
 for i = 1, nb do
   local key, rate, delta = KEYS[1 + i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   a = a + 3
@@ -144,6 +145,10 @@ for u = 1, nu do
   a = a + 3
 end
 redis.call('HDEL', KEYS[3 + nb + nl + nc + nu], lease_id)
+for m = 1, nm do
+  redis.call('HSET', KEYS[3 + nb + nl + nc + nu + m], ARGV[a], ARGV[a + 1])
+  a = a + 2
+end
 redis.call('SET', KEYS[1], '1', 'PX', math.ceil(marker_ttl * 1000))
 return 1
 """

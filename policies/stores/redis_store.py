@@ -28,6 +28,7 @@ from policies.stores.base import (
     Denial,
     Journal,
     LeaseOp,
+    Mark,
     StateStore,
     UsageDelta,
     from_epoch,
@@ -204,19 +205,24 @@ class RedisStore(StateStore):
         counters: list[CounterOp],
         usage: list[UsageDelta],
         now: float,
+        marks: list[Mark] | None = None,
     ) -> bool:
+        marks = marks or []
         members = [json.dumps([u.tenant, u.model, u.period]) for u in usage]
         keys = [self._p + "settled:" + settle_id] + [self._p + b.key for b in buckets]
         keys += [self._p + k for k in release] + [self._p + c.key for c in counters]
         keys += [self._p + "usage:" + m for m in members] + [self._p + "usage_index", self._p + "journal"]
+        keys += [self._p + "mark:" + m.key for m in marks]
         args: list[Any] = [repr(now), lease_id, repr(SETTLE_MEMORY_S)]
-        args += [len(buckets), len(release), len(counters), len(usage)]
+        args += [len(buckets), len(release), len(counters), len(usage), len(marks)]
         for b in buckets:
             args += [repr(float(b.capacity)), repr(float(b.rate_per_s)), repr(float(b.cost))]
         for c in counters:
             args += [c.cost, repr(max(1.0, c.expires_at - now))]
         for u, m in zip(usage, members, strict=True):
             args += [u.requests, u.tokens, m]
+        for mark in marks:
+            args += [mark.field, mark.value]
         return await self._pipelined(self._settle, keys, args) == 1
 
     async def heartbeat(self, instance: str, expires_at: float) -> None:
@@ -291,6 +297,65 @@ class RedisStore(StateStore):
     async def revoke_key(self, key_id: str, now: float) -> bool:
         result = self._revoke_key(keys=[self._p + "key:" + key_id], args=[repr(now)])
         return await self._call(result) == 1
+
+    # Documents: one hash per document (tenant, body), and per kind and tenant a sorted set of ids
+    # scored by creation time (the listing order; `after` pages by rank in it).
+
+    def _record_key(self, kind: str, record_id: str) -> str:
+        return f"{self._p}rec:{kind}:{record_id}"
+
+    def _record_index(self, kind: str, tenant: str) -> str:
+        return f"{self._p}recidx:{kind}:{tenant}"
+
+    async def put_record(self, kind: str, record_id: str, tenant: str, created_at: float, body: str) -> None:
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hset(self._record_key(kind, record_id), mapping={"tenant": tenant, "body": body})
+        pipe.zadd(self._record_index(kind, tenant), {record_id: created_at})
+        await self._call(pipe.execute())
+
+    async def get_record(self, kind: str, record_id: str) -> tuple[str, str] | None:
+        found = await self._call(self._client.hmget(self._record_key(kind, record_id), "tenant", "body"))
+        return None if found[0] is None else (found[0], found[1])
+
+    async def list_records(
+        self, kind: str, tenant: str, *, after: str | None = None, limit: int = 20
+    ) -> list[str]:
+        index = self._record_index(kind, tenant)
+        rank = await self._call(self._client.zrevrank(index, after)) if after is not None else None
+        start = 0 if rank is None else rank + 1
+        ids = await self._call(self._client.zrevrange(index, start, start + limit - 1))
+        pipe = self._client.pipeline(transaction=False)
+        for record_id in ids:
+            pipe.hget(self._record_key(kind, record_id), "body")
+        bodies = await self._call(pipe.execute()) if ids else []
+        return [b for b in bodies if b is not None]
+
+    async def delete_record(self, kind: str, record_id: str) -> bool:
+        key = self._record_key(kind, record_id)
+        tenant = await self._call(self._client.hget(key, "tenant"))
+        if tenant is None:
+            return False
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.zrem(self._record_index(kind, tenant), record_id)
+        await self._call(pipe.execute())
+        return True
+
+    async def put_marks(self, marks: list[Mark]) -> None:
+        pipe = self._client.pipeline(transaction=True)
+        for m in marks:
+            pipe.hset(self._p + "mark:" + m.key, m.field, m.value)
+        if marks:
+            await self._call(pipe.execute())
+
+    async def get_marks(self, key: str) -> dict[str, str]:
+        return await self._call(self._client.hgetall(self._p + "mark:" + key))
+
+    async def drop_marks(self, key: str, fields: list[str] | None = None) -> None:
+        if fields is None:
+            await self._call(self._client.delete(self._p + "mark:" + key))
+        elif fields:
+            await self._call(self._client.hdel(self._p + "mark:" + key, *fields))
 
     async def ping(self) -> None:
         await self._call(self._client.ping())

@@ -37,6 +37,7 @@ from policies.stores.base import (
     CounterOp,
     Journal,
     LeaseOp,
+    Mark,
     StateStore,
     UsageDelta,
     from_epoch,
@@ -59,6 +60,11 @@ CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, expires_at REAL NOT N
 CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, hash TEXT NOT NULL,
     models TEXT NOT NULL, name TEXT, created_at REAL NOT NULL, expires_at REAL, revoked_at REAL,
     last_used_at REAL);
+CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, id TEXT NOT NULL, tenant TEXT NOT NULL,
+    created_at REAL NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id));
+CREATE INDEX IF NOT EXISTS records_by_tenant ON records (kind, tenant, created_at, id);
+CREATE TABLE IF NOT EXISTS marks (key TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (key, field));
 """
 _KEY_COLUMNS = "key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at"
 
@@ -117,6 +123,9 @@ class _SqliteTxn:
 
     def drop_journal(self, reservation_id: str) -> None:
         self.c.execute("DELETE FROM journal WHERE id = ?", (reservation_id,))
+
+    def put_mark(self, key: str, field: str, value: str) -> None:
+        self.c.execute("INSERT OR REPLACE INTO marks VALUES (?, ?, ?)", (key, field, value))
 
 
 def _answer_all(answers: list[tuple[asyncio.Future, bool, object]]) -> None:
@@ -364,6 +373,7 @@ class SqliteStore(StateStore):
         counters: list[CounterOp],
         usage: list[UsageDelta],
         now: float,
+        marks: list[Mark] | None = None,
     ) -> bool:
         self._ops += 1
         gc = self._ops % 1024 == 0
@@ -381,6 +391,7 @@ class SqliteStore(StateStore):
                 counters=counters,
                 usage=usage,
                 now=now,
+                marks=marks,
             )
 
         return await self._tx(run)
@@ -453,6 +464,68 @@ class SqliteStore(StateStore):
             return c.execute("SELECT 1 FROM keys WHERE key_id = ?", (key_id,)).fetchone() is not None
 
         return await self._tx(run)
+
+    async def put_record(self, kind: str, record_id: str, tenant: str, created_at: float, body: str) -> None:
+        await self._tx(
+            lambda c: c.execute(
+                "INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)", (kind, record_id, tenant, created_at, body)
+            )
+        )
+
+    async def get_record(self, kind: str, record_id: str) -> tuple[str, str] | None:
+        def run(c: sqlite3.Connection) -> tuple[str, str] | None:
+            sql = "SELECT tenant, body FROM records WHERE kind = ? AND id = ?"
+            return c.execute(sql, (kind, record_id)).fetchone()
+
+        return await self._tx(run)
+
+    async def list_records(
+        self, kind: str, tenant: str, *, after: str | None = None, limit: int = 20
+    ) -> list[str]:
+        def run(c: sqlite3.Connection) -> list[tuple[str]]:
+            cursor = None
+            if after is not None:
+                sql = "SELECT created_at, id FROM records WHERE kind = ? AND tenant = ? AND id = ?"
+                cursor = c.execute(sql, (kind, tenant, after)).fetchone()
+            if cursor is None:
+                sql = "SELECT body FROM records WHERE kind = ? AND tenant = ? ORDER BY created_at DESC, id DESC LIMIT ?"
+                return c.execute(sql, (kind, tenant, limit)).fetchall()
+            sql = (
+                "SELECT body FROM records WHERE kind = ? AND tenant = ? AND (created_at, id) < (?, ?) "
+                "ORDER BY created_at DESC, id DESC LIMIT ?"
+            )
+            return c.execute(sql, (kind, tenant, *cursor, limit)).fetchall()
+
+        return [row[0] for row in await self._tx(run)]
+
+    async def delete_record(self, kind: str, record_id: str) -> bool:
+        def run(c: sqlite3.Connection) -> bool:
+            return c.execute("DELETE FROM records WHERE kind = ? AND id = ?", (kind, record_id)).rowcount == 1
+
+        return await self._tx(run)
+
+    async def put_marks(self, marks: list[Mark]) -> None:
+        def run(c: sqlite3.Connection) -> None:
+            txn = _SqliteTxn(c)
+            for m in marks:
+                txn.put_mark(m.key, m.field, m.value)
+
+        await self._tx(run)
+
+    async def get_marks(self, key: str) -> dict[str, str]:
+        def run(c: sqlite3.Connection) -> list[tuple[str, str]]:
+            return c.execute("SELECT field, value FROM marks WHERE key = ?", (key,)).fetchall()
+
+        return dict(await self._tx(run))
+
+    async def drop_marks(self, key: str, fields: list[str] | None = None) -> None:
+        def run(c: sqlite3.Connection) -> None:
+            if fields is None:
+                c.execute("DELETE FROM marks WHERE key = ?", (key,))
+            else:
+                c.executemany("DELETE FROM marks WHERE key = ? AND field = ?", [(key, f) for f in fields])
+
+        await self._tx(run)
 
     async def ping(self) -> None:
         await self._tx(lambda c: c.execute("SELECT 1").fetchone())

@@ -5,6 +5,9 @@ usage charged to token limits, batched calls, and clear errors."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,13 +47,14 @@ def openvino_ir(encoder: TinyEncoder) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(encoder: TinyEncoder, openvino_ir: Path, digits) -> Iterator[tuple[OpenAI, str, str]]:  # noqa: ANN001
+def client(encoder: TinyEncoder, openvino_ir: Path, digits, tmp_path_factory) -> Iterator[tuple[OpenAI, str, str]]:  # noqa: ANN001
     embedding = (
         f"embedding: {{tokenizer: {encoder.tokenizer_dir}, pooling: mean, normalize: true, max_length: 64}}"
     )
     config = parse_config(
         f"""
 state: {{url: "memory://"}}
+batches: {{files_dir: "{tmp_path_factory.mktemp("files")}", poll_interval_s: 0.1}}
 tenants:
   acme: {{}}
   metered: {{limits: {{tokens_per_minute: 40}}}}
@@ -200,3 +204,23 @@ def test_a_refused_dimensions_costs_nothing(client) -> None:  # noqa: ANN001
     with pytest.raises(openai.BadRequestError):
         sdk.embeddings.create(model="mini-embed", input=TEXTS, dimensions=4096)
     assert used() == before  # refused before admission: no request, no tokens
+
+
+def test_embeddings_lines_of_a_batch_job_equal_direct_calls(client) -> None:  # noqa: ANN001
+    sdk, _, _ = client
+    lines = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": {"model": "mini-embed", "input": text}}
+        for i, text in enumerate(TEXTS[:3])
+    ]
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    file = sdk.files.create(file=("e.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = sdk.batches.create(input_file_id=file.id, endpoint="/v1/embeddings", completion_window="24h")
+    deadline = time.monotonic() + 30
+    while (batch := sdk.batches.retrieve(batch.id)).status != "completed":
+        assert time.monotonic() < deadline and batch.status in ("validating", "in_progress", "finalizing")
+        time.sleep(0.05)
+    out = {x["custom_id"]: x for x in map(json.loads, sdk.files.content(batch.output_file_id).content.splitlines())}
+    for i, text in enumerate(TEXTS[:3]):
+        direct = sdk.embeddings.create(model="mini-embed", input=text).data[0].embedding
+        got = out[f"e{i}"]["response"]["body"]["data"][0]["embedding"]
+        np.testing.assert_allclose(got, direct, atol=1e-5)

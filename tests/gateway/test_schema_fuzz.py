@@ -25,11 +25,12 @@ from tests.servers import serve_app
 EXAMPLES = 12
 
 
-def fuzz_config(digits: DigitsModel, llama: Path, upstream_url: str) -> str:
+def fuzz_config(digits: DigitsModel, llama: Path, upstream_url: str, files: Path) -> str:
     """Every backend kind that runs without extra servers: ORT, the LLM engine, a remote upstream."""
     return f"""
 server: {{request_timeout_s: 20}}
 state: {{url: "memory://"}}
+batches: {{files_dir: "{files}"}}
 tenants: {{fuzz: {{limits: {{requests_per_minute: 1000000}}}}, other: {{}}}}
 deployments:
   digits: {{backend: onnxruntime, model: {digits.onnx_path}, batching: {{max_batch_size: 16, max_delay_ms: 1}}}}
@@ -46,7 +47,8 @@ models:
 @pytest.fixture(scope="module")
 def fuzz_gateway(digits, upstream_url, tmp_path_factory) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
     llama = write_tiny_llama(tmp_path_factory.mktemp("llm") / "tiny-llama")
-    config = parse_config(fuzz_config(digits, llama, upstream_url), base_dir=Path("."))
+    files = tmp_path_factory.mktemp("files")
+    config = parse_config(fuzz_config(digits, llama, upstream_url, files), base_dir=Path("."))
     with serve_app(create_app(config)) as url:
         yield url, create_key(url, "fuzz")
 

@@ -1,0 +1,253 @@
+"""The Batch API's HTTP routes, as the `openai` SDK calls them (`client.files`, `client.batches`).
+
+Every route authenticates first (a missing or bad key is refused before a body is read) and works
+on the caller's tenant only: another tenant's file or batch answers 404, exactly like one that does
+not exist. Errors are answered in OpenAI's envelope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+
+from backends.errors import InvalidInput
+from gateway.batches.book import Book
+from gateway.batches.form import parse_form
+from gateway.batches.input import parse_input
+from gateway.batches.objects import ENDPOINTS, TERMINAL, BatchRecord, RequestCounts, new_id, window_seconds
+from gateway.batches.service import BatchService
+from gateway.calls import Call
+from gateway.core import GatewayCore
+from gateway.errors import GatewayError
+from gateway.http import answer_json, http_failure, protocol_opt, read_admin_json, read_body
+
+OPENAI = protocol_opt("openai")
+MAX_PAGE = 100
+MAX_METADATA = 16
+
+
+class CreateBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+    #: OpenAI's expiry of the output files: accepted, not applied (files stay until deleted)
+    output_expires_after: dict[str, Any] | None = None
+
+
+def _service(request: Request) -> BatchService:
+    return request.app.state.batches
+
+
+def _page(request: Request) -> tuple[str | None, int]:
+    """`after` and `limit` query parameters (limit 1..100, default 20)."""
+    after = request.query_params.get("after") or None
+    raw = request.query_params.get("limit", "20")
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput(f"limit must be an integer in 1..{MAX_PAGE}, got {raw[:20]!r}")
+    return after, limit
+
+
+def _listing(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
+
+
+# --- files ----------------------------------------------------------------------------------------
+
+
+@post("/v1/files", status_code=200, opt=OPENAI)
+async def upload_file(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        service = _service(request)
+        if not call.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+            raise GatewayError(415, "unsupported_media_type", "send the file as multipart/form-data")
+        limit = service.config.max_file_bytes + 64 * 1024  # the multipart framing around the file
+        raw = await read_body(request, limit, allowed_types=("multipart/form-data",), headers=call.headers)
+        # parsing and checking a large file takes a while: off the event loop
+        form = await asyncio.to_thread(parse_form, call.headers.get("content-type", ""), raw)
+        purpose = form.fields.get("purpose")
+        if purpose != "batch":
+            raise InvalidInput(
+                f"purpose must be `batch` (the only purpose this gateway stores), got {purpose!r}"
+            )
+        if "file" not in form.files:
+            raise InvalidInput("the form has no `file` part")
+        filename, data = form.files["file"]
+        if len(data) > service.config.max_file_bytes:
+            raise GatewayError(
+                413, "file_too_large", f"the file exceeds {service.config.max_file_bytes} bytes"
+            )
+        await asyncio.to_thread(parse_input, data, service.config.max_lines)
+        obj = await service.files.create(principal.tenant, filename[:256], "batch", data, service.clock())
+        return msgspec.to_builtins(obj), 200
+
+    return await answer_json(call, work)
+
+
+@get("/v1/files", opt=OPENAI)
+async def list_files(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        after, limit = _page(request)
+        files = await _service(request).files.list(principal.tenant, after, limit + 1)
+        return _listing([msgspec.to_builtins(f) for f in files], limit), 200
+
+    return await answer_json(call, work)
+
+
+@get("/v1/files/{file_id:str}", opt=OPENAI)
+async def get_file(request: Request, core: GatewayCore, call: Call, file_id: str) -> Response[bytes]:
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        return msgspec.to_builtins(await _service(request).files.get(principal.tenant, file_id)), 200
+
+    return await answer_json(call, work)
+
+
+@get("/v1/files/{file_id:str}/content", opt=OPENAI)
+async def file_content(request: Request, core: GatewayCore, call: Call, file_id: str) -> Response[bytes]:
+    try:
+        principal = await core.identify(call)
+        data = await _service(request).files.content(principal.tenant, file_id)
+    except Exception as exc:  # noqa: BLE001 - answered in OpenAI's envelope
+        return http_failure(call, exc)
+    call.done(200)
+    return Response(content=data, status_code=200, media_type="application/jsonl")
+
+
+@delete("/v1/files/{file_id:str}", status_code=200, opt=OPENAI)
+async def delete_file(request: Request, core: GatewayCore, call: Call, file_id: str) -> Response[bytes]:
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        await _service(request).files.delete(principal.tenant, file_id)
+        return {"id": file_id, "object": "file", "deleted": True}, 200
+
+    return await answer_json(call, work)
+
+
+# --- batches --------------------------------------------------------------------------------------
+
+
+async def _checked_input(service: BatchService, tenant: str, body: CreateBatch) -> int:
+    """The number of requests of the job's input file, after checking it fits the job."""
+    file = await service.files.get(tenant, body.input_file_id)
+    if file.purpose != "batch":
+        raise InvalidInput(f"file {body.input_file_id!r} has purpose {file.purpose!r}, not `batch`")
+    data = await service.files.content(tenant, body.input_file_id)
+    requests = await asyncio.to_thread(parse_input, data, service.config.max_lines)
+    for r in requests:
+        if r.url != body.endpoint:
+            raise InvalidInput(
+                f"request {r.custom_id[:64]!r} (line {r.index + 1} of the requests) calls {r.url}, "
+                f"not the batch's endpoint {body.endpoint}"
+            )
+    return len(requests)
+
+
+@post("/v1/batches", status_code=200, opt=OPENAI)
+async def create_batch(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        service = _service(request)
+        body = await read_admin_json(request, CreateBatch)
+        if body.endpoint not in ENDPOINTS:
+            raise InvalidInput(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {body.endpoint[:64]!r}")
+        window = window_seconds(body.completion_window)
+        if window is None:
+            raise InvalidInput(
+                f"completion_window must be `24h` (or a shorter `<n>h`, `<n>m`, `<n>s`), got {body.completion_window[:16]!r}"
+            )
+        if body.metadata is not None and len(body.metadata) > MAX_METADATA:
+            raise InvalidInput(f"metadata holds at most {MAX_METADATA} pairs")
+        total = await _checked_input(service, principal.tenant, body)
+        created = service.clock()
+        now = int(created)
+        record = BatchRecord(
+            id=new_id("batch_"),
+            endpoint=body.endpoint,
+            input_file_id=body.input_file_id,
+            completion_window=body.completion_window,
+            status="validating",
+            created_at=now,
+            expires_at=now + window,
+            request_counts=RequestCounts(total=total),
+            metadata=body.metadata,
+            owner_key=principal.key_id,
+            owner_models=list(principal.models),
+            created=created,
+        )
+        await service.book.create(principal.tenant, record)
+        service.runner.wake()
+        return record.public(), 200
+
+    return await answer_json(call, work)
+
+
+async def _view(book: Book, record: BatchRecord) -> dict[str, Any]:
+    return record.public((await book.cancels()).get(record.id))
+
+
+@get("/v1/batches/{batch_id:str}", opt=OPENAI)
+async def get_batch(request: Request, core: GatewayCore, call: Call, batch_id: str) -> Response[bytes]:
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        book = _service(request).book
+        return await _view(book, await book.get(principal.tenant, batch_id)), 200
+
+    return await answer_json(call, work)
+
+
+@get("/v1/batches", opt=OPENAI)
+async def list_batches(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        after, limit = _page(request)
+        book = _service(request).book
+        cancels = await book.cancels()
+        records = await book.list(principal.tenant, after, limit + 1)
+        return _listing([r.public(cancels.get(r.id)) for r in records], limit), 200
+
+    return await answer_json(call, work)
+
+
+@post("/v1/batches/{batch_id:str}/cancel", status_code=200, opt=OPENAI)
+async def cancel_batch(request: Request, core: GatewayCore, call: Call, batch_id: str) -> Response[bytes]:
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        service = _service(request)
+        record = await service.book.get(principal.tenant, batch_id)
+        if record.status in TERMINAL and record.status != "cancelled":
+            raise GatewayError(409, "batch_not_cancellable", f"the batch has already ended ({record.status})")
+        if record.status != "cancelled":
+            await service.book.request_cancel(batch_id, service.clock())
+        return await _view(service.book, record), 200
+
+    return await answer_json(call, work)
+
+
+ROUTES = [
+    upload_file,
+    list_files,
+    get_file,
+    file_content,
+    delete_file,
+    create_batch,
+    get_batch,
+    list_batches,
+    cancel_batch,
+]
