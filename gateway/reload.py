@@ -61,7 +61,7 @@ def apply_config(core: GatewayCore, new: Config) -> None:
     for dep in core.deployments.values():
         dep.queue.update_weights(weights)
     core.router.update(core.served_models(new))
-    register_metric_models(new.models)
+    register_metric_models([*new.models, *new.graphs])
     core.breakers.failure_threshold = new.breakers.failure_threshold
     core.breakers.cooldown_s = new.breakers.cooldown_s
     core.config = new
