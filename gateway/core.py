@@ -593,6 +593,8 @@ class GatewayCore:
         headers: dict[str, str] | Any,
     ) -> Plan:
         self.check_visible(principal, model)
+        if model in self.config.graphs:  # graphs are served by `serve_tensors` and `model_view` only
+            raise InvalidInput(f"model {model!r} is a graph of tensor models; call it on the v2 or TF Serving endpoints")
         with tracing.child("route"):
             return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
 

@@ -100,11 +100,14 @@ class GraphRunner:
     # --- what a graph looks like from outside ----------------------------------------------
 
     def _loaded_signature(self, graph: str, step: str, model: str) -> ModelMetadata:
-        for route in self.core.router.get(model).routes:
-            dep = self.core.deployments.get(route.deployment)
+        spec = self.core.router.get(model)
+        for name in [*(r.deployment for r in spec.routes), *spec.fallback]:
+            dep = self.core.deployments.get(name)
             if dep is not None and dep.ready:
                 return dep.backend.metadata()
-        raise BackendUnavailable(f"graph {graph!r}: model {model!r} of step {step!r} has no loaded deployment")
+        raise BackendUnavailable(
+            f"graph {graph!r}: model {model!r} of step {step!r} has no loaded deployment"
+        )
 
     def metadata(self, name: str) -> ModelMetadata:
         """The graph as a model: inputs and outputs derived from its steps' loaded models."""

@@ -49,7 +49,11 @@ def _produced(graph: GraphConfig, source: Source, signatures: Signatures, where:
 
 
 def _check_step_inputs(
-    base: str, step_name: str, step: StepConfig, graph: GraphConfig, signatures: Signatures,
+    base: str,
+    step_name: str,
+    step: StepConfig,
+    graph: GraphConfig,
+    signatures: Signatures,
     request_specs: dict[str, tuple[TensorSpec, str]],
 ) -> None:
     where = f"{base}.steps.{step_name}.inputs"
@@ -106,7 +110,9 @@ def check_graph_tensors(name: str, graph: GraphConfig, signatures: Signatures) -
             path = f"{base}.steps.{step_name}.when.tensor"
             spec = _produced(graph, step.when.source, signatures, path)
             if spec is not None and spec.datatype == "BYTES":
-                raise ValueError(f"a condition needs a numeric tensor; {step.when.tensor} is BYTES - at `{path}`")
+                raise ValueError(
+                    f"a condition needs a numeric tensor; {step.when.tensor} is BYTES - at `{path}`"
+                )
     for output, sources in graph.output_sources().items():
         path = f"{base}.outputs.{output}"
         specs = [(s, spec) for s in sources if (spec := _produced(graph, s, signatures, path)) is not None]
@@ -118,7 +124,9 @@ def check_graph_tensors(name: str, graph: GraphConfig, signatures: Signatures) -
                 )
 
 
-def graph_metadata(name: str, graph: GraphConfig, signatures: Callable[[str], ModelMetadata]) -> ModelMetadata:
+def graph_metadata(
+    name: str, graph: GraphConfig, signatures: Callable[[str], ModelMetadata]
+) -> ModelMetadata:
     """The graph as a model: its inputs are the request tensors its steps read (typed as the first
     step reading each takes it), its outputs the step outputs it names."""
     inputs: dict[str, TensorSpec] = {}
@@ -127,7 +135,9 @@ def graph_metadata(name: str, graph: GraphConfig, signatures: Callable[[str], Mo
         for input_name, source in step.sources().items():
             spec = wanted.get(input_name)
             if source.step is None and source.tensor not in inputs and spec is not None:
-                inputs[source.tensor] = TensorSpec(name=source.tensor, datatype=spec.datatype, shape=spec.shape)
+                inputs[source.tensor] = TensorSpec(
+                    name=source.tensor, datatype=spec.datatype, shape=spec.shape
+                )
     outputs: list[TensorSpec] = []
     for output, sources in graph.output_sources().items():
         merged: TensorSpec | None = None
@@ -140,7 +150,9 @@ def graph_metadata(name: str, graph: GraphConfig, signatures: Callable[[str], Mo
             if merged is None:
                 merged = TensorSpec(name=output, datatype=spec.datatype, shape=spec.shape)
             elif len(merged.shape) == len(spec.shape):
-                merged = TensorSpec(name=output, datatype=merged.datatype, shape=_merge_shape(merged.shape, spec.shape))
+                merged = TensorSpec(
+                    name=output, datatype=merged.datatype, shape=_merge_shape(merged.shape, spec.shape)
+                )
         if merged is not None:
             outputs.append(merged)
     return ModelMetadata(name=name, platform=PLATFORM, inputs=list(inputs.values()), outputs=outputs)

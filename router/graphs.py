@@ -128,7 +128,9 @@ def _dependencies(name: str, step: StepConfig, steps: Mapping[str, StepConfig], 
         except ValueError as exc:
             raise ValueError(f"{exc} - at `{where}.when.tensor`") from None
         if condition.step is None:
-            raise ValueError(f"a condition reads an earlier step's output, not the request - at `{where}.when.tensor`")
+            raise ValueError(
+                f"a condition reads an earlier step's output, not the request - at `{where}.when.tensor`"
+            )
         if condition.step not in steps:
             raise ValueError(f"unknown step {condition.step!r} - at `{where}.when.tensor`")
         needs.add(condition.step)

@@ -74,7 +74,12 @@ def _config(models: GraphModels, grpc_port: int, threshold: float) -> str:
                 "large": {
                     "model": "mlp-b",
                     "inputs": {"x": "request.x"},
-                    "when": {"tensor": "small.probs", "reduce": "max", "below": threshold, "per_row": per_row},
+                    "when": {
+                        "tensor": "small.probs",
+                        "reduce": "max",
+                        "below": threshold,
+                        "per_row": per_row,
+                    },
                 },
             },
             "outputs": {"probabilities": ["large.probs", "small.probs"]},
@@ -130,7 +135,11 @@ def _auth(key: str) -> dict[str, str]:
 
 
 def _v2_json(gw: GraphGateway, model: str, key: str, name: str, rows: np.ndarray) -> httpx.Response:
-    body = {"inputs": [{"name": name, "datatype": "FP32", "shape": list(rows.shape), "data": rows.ravel().tolist()}]}
+    body = {
+        "inputs": [
+            {"name": name, "datatype": "FP32", "shape": list(rows.shape), "data": rows.ravel().tolist()}
+        ]
+    }
     return httpx.post(f"{gw.url}/v2/models/{model}/infer", json=body, headers=_auth(key), timeout=60)
 
 
@@ -173,7 +182,10 @@ def test_ensemble_over_v2_http_binary_and_json(gw: GraphGateway) -> None:
     graph, steps = response.headers["x-fleetgate-deployment"].split("; steps=")
     assert graph == "graph=ensemble"
     assert dict(s.split(":") for s in steps.split(",")) == {
-        "pre": "scale-ort", "a": "a-ort", "b": "b-ov", "mean": "avg-ort"
+        "pre": "scale-ort",
+        "a": "a-ort",
+        "b": "b-ov",
+        "mean": "avg-ort",
     }
 
 
@@ -199,7 +211,9 @@ def test_ensemble_over_tfserving_rest(gw: GraphGateway) -> None:
     )
     assert answer.status_code == 200, answer.text
     np.testing.assert_allclose(np.array(answer.json()["predictions"]), expected, atol=1e-5)
-    answer = httpx.post(f"{gw.url}/v1/models/ensemble:predict", json={"inputs": rows.tolist()}, headers=_auth(gw.acme))
+    answer = httpx.post(
+        f"{gw.url}/v1/models/ensemble:predict", json={"inputs": rows.tolist()}, headers=_auth(gw.acme)
+    )
     np.testing.assert_allclose(np.array(answer.json()["outputs"]), expected, atol=1e-5)
     meta = httpx.get(f"{gw.url}/v1/models/ensemble/metadata", headers=_auth(gw.acme)).json()
     signature = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
@@ -237,7 +251,10 @@ def test_independent_steps_run_concurrently(gw: GraphGateway) -> None:
         return infer
 
     rows = _pixels(3, 4)
-    with _replaced_infer(gw, "a-ort", meeting("a-ort", "b-ov")), _replaced_infer(gw, "b-ov", meeting("b-ov", "a-ort")):
+    with (
+        _replaced_infer(gw, "a-ort", meeting("a-ort", "b-ov")),
+        _replaced_infer(gw, "b-ov", meeting("b-ov", "a-ort")),
+    ):
         response = _v2_json(gw, "ensemble", gw.acme, "pixels", rows)
     np.testing.assert_allclose(_probabilities(response), ensemble_by_hand(gw.models, rows), atol=1e-5)
 
@@ -252,12 +269,16 @@ def test_per_row_cascade_answers_and_counts_match_the_data(gw: GraphGateway) -> 
     assert 0 < escalate.sum() < ROWS
     expected = np.where(escalate[:, None], mlp_by_hand(gw.models.weights["mlp_b"], x), small)
     labels = {"graph": "cascade", "step": "large"}
-    before = {o: _counter(gw, "fleetgate_graph_step_rows_total", outcome=o, **labels) for o in ("ran", "skipped")}
+    before = {
+        o: _counter(gw, "fleetgate_graph_step_rows_total", outcome=o, **labels) for o in ("ran", "skipped")
+    }
     steps_before = _counter(gw, "fleetgate_graph_steps_total", outcome="ran", **labels)
 
     np.testing.assert_allclose(_probabilities(_v2_json(gw, "cascade", gw.acme, "x", x)), expected, atol=1e-5)
 
-    after = {o: _counter(gw, "fleetgate_graph_step_rows_total", outcome=o, **labels) for o in ("ran", "skipped")}
+    after = {
+        o: _counter(gw, "fleetgate_graph_step_rows_total", outcome=o, **labels) for o in ("ran", "skipped")
+    }
     assert after["ran"] - before["ran"] == escalate.sum()
     assert after["skipped"] - before["skipped"] == ROWS - escalate.sum()
     assert _counter(gw, "fleetgate_graph_steps_total", outcome="ran", **labels) - steps_before == 1
@@ -290,7 +311,9 @@ def test_access_to_the_graph_suffices_and_only_it(gw: GraphGateway) -> None:
     refused = _v2_json(gw, "ensemble", gw.inner, "pixels", rows)
     assert refused.status_code == 404 and refused.json() == {"error": "model 'ensemble' does not exist"}
     assert httpx.get(f"{gw.url}/v2/models/ensemble", headers=_auth(gw.inner)).status_code == 404
-    tfs = httpx.post(f"{gw.url}/v1/models/ensemble:predict", json={"instances": rows.tolist()}, headers=_auth(gw.inner))
+    tfs = httpx.post(
+        f"{gw.url}/v1/models/ensemble:predict", json={"instances": rows.tolist()}, headers=_auth(gw.inner)
+    )
     assert tfs.status_code == 404
     client = triton_grpc.InferenceServerClient(gw.target)
     pixels = triton_grpc.InferInput("pixels", list(rows.shape), "FP32")
@@ -309,7 +332,9 @@ def test_limits_charged_once_per_graph_request_and_usage_per_step(gw: GraphGatew
         _probabilities(_v2_json(gw, "ensemble", gw.limited, "pixels", rows))
     refused = _v2_json(gw, "ensemble", gw.limited, "pixels", rows)
     assert refused.status_code == 429 and "Retry-After" in refused.headers
-    usage = httpx.get(f"{gw.url}/admin/usage", params={"tenant": "limited"}, headers=ADMIN_HEADERS).json()["usage"]
+    usage = httpx.get(f"{gw.url}/admin/usage", params={"tenant": "limited"}, headers=ADMIN_HEADERS).json()[
+        "usage"
+    ]
     days = {u["model"]: (u["requests"], u["tokens"]) for u in usage if len(u["period"]) == 10}
     assert days == {
         "ensemble": (3, 18),
@@ -348,7 +373,9 @@ def test_failing_step_fails_the_request_naming_the_step(gw: GraphGateway) -> Non
         response = _v2_json(gw, "ensemble", gw.acme, "pixels", rows)
         assert response.status_code == 503
         assert response.json() == {"error": "graph 'ensemble' step 'a' (model 'mlp-a'): injected outage"}
-        tfs = httpx.post(f"{gw.url}/v1/models/ensemble:predict", json={"instances": rows.tolist()}, headers=_auth(gw.acme))
+        tfs = httpx.post(
+            f"{gw.url}/v1/models/ensemble:predict", json={"instances": rows.tolist()}, headers=_auth(gw.acme)
+        )
         assert tfs.status_code == 503 and "step 'a'" in tfs.json()["error"]
         client = triton_grpc.InferenceServerClient(gw.target)
         pixels = triton_grpc.InferInput("pixels", list(rows.shape), "FP32")

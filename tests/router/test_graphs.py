@@ -94,7 +94,9 @@ def test_input_the_model_does_not_have(models: GraphModels) -> None:
 
 
 def test_unknown_output_of_a_step(models: GraphModels) -> None:
-    message = _refused(models, _ensemble(mean={"model": "average", "inputs": {"a": "a.probs", "b": "b.logits"}}))
+    message = _refused(
+        models, _ensemble(mean={"model": "average", "inputs": {"a": "a.probs", "b": "b.logits"}})
+    )
     assert message == (
         "step 'b' (model 'mlp-b') has no output 'logits'; its outputs are ['probs'] "
         "- at `$.graphs.ens.steps.mean.inputs.b`"
@@ -113,7 +115,9 @@ def test_mistyped_shape(models: GraphModels) -> None:
 def test_mistyped_datatype(models: GraphModels) -> None:
     graphs = _ensemble(ids={"model": "ids", "inputs": {"ids": "mean.mean"}})
     message = _refused(models, graphs)
-    assert "mistyped tensor: mean.mean is FP32 [-1, 10], input 'ids' of model 'ids' takes INT64 [-1]" in message
+    assert (
+        "mistyped tensor: mean.mean is FP32 [-1, 10], input 'ids' of model 'ids' takes INT64 [-1]" in message
+    )
 
 
 def test_request_tensor_feeding_two_types(models: GraphModels) -> None:
@@ -151,7 +155,9 @@ def test_output_of_a_conditional_step_needs_a_source_that_always_runs(models: Gr
 
 
 def test_condition_on_the_request_or_without_bounds(models: GraphModels) -> None:
-    graphs = _ensemble(b={"model": "mlp-b", "inputs": {"x": "pre.scaled"}, "when": {"tensor": "request.pixels", "below": 1}})
+    graphs = _ensemble(
+        b={"model": "mlp-b", "inputs": {"x": "pre.scaled"}, "when": {"tensor": "request.pixels", "below": 1}}
+    )
     assert "a condition reads an earlier step's output" in _refused(models, graphs)
     graphs = _ensemble(b={"model": "mlp-b", "inputs": {"x": "pre.scaled"}, "when": {"tensor": "a.probs"}})
     message = _refused(models, graphs)
@@ -160,7 +166,10 @@ def test_condition_on_the_request_or_without_bounds(models: GraphModels) -> None
 
 def test_graph_named_like_a_model(models: GraphModels) -> None:
     graphs = {"scale": _ensemble()["ens"]}
-    assert _refused(models, graphs) == "graph 'scale' is also a model name; pick another name - at `$.graphs.scale`"
+    assert (
+        _refused(models, graphs)
+        == "graph 'scale' is also a model name; pick another name - at `$.graphs.scale`"
+    )
 
 
 def test_unknown_field_names_the_graph(models: GraphModels) -> None:
@@ -173,7 +182,10 @@ def test_check_config_cli_prints_one_line(models: GraphModels, tmp_path: Path) -
     bad = tmp_path / "bad.yaml"
     bad.write_text(_config(models, _ensemble(b={"model": "mlp-b", "inputs": {"x": "a.probs"}})))
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode != 0
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
