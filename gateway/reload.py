@@ -52,7 +52,7 @@ def apply_config(core: GatewayCore, new: Config) -> None:
         raise ConfigError(f"deployment changes need a restart ({'; '.join(changes)}) - at `$.deployments`")
     if new.server != core.config.server or new.state != core.config.state:
         raise ConfigError("server and state changes need a restart - at `$.server` / `$.state`")
-    taken = sorted(set(new.models) & set(core.adapter_models))
+    taken = sorted((set(new.models) | set(new.graphs)) & set(core.adapter_models))
     if taken:  # checked before anything changes: a refused reload leaves the running config whole
         raise ConfigError(f"model names {taken} are served LoRA adapters; unload them first - at `$.models`")
     weights = {name: t.weight for name, t in new.tenants.items()}
