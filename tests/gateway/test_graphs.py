@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -220,6 +221,53 @@ def test_ensemble_over_tfserving_rest(gw: GraphGateway) -> None:
     assert set(signature["inputs"]) == {"pixels"} and set(signature["outputs"]) == {"probabilities"}
     status = httpx.get(f"{gw.url}/v1/models/ensemble", headers=_auth(gw.acme)).json()
     assert status["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+def test_cascade_over_tfserving_grpc(gw: GraphGateway) -> None:
+    """TF Serving's own stubs: Predict, GetModelMetadata and GetModelStatus of a graph."""
+    from tensorflow.core.framework import tensor_pb2, types_pb2
+    from tensorflow_serving.apis import (
+        get_model_metadata_pb2,
+        get_model_status_pb2,
+        model_service_pb2_grpc,
+        predict_pb2,
+        prediction_service_pb2_grpc,
+    )
+
+    x = _pixels(ROWS, 7) / 16
+    x = x.astype(np.float32)
+    small = mlp_by_hand(gw.models.weights["mlp_a"], x)
+    escalate = small.max(axis=1) < gw.threshold
+    expected = np.where(escalate[:, None], mlp_by_hand(gw.models.weights["mlp_b"], x), small)
+    metadata = (("authorization", f"Bearer {gw.acme}"),)
+    with grpc.insecure_channel(gw.target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "cascade"
+        proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_content=x.tobytes())
+        proto.tensor_shape.dim.add(size=x.shape[0])
+        proto.tensor_shape.dim.add(size=x.shape[1])
+        request.inputs["x"].CopyFrom(proto)
+        answer = stub.Predict(request, metadata=metadata)
+        probs = np.frombuffer(answer.outputs["probabilities"].tensor_content, np.float32).reshape(ROWS, 10)
+        np.testing.assert_allclose(probs, expected, atol=1e-5)
+
+        meta_request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        meta_request.model_spec.name = "cascade"
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        stub.GetModelMetadata(meta_request, metadata=metadata).metadata["signature_def"].Unpack(signatures)
+        signature = signatures.signature_def["serving_default"]
+        assert list(signature.inputs) == ["x"] and list(signature.outputs) == ["probabilities"]
+        status_request = get_model_status_pb2.GetModelStatusRequest()
+        status_request.model_spec.name = "cascade"
+        status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+            status_request, metadata=metadata
+        )
+        assert [(s.version, s.state) for s in status.model_version_status] == [(1, 30)]  # AVAILABLE
+        request.model_spec.version.value = 2  # a graph has no versions
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Predict(request, metadata=metadata)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND and "no versions" in err.value.details()
 
 
 @contextmanager
