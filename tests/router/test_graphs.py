@@ -190,6 +190,15 @@ def test_check_config_cli_prints_one_line(models: GraphModels, tmp_path: Path) -
     assert done.returncode != 0
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "mistyped tensor: a.probs" in lines[0], done.stderr
+    good = tmp_path / "good.yaml"
+    good.write_text(_config(models, _ensemble()))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check-config", str(good)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "1 graphs" in done.stdout, done.stderr
 
 
 # --- rows of a cascade ---------------------------------------------------------------------------
