@@ -297,12 +297,29 @@ def _check_graphs(config: Config) -> None:
 
     for name, graph in config.graphs.items():
         if name in config.models or name in adapters:
-            raise ConfigError(f"graph {name!r} is also a model name; pick another name - at `$.graphs.{name}`")
+            raise ConfigError(
+                f"graph {name!r} is also a model name; pick another name - at `$.graphs.{name}`"
+            )
         try:
             check_graph(name, graph, config.models)
             check_graph_tensors(name, graph, signature)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        for step_name, step in graph.steps.items():
+            if _generates_text(config, step.model):
+                raise ConfigError(
+                    f"model {step.model!r} generates text; a graph step calls a tensor model "
+                    f"- at `$.graphs.{name}.steps.{step_name}.model`"
+                )
+
+
+def _generates_text(config: Config, model: str) -> bool:
+    """Whether every route of `model` is a text-generation deployment (an LLM, an OpenAI upstream)."""
+    routes = [config.deployments.get(r.deployment) for r in config.models[model].routes]
+    return all(
+        d is not None and (d.backend == "torch_llm" or (d.backend == "remote" and d.protocol == "openai"))
+        for d in routes
+    )
 
 
 def _rebase(message: str, prefix: str) -> str:

@@ -23,10 +23,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> GraphModels:
     return write_graph_models(tmp_path_factory.mktemp("graph-models"))
 
 
-def _config(models: GraphModels, graphs: dict) -> str:
+def _config(
+    models: GraphModels, graphs: dict, deployments: dict | None = None, served: dict | None = None
+) -> str:
+    """The step models (tests/graph_models.py), a remote upstream `far`, and `deployments` / `served` more."""
+    more_deployments, more_served = deployments or {}, served or {}
     deployments, served = step_sections(models)
     deployments["remote"] = {"backend": "remote", "url": "http://127.0.0.1:9", "protocol": "kserve_v2"}
     served["far"] = {"routes": [{"deployment": "remote"}]}
+    deployments.update(more_deployments)
+    served.update(more_served)
     config = {"state": {"url": "memory://"}, "deployments": deployments, "models": served, "graphs": graphs}
     return yaml.safe_dump(config, sort_keys=False)
 
@@ -162,6 +168,17 @@ def test_condition_on_the_request_or_without_bounds(models: GraphModels) -> None
     graphs = _ensemble(b={"model": "mlp-b", "inputs": {"x": "pre.scaled"}, "when": {"tensor": "a.probs"}})
     message = _refused(models, graphs)
     assert "a condition needs `below` or `at_least`" in message and "$.graphs.ens" in message
+
+
+def test_step_calling_a_text_generation_model(models: GraphModels, tmp_path: Path) -> None:
+    graphs = _ensemble(b={"model": "chat", "inputs": {"x": "pre.scaled"}})
+    llm = {"llm": {"backend": "torch_llm", "model": str(tmp_path)}}
+    text = _config(models, graphs, llm, {"chat": {"routes": [{"deployment": "llm"}]}})
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, base_dir=Path("."))
+    assert str(err.value) == (
+        "model 'chat' generates text; a graph step calls a tensor model - at `$.graphs.ens.steps.b.model`"
+    )
 
 
 def test_graph_named_like_a_model(models: GraphModels) -> None:
