@@ -439,3 +439,30 @@ def test_failing_step_fails_the_request_naming_the_step(gw: GraphGateway) -> Non
         response = _v2_json(gw, "ensemble", gw.acme, "pixels", rows)
     assert response.status_code == 400 and "step 'mean' (model 'average')" in response.json()["error"]
     assert _counter(gw, "fleetgate_graph_steps_total", graph="ensemble", step="mean", outcome="failed") >= 1
+
+
+def test_a_reload_changes_a_graph_in_place(gw: GraphGateway) -> None:
+    """Every step escalates once the threshold is raised above any probability; then back."""
+    from gateway.reload import apply_config
+
+    x = (_pixels(ROWS, 11) / 16).astype(np.float32)
+    x = x[mlp_by_hand(gw.models.weights["mlp_a"], x).max(axis=1) >= gw.threshold][:3]  # none escalates now
+    assert len(x) == 3
+    large = mlp_by_hand(gw.models.weights["mlp_b"], x)
+    running = gw.core.config
+    raised = parse_config(_config(gw.models, int(running.server.grpc_port or 0), 2.0), base_dir=Path("."))
+    labels = {"graph": "cascade-whole", "step": "large", "outcome": "ran"}
+    small = _probabilities(_v2_json(gw, "cascade-whole", gw.acme, "x", x[:1]))  # the graph as it was
+    np.testing.assert_allclose(small[0], mlp_by_hand(gw.models.weights["mlp_a"], x[:1])[0], atol=1e-5)
+    before = _counter(gw, "fleetgate_graph_steps_total", **labels)
+    apply_config(gw.core, raised)
+    try:
+        for i in range(3):
+            np.testing.assert_allclose(
+                _probabilities(_v2_json(gw, "cascade-whole", gw.acme, "x", x[i : i + 1]))[0],
+                large[i],
+                atol=1e-5,
+            )
+    finally:
+        apply_config(gw.core, running)
+    assert _counter(gw, "fleetgate_graph_steps_total", **labels) - before == 3
