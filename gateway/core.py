@@ -519,17 +519,16 @@ class GatewayCore:
     @staticmethod
     def _record_server(call: Call, served: Served, span: Any = None) -> None:
         dep = served.deployment
-        if dep is None:  # a graph: its steps' deployments are in its response header
-            call.served_by("", "graph", "")
-            return
-        call.served_by(dep.name, dep.spec.backend, dep.device)
+        # a graph has no one deployment: its steps' are in its response header (and their spans)
+        name, backend = (dep.name, dep.spec.backend) if dep is not None else ("", "graph")
+        call.served_by(name, backend, dep.device if dep is not None else "")
         if span is not None:
             span.set_attributes(
                 {
                     "fleetgate.tenant": call.tenant,
                     "fleetgate.model": call.model,
-                    "fleetgate.deployment": dep.name,
-                    "fleetgate.backend": dep.spec.backend,
+                    "fleetgate.deployment": name,
+                    "fleetgate.backend": backend,
                 }
             )
 
@@ -594,7 +593,9 @@ class GatewayCore:
     ) -> Plan:
         self.check_visible(principal, model)
         if model in self.config.graphs:  # graphs are served by `serve_tensors` and `model_view` only
-            raise InvalidInput(f"model {model!r} is a graph of tensor models; call it on the v2 or TF Serving endpoints")
+            raise InvalidInput(
+                f"model {model!r} is a graph of tensor models; call it on the v2 or TF Serving endpoints"
+            )
         with tracing.child("route"):
             return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
 

@@ -466,3 +466,12 @@ def test_a_reload_changes_a_graph_in_place(gw: GraphGateway) -> None:
     finally:
         apply_config(gw.core, running)
     assert _counter(gw, "fleetgate_graph_steps_total", **labels) - before == 3
+
+
+def test_a_graph_on_a_text_endpoint_is_a_clear_400(gw: GraphGateway) -> None:
+    body = {"model": "ensemble", "messages": [{"role": "user", "content": "hi"}]}
+    answer = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=_auth(gw.acme))
+    assert answer.status_code == 400
+    assert "is a graph of tensor models" in answer.json()["error"]["message"]
+    listed = httpx.get(f"{gw.url}/v1/models", headers=_auth(gw.acme)).json()["data"]
+    assert {m["id"] for m in listed} == {"ensemble", "cascade", "cascade-whole"}
