@@ -196,6 +196,9 @@ def test_ensemble_over_tritonclient_grpc(gw: GraphGateway) -> None:
     headers = {"authorization": f"Bearer {gw.acme}"}
     meta = client.get_model_metadata("ensemble", headers=headers, as_json=True)
     assert meta["inputs"][0]["name"] == "pixels" and meta["outputs"][0]["name"] == "probabilities"
+    config = client.get_model_config("ensemble", headers=headers, as_json=True)["config"]
+    assert config["platform"] == "ensemble" and config["input"][0]["data_type"] == "TYPE_FP32"
+    assert client.is_model_ready("ensemble", headers=headers)
     index = client.get_model_repository_index(headers=headers, as_json=True)["models"]
     assert {m["name"] for m in index} == {"ensemble", "cascade", "cascade-whole"}
     pixels = triton_grpc.InferInput("pixels", list(rows.shape), "FP32")
