@@ -112,7 +112,7 @@ def create_app(
         breakers = CircuitBreakers(config.breakers.failure_threshold, config.breakers.cooldown_s)
         app.state.core = GatewayCore.assemble(config, deployments, keys, admission, breakers, ServiceTimes())
         app.state.core.drain = drain
-        register_metric_models(app.state.core.served_models())
+        register_metric_models([*app.state.core.served_models(), *config.graphs])
         app.state.store = store
         app.state.admin_attempts = AdminAttempts(config.admin.max_failures_per_minute)
         app.state.config_path = Path(config_path) if config_path is not None else None

@@ -38,7 +38,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     create_app(config)  # builds every deployment's backend: options and files are checked too
     print(
         f"{args.config}: ok ({len(config.deployments)} deployments, {len(config.models)} models, "
-        f"{len(config.tenants)} tenants)"
+        f"{len(config.graphs)} graphs, {len(config.tenants)} tenants)"
     )
     return 0
 

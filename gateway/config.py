@@ -18,10 +18,14 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from backends.base import ModelMetadata
+from backends.signatures import read_signature
 from backends.spec import DeploymentSpec, SpecBase
 from gateway.batches.config import BatchesConfig
 from policies.fair_queue import QueueSpec
 from policies.types import TenantSpec
+from router.graph_types import check_graph_tensors
+from router.graphs import GraphConfig, check_graph
 from router.spec import BreakerConfig, ModelConfig
 
 
@@ -155,6 +159,8 @@ class Config(SpecBase):
     tenants: dict[str, TenantSpec] = msgspec.field(default_factory=dict)
     deployments: dict[str, DeploymentConfig] = msgspec.field(default_factory=dict)
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
+    #: models made of other models: steps, tensor mapping, cascades (router/graphs.py)
+    graphs: dict[str, GraphConfig] = msgspec.field(default_factory=dict)
     #: circuit breakers of every deployment (changeable by reload)
     breakers: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
     #: OpenAI Batch API: files directory and how jobs run (gateway/batches)
@@ -250,6 +256,7 @@ def _check_references(config: Config) -> None:
         if dep.model is not None and not os.path.exists(dep.model):
             raise ConfigError(f"model file {dep.model} does not exist - at `$.deployments.{name}.model`")
     _check_adapters(config)
+    _check_graphs(config)
     for name, dep in config.deployments.items():
         if "quantization" in dep.options and dep.backend != "torch_llm":
             raise ConfigError(
@@ -280,6 +287,46 @@ def _check_adapters(config: Config) -> None:
             owner[adapter] = name
 
 
+def _check_graphs(config: Config) -> None:
+    """Graph names are model names; each graph's structure, then its tensors where the model files
+    tell their signatures (one line per problem, naming the path)."""
+    adapters = {a for dep in config.deployments.values() for a in dep.adapters}
+    signatures: dict[str, ModelMetadata | None] = {}
+
+    def signature(model: str) -> ModelMetadata | None:
+        if model not in signatures:
+            routes = [r.deployment for r in config.models[model].routes]
+            found = (read_signature(config.deployments[d]) for d in routes if d in config.deployments)
+            signatures[model] = next((s for s in found if s is not None), None)
+        return signatures[model]
+
+    for name, graph in config.graphs.items():
+        if name in config.models or name in adapters:
+            raise ConfigError(
+                f"graph {name!r} is also a model name; pick another name - at `$.graphs.{name}`"
+            )
+        try:
+            check_graph(name, graph, config.models)
+            check_graph_tensors(name, graph, signature)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for step_name, step in graph.steps.items():
+            if _generates_text(config, step.model):
+                raise ConfigError(
+                    f"model {step.model!r} generates text; a graph step calls a tensor model "
+                    f"- at `$.graphs.{name}.steps.{step_name}.model`"
+                )
+
+
+def _generates_text(config: Config, model: str) -> bool:
+    """Whether every route of `model` is a text-generation deployment (an LLM, an OpenAI upstream)."""
+    routes = [config.deployments.get(r.deployment) for r in config.models[model].routes]
+    return all(
+        d is not None and (d.backend == "torch_llm" or (d.backend == "remote" and d.protocol == "openai"))
+        for d in routes
+    )
+
+
 def _rebase(message: str, prefix: str) -> str:
     """Point a msgspec error message, whose path starts at an entry, at the entry's place in the file."""
     if " - at `$" in message:
@@ -296,6 +343,7 @@ def _check_named_entries(raw: dict[str, Any]) -> None:
         ("tenants", TenantSpec),
         ("deployments", DeploymentConfig),
         ("models", ModelConfig),
+        ("graphs", GraphConfig),
     ):
         entries = raw.get(section)
         if not isinstance(entries, dict):

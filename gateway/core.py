@@ -44,6 +44,7 @@ from gateway.deadline import Deadline
 from gateway.deployments import Deployment, FleetSignals
 from gateway.drain import DrainState
 from gateway.errors import GatewayError
+from gateway.graph_runner import GraphRunner
 from gateway.lora_models import base_model_of, declared_adapters, served_models
 from gateway.outcomes import Outcomes
 from gateway.queue_hints import BACKGROUND_HINTS, NO_HINTS, QueueHints, queue_hints
@@ -71,17 +72,16 @@ T = TypeVar("T")
 class Served:
     """Who served a call, and the headers (or gRPC trailing metadata) its answer carries."""
 
-    deployment: Deployment
+    #: None for a graph, whose steps each have theirs (`description` names them)
+    deployment: Deployment | None
     plan: Plan
     headers: dict[str, str] = field(default_factory=dict)
+    description: str = ""
 
     def response_headers(self, call: Call) -> dict[str, str]:
         """The admission headers plus the deployment that served and the call's request id."""
-        return {
-            **self.headers,
-            "x-fleetgate-deployment": self.deployment.served_by(),
-            "x-request-id": call.echo_id,
-        }
+        served_by = self.deployment.served_by() if self.deployment is not None else self.description
+        return {**self.headers, "x-fleetgate-deployment": served_by, "x-request-id": call.echo_id}
 
 
 class DecodedTensors(Protocol):
@@ -171,12 +171,17 @@ class ModelView:
     name: str
     version: str | None
     versions: list[str]
-    deployment: Deployment
+    #: the deployment that would serve (None for a graph: `describe` derives its metadata)
+    deployment: Deployment | None
     #: whether any deployment of the plan can take a request now
     ready: bool
+    describe: Callable[[], ModelMetadata] | None = None
 
     def metadata(self) -> ModelMetadata:
         """The serving deployment's metadata (raises BackendUnavailable before it is loaded)."""
+        if self.describe is not None:
+            return self.describe()
+        assert self.deployment is not None
         return self.deployment.backend.metadata()
 
 
@@ -209,6 +214,8 @@ class GatewayCore:
         self.drain = DrainState()
         #: LoRA adapters served as models: model name -> the deployment of its base (gateway/adapters.py)
         self.adapter_models: dict[str, str] = declared_adapters(config)
+        #: the config's `graphs:`, served as models (gateway/graph_runner.py)
+        self.graphs = GraphRunner(self)
 
     def served_models(self, config: Config | None = None) -> dict[str, ModelConfig]:
         """The models the router knows: the config's `models:` plus one per LoRA adapter."""
@@ -272,6 +279,8 @@ class GatewayCore:
         self, call: Call, model: ModelRef, load: Callable[[ModelMetadata], Awaitable[D]], span: Any
     ) -> TensorOutcome[D]:
         principal = await self.identify(call)
+        if model.name in self.config.graphs:
+            return await self._serve_graph(call, principal, model, load, span)
         plan = self.plan(principal, model.name, model.version, model.label, call.headers)
         self.check_room(principal, plan)
         async with self.deadline(call).scope():
@@ -281,6 +290,38 @@ class GatewayCore:
             response, served = await self.infer(principal, plan, decoded.request, _hints(call))
         self._record_server(call, served, span)
         return TensorOutcome(decoded, response, served)
+
+    async def _serve_graph(
+        self,
+        call: Call,
+        principal: Principal,
+        model: ModelRef,
+        load: Callable[[ModelMetadata], Awaitable[D]],
+        span: Any,
+    ) -> TensorOutcome[D]:
+        """A graph request: checked against the graph's inputs, admitted and charged once for the
+        graph, its steps run (gateway/graph_runner.py), and usage recorded per step beside it."""
+        self.check_visible(principal, model.name)
+        _graph_version(model)
+        async with self.deadline(call).scope():
+            meta = self.graphs.metadata(model.name)
+            decoded = await load(meta)
+            validate_request(decoded.request, meta)
+            cost = decoded.request.batch_rows
+            reservation = await self._admit(principal, model.name, cost)
+            try:
+                result = await self.graphs.run(
+                    principal, model.name, decoded.request, queue_hints(call.headers), call.headers
+                )
+            except BaseException:
+                await self.admission.reconcile(reservation, 0, failed=True)
+                raise
+            parts = {f"{model.name}/{step}": rows for step, rows in result.rows.items()}
+            await self.admission.reconcile(reservation, cost, parts=parts)
+        plan = Plan(model=model.name, primary="", fallbacks=(), shadows=())
+        served = Served(None, plan, self.admission.headers(reservation), result.description(model.name))
+        self._record_server(call, served, span)
+        return TensorOutcome(decoded, result.response, served)
 
     async def serve_generation(
         self, call: Call, load: Callable[[], Awaitable[GenerationInput]]
@@ -441,6 +482,11 @@ class GatewayCore:
         """A model as the caller may see it (metadata, versions, readiness)."""
         call.model = model.name
         principal = await self.identify(call)
+        if model.name in self.config.graphs:
+            self.check_visible(principal, model.name)
+            _graph_version(model)
+            name = model.name
+            return ModelView(name, None, [], None, self.graphs.ready(name), lambda: self.graphs.metadata(name))
         plan = self.plan(principal, model.name, model.version, model.label, call.headers)
         return ModelView(
             name=model.name,
@@ -452,6 +498,8 @@ class GatewayCore:
 
     def version_states(self, model: str, version: str | None) -> list[tuple[str | None, bool]]:
         """(version, whether it can serve) for `version`, or for every version of `model`."""
+        if model in self.config.graphs:
+            return [(None, self.graphs.ready(model))]
         spec = self.router.get(model)
         versions = [version] if version is not None else (sorted(spec.versions) or [None])
         out = []
@@ -467,14 +515,16 @@ class GatewayCore:
     @staticmethod
     def _record_server(call: Call, served: Served, span: Any = None) -> None:
         dep = served.deployment
-        call.served_by(dep.name, dep.spec.backend, dep.device)
+        # a graph has no one deployment: its steps' are in its response header (and their spans)
+        name, backend = (dep.name, dep.spec.backend) if dep is not None else ("", "graph")
+        call.served_by(name, backend, dep.device if dep is not None else "")
         if span is not None:
             span.set_attributes(
                 {
                     "fleetgate.tenant": call.tenant,
                     "fleetgate.model": call.model,
-                    "fleetgate.deployment": dep.name,
-                    "fleetgate.backend": dep.spec.backend,
+                    "fleetgate.deployment": name,
+                    "fleetgate.backend": backend,
                 }
             )
 
@@ -482,7 +532,7 @@ class GatewayCore:
 
     def can_see(self, principal: Principal, model: str) -> bool:
         tenant = self.config.tenants.get(principal.tenant)
-        known = model in self.config.models or model in self.adapter_models
+        known = model in self.config.models or model in self.adapter_models or model in self.config.graphs
         return tenant is not None and known and principal.can_see(model, tenant.models)
 
     def adapter_parent(self, model: str) -> str | None:
@@ -491,7 +541,8 @@ class GatewayCore:
         return None if deployment is None else base_model_of(self.config, deployment)
 
     def visible_models(self, principal: Principal) -> list[str]:
-        return [m for m in self.router.names() if self.can_see(principal, m)]
+        names = sorted({*self.router.names(), *self.config.graphs})
+        return [m for m in names if self.can_see(principal, m)]
 
     def check_visible(self, principal: Principal, model: str) -> None:
         """A model the caller may not see answers exactly like one that does not exist."""
@@ -537,6 +588,10 @@ class GatewayCore:
         headers: dict[str, str] | Any,
     ) -> Plan:
         self.check_visible(principal, model)
+        if model in self.config.graphs:  # graphs are served by `serve_tensors` and `model_view` only
+            raise InvalidInput(
+                f"model {model!r} is a graph of tensor models; call it on the v2 or TF Serving endpoints"
+            )
         with tracing.child("route"):
             return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
 
@@ -623,6 +678,30 @@ class GatewayCore:
         candidates = self._candidates(plan, Capability.TENSOR)
         cost = request.batch_rows
         reservation = await self._admit(principal, plan.model, cost)
+        used = 0
+        try:
+            response, dep = await self.run_tensors(principal, plan, request, hints, candidates)
+            used = cost
+        finally:
+            # a request that got no answer costs no usage and no request quota (README: what a
+            # failure costs); its rate-limit slot stays spent, so failures cannot flood for free
+            await self.admission.reconcile(reservation, used, failed=used == 0)
+        return response, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+
+    async def run_tensors(
+        self,
+        principal: Principal,
+        plan: Plan,
+        request: TensorRequest,
+        hints: QueueHints = NO_HINTS,
+        candidates: list[Deployment] | None = None,
+    ) -> tuple[TensorResponse, Deployment]:
+        """Queue and run an admitted tensor request on the plan's deployments, falling back on
+        retryable errors; returns the answer and the deployment that gave it. The caller admitted
+        and settles it (`infer`; a graph admits once for all its steps)."""
+        if candidates is None:
+            candidates = self._candidates(plan, Capability.TENSOR)
+        cost = request.batch_rows
 
         async def attempt(dep: Deployment) -> tuple[TensorResponse, float, float]:
             started = time.perf_counter()
@@ -637,16 +716,9 @@ class GatewayCore:
         def caller_fault(dep: Deployment, exc: BaseException) -> bool:
             return isinstance(exc, InvalidInput) and self._refused_by_every_route(plan, dep, request)
 
-        used = 0
-        try:
-            response, dep = await self._attempt_each(plan, candidates, attempt, caller_fault)
-            used = cost
-        finally:
-            # a request that got no answer costs no usage and no request quota (README: what a
-            # failure costs); its rate-limit slot stays spent, so failures cannot flood for free
-            await self.admission.reconcile(reservation, used, failed=used == 0)
+        response, dep = await self._attempt_each(plan, candidates, attempt, caller_fault)
         self.shadows.mirror_tensor(plan, dep, request, response)
-        return response, Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
+        return response, dep
 
     async def _run_in_slices(
         self, principal: Principal, dep: Deployment, slices: list[TensorRequest], hints: QueueHints
@@ -825,6 +897,12 @@ def _choice_request(request: GenerateRequest, index: int) -> GenerateRequest:
         request_id=f"{request.request_id}-{index}",
         sampling=msgspec.structs.replace(request.sampling, seed=None if seed is None else seed + index),
     )
+
+
+def _graph_version(model: ModelRef) -> None:
+    """A graph has no versions or labels: asking for one is asking for something that does not exist."""
+    if model.version is not None or model.label is not None:
+        raise ModelNotFound(f"graph {model.name!r} has no versions or labels; call it by its name")
 
 
 async def _first_event(events: Any, request_id: str) -> TokenEvent:

@@ -62,7 +62,7 @@ def _check_name(core: GatewayCore, name: str, deployment: str) -> None:
             f"adapter name {name!r}: use letters, digits and . _ / - (at most 128, no `:` or `@`, "
             "which name versions and labels)"
         )
-    if name in core.config.models:
+    if name in core.config.models or name in core.config.graphs:
         raise InvalidInput(f"{name!r} is a model in the config; an adapter needs a name of its own")
     owner = core.adapter_models.get(name)
     if owner is not None and owner != deployment:

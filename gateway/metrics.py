@@ -180,3 +180,16 @@ SHADOW_TOKEN_AGREEMENT = Histogram(
     ["model", "primary", "shadow", "unit"],
     buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
 )
+
+# --- model graphs -------------------------------------------------------------------------------
+
+GRAPH_STEPS = Counter(
+    "fleetgate_graph_steps_total",
+    "Steps of graph requests, by graph, step and outcome (ran, skipped: its condition did not hold, failed).",
+    ["graph", "step", "outcome"],
+)
+GRAPH_STEP_ROWS = Counter(
+    "fleetgate_graph_step_rows_total",
+    "Request rows per graph step and outcome: a per-row cascade runs a step on some rows and skips the rest.",
+    ["graph", "step", "outcome"],
+)

@@ -52,7 +52,7 @@ def apply_config(core: GatewayCore, new: Config) -> None:
         raise ConfigError(f"deployment changes need a restart ({'; '.join(changes)}) - at `$.deployments`")
     if new.server != core.config.server or new.state != core.config.state:
         raise ConfigError("server and state changes need a restart - at `$.server` / `$.state`")
-    taken = sorted(set(new.models) & set(core.adapter_models))
+    taken = sorted((set(new.models) | set(new.graphs)) & set(core.adapter_models))
     if taken:  # checked before anything changes: a refused reload leaves the running config whole
         raise ConfigError(f"model names {taken} are served LoRA adapters; unload them first - at `$.models`")
     weights = {name: t.weight for name, t in new.tenants.items()}
@@ -61,7 +61,7 @@ def apply_config(core: GatewayCore, new: Config) -> None:
     for dep in core.deployments.values():
         dep.queue.update_weights(weights)
     core.router.update(core.served_models(new))
-    register_metric_models(new.models)
+    register_metric_models([*new.models, *new.graphs])
     core.breakers.failure_threshold = new.breakers.failure_threshold
     core.breakers.cooldown_s = new.breakers.cooldown_s
     core.config = new

@@ -254,13 +254,22 @@ class Admission:
             headers=headers,
         )
 
-    async def reconcile(self, reservation: Reservation, actual_tokens: int, *, failed: bool = False) -> None:
+    async def reconcile(
+        self,
+        reservation: Reservation,
+        actual_tokens: int,
+        *,
+        failed: bool = False,
+        parts: Mapping[str, int] | None = None,
+    ) -> None:
         """Settle a reservation: refund unused tokens, record usage, release concurrency. Idempotent.
 
         Args:
             reservation: what `admit` returned.
             actual_tokens: tokens really used (may exceed the reservation; the excess is charged).
             failed: the request was not answered: its request quotas are refunded, usage counts no request.
+            parts: usage rows of the request's parts (a graph's steps: `graph/step` -> rows), one
+                request each, recorded beside the request's own row; never charged to limits or quotas.
 
         Never raises for a store outage: the settle is kept and retried on a later call (logged).
         """
@@ -271,6 +280,7 @@ class Admission:
         delta = actual_tokens - r.cost_tokens
         requests = 0 if failed else 1
         usage = [UsageDelta(r.tenant, r.model, p, requests, actual_tokens) for p in (r.day, r.month)]
+        usage += [UsageDelta(r.tenant, m, p, 1, n) for m, n in (parts or {}).items() for p in (r.day, r.month)]
         counters = [CounterOp(c.key, None, delta, c.expires_at) for c in r.token_quotas]
         if failed:
             counters += [CounterOp(c.key, None, -1, c.expires_at) for c in r.request_quotas]

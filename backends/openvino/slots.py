@@ -40,6 +40,8 @@ class Slots:
                 try:
                     await asyncio.wait_for(asyncio.shield(waiter), _IDLE_POLL_S)
                 except TimeoutError:
+                    if waiter.done():
+                        break  # `release` handed the slot over as the wait timed out: it is ours
                     # OpenVINO does not call back for a request that failed inside the runtime:
                     # if its pool has an idle request nobody holds a slot for, take that one.
                     if self._waiters[0] is waiter and idle_in_pool():

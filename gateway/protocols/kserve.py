@@ -42,7 +42,8 @@ async def _metadata(core: GatewayCore, call: Call, model: ModelRef) -> Response[
         view = await core.model_view(call, model)
         meta = view.metadata()
         dep = view.deployment
-        call.served_by(dep.name, dep.spec.backend, dep.device)
+        if dep is not None:  # None: a graph, served by its steps' deployments
+            call.served_by(dep.name, dep.spec.backend, dep.device)
         body = {
             "name": view.name,
             "versions": view.versions or ["1"],
