@@ -61,6 +61,11 @@ class JobContext:
         return self.files.directory / "jobs" / batch_id
 
 
+class JobPaused(Exception):
+    """This gateway drains: the job stops with its open lines open (another process, or this one
+    restarted, resumes it once its claim is given back)."""
+
+
 class Job:
     """Runs one batch job (see the module docstring for what survives a crash)."""
 
@@ -157,7 +162,10 @@ class Job:
             await self._run_one(pending.popleft())
 
     async def _run_one(self, request: Request) -> None:
-        held, answer = await self._execute(request)
+        executed = await self._execute(request)
+        if executed is None:  # the job stops (cancel, expiry): the line stays open
+            return
+        held, answer = executed
         attempt = secrets.token_hex(8)
         self._part.append(request.index, attempt, results.output_line(request, answer))
         await self._commit(held, [line_mark(self.record.id, request.index, attempt, answer.status)])
@@ -166,17 +174,28 @@ class Job:
         else:
             self._counts.failed += 1
 
-    async def _execute(self, request: Request) -> tuple[HeldSettle, LineAnswer]:
-        """Run the line, again after a transient refusal (backing off), up to `max_retries` times."""
+    async def _execute(self, request: Request) -> tuple[HeldSettle, LineAnswer] | None:
+        """Run the line, again after a transient refusal (backing off), up to `max_retries` times.
+
+        None when the job stops meanwhile (the line stays open). A refusal while this gateway
+        drains is never the line's answer: the job pauses (`JobPaused`) and resumes elsewhere or
+        after the restart."""
         for attempt in range(self.ctx.config.max_retries + 1):
             held = HeldSettle()
             principal = Principal(
                 self.tenant, self.record.owner_key, tuple(self.record.owner_models), background=held
             )
             answer = await run_line(self.ctx.core(), principal, request)
-            if not answer.transient or attempt == self.ctx.config.max_retries:
+            if not answer.transient:
                 return held, answer
-            await self._commit(held, [])  # the refused attempt's refund, on no line's record
+            if self.ctx.core().drain.draining:
+                await self._commit(held, [])  # the refused attempt's refund, on no line's record
+                raise JobPaused(self.record.id)
+            if attempt == self.ctx.config.max_retries:
+                return held, answer
+            await self._commit(held, [])
+            if self.stop is not None:
+                return None
             await asyncio.sleep(min(0.5 * 2**attempt, 10.0))
         raise AssertionError("unreachable")
 

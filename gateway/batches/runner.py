@@ -14,7 +14,7 @@ import secrets
 
 import structlog
 
-from gateway.batches.job import Job, JobContext
+from gateway.batches.job import Job, JobContext, JobPaused
 from policies.errors import StoreUnavailable
 from policies.stores.base import LeaseOp, StateStore
 
@@ -66,6 +66,8 @@ class Runner:
             await asyncio.sleep(self.ctx.config.poll_interval_s)
 
     async def _scan(self) -> None:
+        if self.ctx.core().drain.draining:  # a draining gateway takes on no new work
+            return
         for batch_id in await self.ctx.book.active():
             if batch_id not in self._jobs and await self._claim(batch_id):
                 self._jobs[batch_id] = asyncio.create_task(self._run(batch_id), name=f"batch-{batch_id}")
@@ -100,6 +102,8 @@ class Runner:
             await Job(self.ctx, found[0], found[1]).run()
         except asyncio.CancelledError:
             raise
+        except JobPaused:
+            log.info("batch_paused_for_drain", batch=batch_id)
         except Exception:  # noqa: BLE001 - the job is retried at a later poll
             log.exception("batch_job_failed", batch=batch_id)
         finally:

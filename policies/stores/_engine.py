@@ -39,6 +39,7 @@ class Txn(Protocol):
     def put_journal(self, reservation_id: str, instance: str, payload: str) -> None: ...
     def drop_journal(self, reservation_id: str) -> None: ...
     def put_mark(self, key: str, field: str, value: str) -> None: ...
+    def get_mark(self, key: str, field: str) -> str | None: ...
 
 
 def acquire(
@@ -107,6 +108,10 @@ def settle(
     marks: list[Mark] | None = None,
 ) -> bool:
     """Apply a reconciliation once per settle_id (see `StateStore.settle`)."""
+    for mark in marks or ():
+        found = txn.get_mark(mark.key, mark.field)
+        if found is not None and found != mark.value:
+            return False  # another attempt's settlement carries this record: never bill it twice
     if not txn.mark_settled(settle_id, now):
         return False
     txn.drop_journal(settle_id)

@@ -157,10 +157,12 @@ class StateStore(abc.ABC):
     ) -> bool:
         """Adjust buckets and counters (limits ignored), release leases, add usage; once per settle_id.
 
-        `marks` are written in the same atomic step, and only when the settle is applied.
+        `marks` are written in the same atomic step, and only when the settle is applied. A mark
+        already set to another value refuses the whole settle: the record it marks (a batch line) is
+        carried by another attempt's settlement, so this one must not bill it again.
 
         Returns:
-            False when this settle_id was already applied (nothing is done again).
+            False when this settle_id was already applied, or a mark refused it (nothing is done).
         """
 
     @abc.abstractmethod

@@ -76,6 +76,9 @@ class _MemoryTxn:
     def put_mark(self, key: str, field: str, value: str) -> None:
         self.s.marks.setdefault(key, {})[field] = value
 
+    def get_mark(self, key: str, field: str) -> str | None:
+        return self.s.marks.get(key, {}).get(field)
+
 
 class MemoryStore(StateStore):
     """State in dicts of this process."""

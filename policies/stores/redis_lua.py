@@ -108,7 +108,8 @@ return out
 #       index, journal hash, mark map keys (nm)
 # ARGV: now, lease_id, marker_ttl_s, nb, nl, nc, nu, nm, [capacity, rate, delta] * nb, [delta, ttl_s] * nc,
 #       [requests, tokens, index member] * nu, [field, value] * nm
-# Returns: 1 when applied, 0 when this settle id was applied before.
+# Returns: 1 when applied, 0 when this settle id was applied before, 2 when one of its marks is
+# already set to another value (another attempt's settlement carries that record: nothing applied).
 # The marker is written last: Redis does not roll back a script that fails half-way, and a marker
 # written first would make the retry of such a settle a no-op with its work half done.
 SETTLE = (
@@ -118,6 +119,11 @@ local now, lease_id, marker_ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local nb, nl, nc, nu = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local nm = tonumber(ARGV[8])
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local am = 9 + 3 * nb + 2 * nc + 3 * nu
+for m = 1, nm do
+  local found = redis.call('HGET', KEYS[3 + nb + nl + nc + nu + m], ARGV[am + 2 * (m - 1)])
+  if found and found ~= ARGV[am + 2 * (m - 1) + 1] then return 2 end
+end
 local a = 9
 for i = 1, nb do
   local key, rate, delta = KEYS[1 + i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])

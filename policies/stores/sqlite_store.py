@@ -127,6 +127,10 @@ class _SqliteTxn:
     def put_mark(self, key: str, field: str, value: str) -> None:
         self.c.execute("INSERT OR REPLACE INTO marks VALUES (?, ?, ?)", (key, field, value))
 
+    def get_mark(self, key: str, field: str) -> str | None:
+        row = self.c.execute("SELECT value FROM marks WHERE key = ? AND field = ?", (key, field)).fetchone()
+        return row[0] if row else None
+
 
 def _answer_all(answers: list[tuple[asyncio.Future, bool, object]]) -> None:
     """On a caller's loop: hand each operation of a committed group its result or error."""

@@ -279,3 +279,30 @@ def test_token_quota_counts_and_bad_input_is_refused_clearly(gw: BatchGateway) -
     ]
     assert [r.status_code for r in raw] == [400, 415, 400, 400]
     assert all(set(r.json()["error"]) >= {"message", "type", "code"} for r in raw)  # OpenAI's envelope
+
+
+def test_a_draining_gateway_pauses_batch_lines_instead_of_failing_them(
+    upstream_url: str, tmp_path: Path
+) -> None:
+    """While the gateway drains (SIGTERM), a batch line refused for it stays open, the job pauses
+    and takes on nothing new; once serving again it resumes: every line answered, none failed,
+    each billed once. (`max_retries: 0`: before the fix the refusals were the lines' answers.)"""
+    yaml = batch_yaml(upstream_url, tmp_path / "state.db", tmp_path / "files").replace(
+        "concurrency: 4}", "concurrency: 2, max_retries: 0}"
+    )
+    app = create_app(parse_config(yaml, base_dir=tmp_path))
+    with serve_app(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=create_key(url, "other"), max_retries=0)
+        lines = [chat_line(f"r{i}", f"sleep-ms-150 line {i}") for i in range(12)]
+        batch_id = start(client, lines)
+        wait_for(client, batch_id, {"in_progress"}, completed=2)
+        drain = app.state.drain
+        drain.begin()
+        drain.refuse_new()
+        time.sleep(1.5)  # (the API itself answers 503 meanwhile)
+        drain.draining = drain.refusing = False  # serving again (as a restarted process would)
+        done = wait_for(client, batch_id, {"completed"})
+        assert (done.request_counts.completed, done.request_counts.failed) == (12, 0)
+        assert read_lines(client, done.error_file_id) == []
+        assert len(read_lines(client, done.output_file_id)) == 12
+        assert usage_of(url, "other")[0] == 12

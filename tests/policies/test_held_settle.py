@@ -69,3 +69,17 @@ async def test_a_reclaimed_reservation_is_charged_late_with_its_marks(replicas, 
     assert [(u.requests, u.tokens) for u in await store.usage("acme") if len(u.period) == 10] == [(1, 40)]
     with pytest.raises(QuotaExceeded):
         await other.admit(ACME, "m", 961)
+
+
+async def test_a_line_settled_by_another_attempt_is_never_billed_twice(store, clock) -> None:
+    """Two runners that both ran a line (one lost its claim without knowing): the first commit
+    bills it, the second, whose mark names another attempt, applies nothing, also not late."""
+    adm = admission(store, clock, quotas=Quotas(tokens_per_day=1000))
+    first, principal = background()
+    await adm.reconcile(await adm.admit(principal, "m", 50), 20)
+    second, principal2 = background()
+    await adm.reconcile(await adm.admit(principal2, "m", 50), 20)
+    await adm.commit(first, [Mark("lines:b", "0", "first:200")])
+    await adm.commit(second, [Mark("lines:b", "0", "second:200")])
+    assert await store.get_marks("lines:b") == {"0": "first:200"}
+    assert [(u.requests, u.tokens) for u in await store.usage("acme") if len(u.period) == 10] == [(1, 20)]
