@@ -22,7 +22,10 @@ class BatchesConfig(SpecBase):
         claim_ttl_s: a job is run by one gateway process, which holds a claim on it that lapses this
             long after the process dies; another process (or this one restarted) then resumes it.
         max_retries: times a line is retried after a transient refusal (429 rate limit, 503, 504)
-            before its error is recorded.
+            before its error is recorded (a refusal because this gateway drains is never recorded:
+            the job pauses and resumes).
+        max_running_jobs: jobs one gateway process runs at once (each keeps its parsed input in
+            memory); the others wait for a free turn, or for another replica.
     """
 
     files_dir: str = "./var/files"
@@ -32,10 +35,13 @@ class BatchesConfig(SpecBase):
     poll_interval_s: float = 1.0
     claim_ttl_s: float = 30.0
     max_retries: int = 5
+    max_running_jobs: int = 4
 
     def __post_init__(self) -> None:
-        if self.max_file_bytes < 1 or self.max_lines < 1 or self.concurrency < 1 or self.max_retries < 0:
-            raise ValueError("max_file_bytes, max_lines and concurrency must be >= 1, max_retries >= 0")
+        if min(self.max_file_bytes, self.max_lines, self.concurrency, self.max_running_jobs) < 1:
+            raise ValueError("max_file_bytes, max_lines, concurrency and max_running_jobs must be >= 1")
+        if self.max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
         for name in ("poll_interval_s", "claim_ttl_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

@@ -48,10 +48,10 @@ class Files:
         return obj
 
     def _write(self, file_id: str, data: bytes) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # prompts and answers: owner only
         final = self.path(file_id)
         temporary = final.with_name(final.name + ".part")
-        with open(temporary, "wb") as f:
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -64,8 +64,9 @@ class PartFile:
         # flushed to the kernel before the mark is committed: a process crash loses nothing
         # written here (a power loss can; see docs/batches.md)
         if self._file is None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self._path, "ab")  # noqa: SIM115 - held open for the job's life
+            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # owner only
+            self._file = os.fdopen(fd, "ab")  # held open for the job's life
         self._file.write(_encoder.encode({"i": index, "a": attempt, "out": out}) + b"\n")
         self._file.flush()
 

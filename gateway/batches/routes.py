@@ -38,6 +38,14 @@ class CreateBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_expires_after: dict[str, Any] | None = None
 
 
+async def _read_by_a_running_job(service: BatchService, file_id: str) -> bool:
+    for batch_id in await service.book.active():
+        found = await service.book.load(batch_id)
+        if found is not None and found[1].input_file_id == file_id:
+            return True
+    return False
+
+
 def _service(request: Request) -> BatchService:
     return request.app.state.batches
 
@@ -134,7 +142,12 @@ async def file_content(request: Request, core: GatewayCore, call: Call, file_id:
 async def delete_file(request: Request, core: GatewayCore, call: Call, file_id: str) -> Response[bytes]:
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)
-        await _service(request).files.delete(principal.tenant, file_id)
+        service = _service(request)
+        await service.files.get(principal.tenant, file_id)  # 404 first: never say whose job reads it
+        if await _read_by_a_running_job(service, file_id):
+            # a resumed job reads its input again: deleting it would lose lines already billed
+            raise GatewayError(409, "file_in_use", "a batch that has not ended reads this file; cancel it first")
+        await service.files.delete(principal.tenant, file_id)
         return {"id": file_id, "object": "file", "deleted": True}, 200
 
     return await answer_json(call, work)

@@ -69,6 +69,8 @@ class Runner:
         if self.ctx.core().drain.draining:  # a draining gateway takes on no new work
             return
         for batch_id in await self.ctx.book.active():
+            if len(self._jobs) >= self.ctx.config.max_running_jobs:
+                return  # the others wait for a free turn here, or for another replica
             if batch_id not in self._jobs and await self._claim(batch_id):
                 self._jobs[batch_id] = asyncio.create_task(self._run(batch_id), name=f"batch-{batch_id}")
 

@@ -306,3 +306,17 @@ def test_a_draining_gateway_pauses_batch_lines_instead_of_failing_them(
         assert read_lines(client, done.error_file_id) == []
         assert len(read_lines(client, done.output_file_id)) == 12
         assert usage_of(url, "other")[0] == 12
+
+
+def test_the_input_of_a_running_batch_cannot_be_deleted(gw: BatchGateway) -> None:
+    """A resumed job reads its input again: deleting it mid-job would lose lines already billed."""
+    client = gw.client("other")
+    file_id = upload(client, [chat_line(f"d{i}", f"sleep-ms-100 line {i}") for i in range(6)])
+    batch_id = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    ).id
+    with pytest.raises(openai.ConflictError) as info:
+        client.files.delete(file_id)
+    assert "cancel" in info.value.message
+    wait_for(client, batch_id, {"completed"})
+    assert client.files.delete(file_id).deleted
