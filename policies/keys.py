@@ -192,6 +192,16 @@ class KeyService:
         while self._use_writes:
             await asyncio.gather(*self._use_writes, return_exceptions=True)
 
+    async def still_valid(self, key_id: str) -> bool:
+        """Whether key `key_id` would still authenticate (known, not revoked, not expired, its tenant
+        configured): for work a key started that runs on without it (batch jobs)."""
+        found = await self._lookup(key_id)
+        if found is None:
+            return False
+        record = found[0]
+        tenant_known = self._tenants is None or record.tenant in self._tenants
+        return record.revoked_at is None and record.active(self._clock()) and tenant_known
+
     async def _lookup(self, key_id: str) -> tuple[KeyRecord, str] | None:
         now = self._clock()
         cached = self._cache.get(key_id)

@@ -320,3 +320,19 @@ def test_the_input_of_a_running_batch_cannot_be_deleted(gw: BatchGateway) -> Non
     assert "cancel" in info.value.message
     wait_for(client, batch_id, {"completed"})
     assert client.files.delete(file_id).deleted
+
+
+def test_a_revoked_key_stops_its_batch(gw: BatchGateway) -> None:
+    """A key revoked (say, leaked) while its job runs stops spending the tenant's quota."""
+    from policies.keys import parse_key
+
+    key = create_key(gw.url, "other")
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+    batch_id = start(client, [chat_line(f"k{i}", f"sleep-ms-150 line {i}") for i in range(40)])
+    wait_for(client, batch_id, {"in_progress"}, completed=1)
+    key_id = parse_key(key)[0]
+    assert httpx.delete(f"{gw.url}/admin/keys/{key_id}", headers=ADMIN_HEADERS).status_code == 200
+    reader = gw.client("other")  # another key of the tenant still reads the job
+    ended = wait_for(reader, batch_id, {"failed"})
+    assert ended.errors.data[0].code == "key_revoked"
+    assert ended.request_counts.completed < 40
