@@ -70,11 +70,17 @@ def verify(key: str, token: str, now: float | None = None) -> Session:
         raise NotSignedIn("malformed session")
     _, expires, nonce, mac = parts
     expected = _mac(key, "fleetgate-console-session", expires, nonce)
-    if not hmac.compare_digest(expected, mac):
+    if not _same(expected, mac):
         raise NotSignedIn("invalid session")
     if int(expires) <= (time.time() if now is None else now):
         raise NotSignedIn("session expired")
     return Session(nonce, int(expires), _csrf_of(key, nonce))
+
+
+def _same(expected: str, presented: str) -> bool:
+    """A constant-time comparison that takes any text a client sends (compare_digest refuses
+    non-ASCII str with a TypeError: that was a 500 for any request with such a cookie)."""
+    return hmac.compare_digest(expected.encode(), presented.encode("utf-8", "surrogateescape"))
 
 
 def current(connection: ASGIConnection[Any, Any, Any, Any]) -> Session:
@@ -90,7 +96,7 @@ def current(connection: ASGIConnection[Any, Any, Any, Any]) -> Session:
 def check_csrf(connection: ASGIConnection[Any, Any, Any, Any], session: Session, presented: str) -> None:
     """Refuse (403) a state change whose form token is not this session's, or that another site sent."""
     check_origin(connection)
-    if not presented or not hmac.compare_digest(presented, session.csrf):
+    if not presented or not _same(presented, session.csrf):
         raise GatewayError(403, "csrf_failed", "the form's CSRF token is missing or stale; reload the page")
 
 
@@ -110,13 +116,31 @@ def check_origin(connection: ASGIConnection[Any, Any, Any, Any]) -> None:
 
 def cookie(value: str, connection: ASGIConnection[Any, Any, Any, Any], max_age: int = SESSION_S) -> Cookie:
     """The session cookie: HttpOnly (no script reads it), SameSite=Strict (no other site sends it),
-    Secure where the request came over TLS, and scoped to the console's path."""
+    Secure (see `_secure`), and scoped to the console's path."""
     return Cookie(
         key=COOKIE,
         value=value,
         path=COOKIE_PATH,
         max_age=max_age,
         httponly=True,
-        secure=connection.url.scheme == "https",
+        secure=_secure(connection),
         samesite="strict",
     )
+
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+def _secure(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """Secure unless the browser plainly talks HTTP to this machine itself.
+
+    The gateway has no TLS of its own: deployed, TLS ends at an ingress or proxy on another host,
+    whose forwarded scheme uvicorn does not trust, so "the request came over https" would almost
+    never hold. The cookie is therefore Secure for every host but a loopback one reached over plain
+    http (a browser keeps no Secure cookie from plain http, except on localhost itself).
+    """
+    if connection.url.scheme == "https":
+        return True
+    host = connection.headers.get("host", "").lower()
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+    return name not in _LOOPBACK_HOSTS

@@ -86,6 +86,25 @@ def test_cookie_is_secure_over_tls(digits):
         assert "secure" in flags and "httponly" in flags
 
 
+def test_cookie_is_secure_for_any_host_but_loopback(digits):
+    """TLS ends at a proxy in front of the gateway, which then sees plain http: the cookie is Secure
+    for every host name a browser used, except loopback over plain http."""
+    config = parse_config("state: {url: 'memory://'}\ntenants: {t: {}}", base_dir=digits.onnx_path.parent)
+    with TestClient(create_app(config), base_url="http://gateway.example.com") as client:
+        r = client.post("/admin/ui/login", data={"admin_key": ADMIN_KEY}, follow_redirects=False)
+        assert "secure" in {part.strip().lower() for part in r.headers["set-cookie"].split(";")}
+
+
+def test_a_cookie_or_token_of_any_characters_is_refused_not_a_500(console_gateway):
+    ui = console_gateway.ui
+    for value in ("v1.9999999999.nonce.mäc", "v1.9999999999.nönce.\u00e9\u00e9"):
+        r = httpx.get(f"{ui}/tenants", headers={"cookie": f"fleetgate_console={value}".encode()})
+        assert r.status_code == 401
+    with signed_in(ui) as client:
+        r = client.post("/keys", data={"tenant": "acme", "_csrf": "jéton"})
+        assert r.status_code == 403
+
+
 def test_pages_carry_a_strict_csp_and_no_inline_script(console_gateway):
     with signed_in(console_gateway.ui) as client:
         answers = [client.get(p) for p in ["/tenants", "/keys", "/models", "/traffic", "/traffic.json"]]
