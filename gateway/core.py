@@ -308,11 +308,10 @@ class GatewayCore:
             decoded = await load(meta)
             validate_request(decoded.request, meta)
             cost = decoded.request.batch_rows
+            hints = _hints(call)  # a bad hint header is refused before it costs a rate-limit slot
             reservation = await self._admit(principal, model.name, cost)
             try:
-                result = await self.graphs.run(
-                    principal, model.name, decoded.request, queue_hints(call.headers), call.headers
-                )
+                result = await self.graphs.run(principal, model.name, decoded.request, hints, call.headers)
             except BaseException:
                 await self.admission.reconcile(reservation, 0, failed=True)
                 raise

@@ -20,7 +20,7 @@ import numpy as np
 import structlog
 
 from backends.base import ModelMetadata, Tensor, TensorRequest, TensorResponse
-from backends.errors import BackendUnavailable
+from backends.errors import BackendUnavailable, InvalidInput
 from fleetgate import tracing
 from fleetgate.errors import ServingError
 from gateway import metrics
@@ -105,9 +105,8 @@ class GraphRunner:
             dep = self.core.deployments.get(name)
             if dep is not None and dep.ready:
                 return dep.backend.metadata()
-        raise BackendUnavailable(
-            f"graph {graph!r}: model {model!r} of step {step!r} has no loaded deployment"
-        )
+        log.warning("graph_step_not_loaded", graph=graph, step=step, model=model)
+        raise BackendUnavailable(f"graph {graph!r}: step {step!r} has no loaded deployment")
 
     def metadata(self, name: str) -> ModelMetadata:
         """The graph as a model: inputs and outputs derived from its steps' loaded models."""
@@ -137,7 +136,13 @@ class GraphRunner:
         headers: Mapping[str, str],
     ) -> GraphResult:
         """Run the graph on a request already checked against `metadata(name)` and admitted."""
+        if name not in self.core.config.graphs:  # a reload removed it while the body was read
+            raise BackendUnavailable(f"graph {name!r} was removed by a config reload")
         prepared = self._prepare(name)
+        given = {t.name for t in request.inputs}
+        for source in prepared.graph.request_inputs():
+            if source not in given:  # a reload changed the graph while the body was read
+                raise InvalidInput(f"graph {name!r} takes input {source!r} (its config changed); send it")
         run = _Run(
             graph_name=name,
             graph=prepared.graph,
@@ -210,7 +215,9 @@ class GraphRunner:
                 response, dep = await self.core.run_tensors(run.principal, plan, request, run.hints)
         except ServingError as exc:
             metrics.GRAPH_STEPS.labels(*labels, "failed").inc()
-            raise _naming_step(exc, run.graph_name, step_name, step.model) from exc
+            log.warning("graph_step_failed", graph=run.graph_name, step=step_name, model=step.model, error=str(exc))
+            visible = self.core.can_see(run.principal, step.model)
+            raise _naming_step(exc, run.graph_name, step_name, step.model if visible else None) from exc
         ran = run.total_rows if rows is None else len(rows)
         metrics.GRAPH_STEPS.labels(*labels, "ran").inc()
         metrics.GRAPH_STEP_ROWS.labels(*labels, "ran").inc(ran)
@@ -234,9 +241,14 @@ class GraphRunner:
         return out
 
 
-def _naming_step(exc: ServingError, graph: str, step: str, model: str) -> ServingError:
-    """The same error (status, code, headers), its message naming the graph's step."""
+def _naming_step(exc: ServingError, graph: str, step: str, model: str | None) -> ServingError:
+    """The same error (status, code, headers), its message naming the graph's step. For a step
+    model the caller may not see (`model` None) only its code is told: its own message may name
+    the model or its deployments, which must stay as invisible as the model (the log has it)."""
     named = copy.copy(exc)
-    named.message = f"graph {graph!r} step {step!r} (model {model!r}): {exc.message}"
+    if model is None:
+        named.message = f"graph {graph!r} step {step!r} failed: {exc.code.replace('_', ' ')}"
+    else:
+        named.message = f"graph {graph!r} step {step!r} (model {model!r}): {exc.message}"
     named.args = (named.message,)
     return named

@@ -90,6 +90,10 @@ class GraphConfig(SpecBase):
     #: (a cascade's answer: `[large.probabilities, small.probabilities]`)
     outputs: dict[str, str | list[str]]
 
+    def request_inputs(self) -> set[str]:
+        """The request's tensors the steps read (`request.<name>`)."""
+        return {src.tensor for step in self.steps.values() for src in step.sources().values() if src.step is None}
+
     def output_sources(self) -> dict[str, list[Source]]:
         """Graph output name -> its sources in order of preference."""
         return {

@@ -423,7 +423,9 @@ def test_failing_step_fails_the_request_naming_the_step(gw: GraphGateway) -> Non
     with _replaced_infer(gw, "a-ort", _unavailable):
         response = _v2_json(gw, "ensemble", gw.acme, "pixels", rows)
         assert response.status_code == 503
-        assert response.json() == {"error": "graph 'ensemble' step 'a' (model 'mlp-a'): injected outage"}
+        # acme may call the graph but not see mlp-a: the step is named, its model and message are not
+        error = response.json()["error"]
+        assert error.startswith("graph 'ensemble' step 'a' failed") and "mlp-a" not in error and "injected" not in error
         tfs = httpx.post(
             f"{gw.url}/v1/models/ensemble:predict", json={"instances": rows.tolist()}, headers=_auth(gw.acme)
         )
@@ -440,7 +442,8 @@ def test_failing_step_fails_the_request_naming_the_step(gw: GraphGateway) -> Non
 
     with _replaced_infer(gw, "avg-ort", refuse):
         response = _v2_json(gw, "ensemble", gw.acme, "pixels", rows)
-    assert response.status_code == 400 and "step 'mean' (model 'average')" in response.json()["error"]
+    assert response.status_code == 400 and "step 'mean'" in response.json()["error"]
+    assert "average" not in response.json()["error"]
     assert _counter(gw, "fleetgate_graph_steps_total", graph="ensemble", step="mean", outcome="failed") >= 1
 
 
