@@ -15,8 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.errors import InvalidInput
+from backends.errors import BackendInternalError
 from router.graphs import StepCondition
+
+
+class GraphMisconfigured(BackendInternalError):
+    """The graph's steps do not fit together on this request (a config fault, never the caller's):
+    outputs of different shapes joined, a per-row condition on a tensor that is not per row."""
+
+    code = "graph_misconfigured"
+
 
 Rows = np.ndarray | None
 
@@ -46,7 +54,7 @@ def take(value: Value, rows: Rows, what: str) -> np.ndarray:
         return value.array
     index = rows if value.rows is None else np.searchsorted(value.rows, rows)
     if value.array.ndim == 0 or value.array.shape[0] <= int(index[-1]):
-        raise InvalidInput(
+        raise GraphMisconfigured(
             f"{what}: a per-row condition cuts tensors along dimension 0, and this one has "
             f"{value.array.shape[0] if value.array.ndim else 0} rows"
         )
@@ -58,7 +66,10 @@ def condition_rows(condition: StepCondition, value: Value) -> Rows | bool:
 
     Returns rows (None: all rows) for a per-row condition; True or False for a whole-request one.
     """
-    array = np.asarray(value.array, dtype=np.float64)
+    try:
+        array = np.asarray(value.array, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise GraphMisconfigured(f"condition on {condition.tensor!r}: its values are not numbers") from None
     per_row = array.reshape(array.shape[0], -1) if array.ndim > 1 else array.reshape(-1, 1)
     scores = _REDUCE[condition.reduce](per_row, axis=1)
     holds = np.ones(len(scores), dtype=bool)
@@ -82,7 +93,7 @@ def first_covering(name: str, values: Sequence[Value]) -> np.ndarray:
     """
     *preferred, base = values
     if base.rows is not None:
-        raise InvalidInput(f"output {name!r}: no source covers every row")
+        raise GraphMisconfigured(f"output {name!r}: no source covers every row")
     out = base.array
     copied = False
     for value in reversed(preferred):
@@ -90,7 +101,7 @@ def first_covering(name: str, values: Sequence[Value]) -> np.ndarray:
             out, copied = value.array, False
             continue
         if value.array.shape[1:] != out.shape[1:]:
-            raise InvalidInput(
+            raise GraphMisconfigured(
                 f"output {name!r}: its sources have shapes {list(value.array.shape)} and {list(out.shape)}"
             )
         if not copied:

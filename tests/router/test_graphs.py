@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from backends.errors import InvalidInput
 from gateway.config import ConfigError, parse_config
-from gateway.graph_rows import Value, common_rows, condition_rows, first_covering, take
+from gateway.graph_rows import GraphMisconfigured, Value, common_rows, condition_rows, first_covering, take
 from router.graphs import StepCondition, check_graph
 from tests.graph_models import GraphModels, ensemble_steps, step_sections, write_graph_models
 
@@ -243,7 +242,7 @@ def test_rows_taken_and_outputs_joined_row_by_row() -> None:
     joined = first_covering("p", [some, full])
     assert joined.tolist() == [[0, 1], [10, 11], [4, 5], [30, 31]]
     assert full.array[1].tolist() == [2, 3]  # the source itself is left alone
-    with pytest.raises(InvalidInput, match="no source covers every row"):
+    with pytest.raises(GraphMisconfigured, match="no source covers every row"):
         first_covering("p", [full, some])
-    with pytest.raises(InvalidInput, match="cuts tensors along dimension 0"):
+    with pytest.raises(GraphMisconfigured, match="cuts tensors along dimension 0"):
         take(Value(np.arange(2)), np.array([0, 3]), "input 'x'")
