@@ -68,20 +68,22 @@ def apply_config(core: GatewayCore, new: Config) -> None:
     log.info("config_reloaded", models=len(new.models), tenants=len(new.tenants))
 
 
-def reload_from_file(app: Litestar) -> Config:
+async def reload_from_file(app: Litestar) -> Config:
     path: Path | None = getattr(app.state, "config_path", None)
     if path is None:
         raise ConfigError("this gateway was not started from a config file; nothing to reload")
-    new = with_listen_overrides(load_config(path), getattr(app.state, "listen_overrides", {}))
+    overrides = getattr(app.state, "listen_overrides", {})
+    # read and checked off the event loop: a graph's checks read its steps' model files
+    new = await asyncio.to_thread(lambda: with_listen_overrides(load_config(path), overrides))
     apply_config(app.state.core, new)
     app.state.admin_attempts.max_failures = new.admin.max_failures_per_minute
     return new
 
 
-def reload_or_refuse(app: Litestar) -> Config:
+async def reload_or_refuse(app: Litestar) -> Config:
     """`reload_from_file`, a refused config answered as 400 (the admin API's and the console's reload)."""
     try:
-        return reload_from_file(app)
+        return await reload_from_file(app)
     except ConfigError as exc:
         raise GatewayError(400, "invalid_config", f"config refused, the running one stays: {exc}") from None
 
@@ -89,7 +91,7 @@ def reload_or_refuse(app: Litestar) -> Config:
 @post("/admin/reload", status_code=200, guards=ADMIN_GUARD)
 async def reload_endpoint(request: Request, call: Call) -> Response[bytes]:
     try:
-        new = reload_or_refuse(request.app)
+        new = await reload_or_refuse(request.app)
         call.done(200)
         body = {"reloaded": True, "models": sorted(new.models), "tenants": sorted(new.tenants)}
         return Response(content=_encoder.encode(body), media_type="application/json")
@@ -100,11 +102,18 @@ async def reload_endpoint(request: Request, call: Call) -> Response[bytes]:
 def install_sighup(app: Litestar) -> None:
     """Reload on SIGHUP where the loop may own signals (the main thread of `fleetgate serve`)."""
 
-    def on_hup() -> None:
+    async def reload() -> None:
         try:
-            reload_from_file(app)
+            await reload_from_file(app)
         except ConfigError as exc:
             log.error("config_reload_refused", error=str(exc))
+
+    pending: set[asyncio.Task[None]] = set()  # held until done (a bare task may be collected)
+
+    def on_hup() -> None:
+        task = asyncio.ensure_future(reload())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
 
     try:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hup)

@@ -123,7 +123,7 @@ async def models_page(request: Request, core: GatewayCore) -> Template:
 async def reload_config(request: Request) -> Response[bytes]:
     """Re-read the config file through the reload path (`POST /admin/reload`, SIGHUP)."""
     await _form(request)
-    reload_or_refuse(request.app)
+    await reload_or_refuse(request.app)
     return redirect("/models")
 
 
