@@ -171,7 +171,27 @@ def models(core: GatewayCore, metrics_text: str) -> dict[str, Any]:
                 "adapter_of": core.adapter_models.get(name),
             }
         )
-    return {"models": out, "deployments": deployments(core), "reloadable": True}
+    return {"models": out, "graphs": graphs(core), "deployments": deployments(core), "reloadable": True}
+
+
+def graphs(core: GatewayCore) -> list[dict[str, Any]]:
+    """Each model graph: its steps (the model each calls, its condition), outputs and readiness."""
+    out = []
+    for name, graph in sorted(core.config.graphs.items()):
+        steps = []
+        for step_name, step in graph.steps.items():
+            when = step.when
+            condition = ""
+            if when is not None:
+                bounds = [f"< {when.below:g}" if when.below is not None else "",
+                          f">= {when.at_least:g}" if when.at_least is not None else ""]  # fmt: skip
+                rows = "per row" if when.per_row else "whole request"
+                condition = f"{when.reduce}({when.tensor}) {' and '.join(b for b in bounds if b)}, {rows}"
+            inputs = ", ".join(f"{k} ← {v}" for k, v in step.inputs.items())
+            steps.append({"name": step_name, "model": step.model, "inputs": inputs, "when": condition})
+        outputs = {k: v if isinstance(v, str) else " | ".join(v) for k, v in graph.outputs.items()}
+        out.append({"name": name, "ready": core.graphs.ready(name), "steps": steps, "outputs": outputs})
+    return out
 
 
 def deployments(core: GatewayCore) -> list[dict[str, Any]]:

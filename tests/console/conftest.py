@@ -41,6 +41,13 @@ models:
     shadow: {{deployment: digits-b, fraction: 1.0}}
   digits-canary:
     routes: [{{deployment: digits-a, weight: 90}}, {{deployment: digits-b, weight: 10, canary: true}}]
+graphs:
+  digits-cascade:
+    steps:
+      first: {{model: digits, inputs: {{input: request.input}}}}
+      second: {{model: digits-canary, inputs: {{input: request.input}},
+                when: {{tensor: first.probabilities, reduce: max, below: 0.5, per_row: true}}}}
+    outputs: {{probabilities: [second.probabilities, first.probabilities]}}
 """
 
 

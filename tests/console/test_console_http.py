@@ -250,6 +250,16 @@ def test_models_page_shows_shadow_figures_canaries_and_deployments(console_gatew
         assert "ready" in row and "onnxruntime" in row and "cpu" in row and "closed" in row
 
 
+def test_models_page_lists_graphs_with_their_steps(console_gateway):
+    with signed_in(console_gateway.ui) as client:
+        page = client.get("/models").text
+    section = page[page.index('id="graph-digits-cascade"') :]
+    section = section[: section.index("</section>")]
+    assert "first" in section and "second" in section and "digits-canary" in section
+    assert "max(first.probabilities) &lt; 0.5, per row" in section
+    assert "second.probabilities | first.probabilities" in section
+
+
 def test_llm_kv_cache_and_token_usage(tmp_path):
     """An LLM deployment: the traffic figures carry its KV-cache use, the tenants page its tokens."""
     from backends.demo_models.tiny_llama import write_tiny_llama
