@@ -126,6 +126,9 @@ RECEIVED_HEADERS: list[dict[str, str]] = []
 
 
 _SLEEP = re.compile(r"sleep-ms-([0-9]+)")
+#: failure injection: a prompt with `slow-once-<token>` is answered 2 s late the first time only
+_SLOW_ONCE = re.compile(r"slow-once-([a-z0-9]+)")
+_SLOWED: set[str] = set()
 
 
 async def _handle(request: Request, chat: bool) -> Response[Any]:
@@ -133,6 +136,10 @@ async def _handle(request: Request, chat: bool) -> Response[Any]:
     slow = _SLEEP.search(_prompt_of(body))
     if slow:
         await asyncio.sleep(int(slow.group(1)) / 1000)
+    once = _SLOW_ONCE.search(_prompt_of(body))
+    if once and once.group(1) not in _SLOWED:
+        _SLOWED.add(once.group(1))
+        await asyncio.sleep(2.0)
     RECEIVED.append(body)
     del RECEIVED[:-50]
     RECEIVED_HEADERS.append(dict(request.headers))

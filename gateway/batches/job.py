@@ -183,10 +183,13 @@ class Job:
     async def _execute(self, request: Request) -> tuple[HeldSettle, LineAnswer] | None:
         """Run the line, again after a transient refusal (backing off), up to `max_retries` times.
 
-        None when the job stops meanwhile (the line stays open). A refusal while this gateway
-        drains is never the line's answer: the job pauses (`JobPaused`) and resumes elsewhere or
-        after the restart."""
-        for attempt in range(self.ctx.config.max_retries + 1):
+        A 504 (the line's deadline passed, most often while it waited its turn behind interactive
+        traffic, which the background class lets go first) is not counted: such a line waits for
+        idle capacity until the job's window ends. None when the job stops meanwhile (the line stays
+        open). A refusal while this gateway drains is never the line's answer: the job pauses
+        (`JobPaused`) and resumes elsewhere or after the restart."""
+        counted = 0
+        while True:
             held = HeldSettle()
             principal = Principal(
                 self.tenant, self.record.owner_key, tuple(self.record.owner_models), background=held
@@ -197,13 +200,14 @@ class Job:
             if self.ctx.core().drain.draining:
                 await self._commit(held, [])  # the refused attempt's refund, on no line's record
                 raise JobPaused(self.record.id)
-            if attempt == self.ctx.config.max_retries:
+            if answer.status != 504:
+                counted += 1
+            if counted > self.ctx.config.max_retries:
                 return held, answer
             await self._commit(held, [])
-            if self.stop is not None:
+            if self.stop is not None or self.ctx.clock() >= self.record.expires_at:
                 return None
-            await asyncio.sleep(min(0.5 * 2**attempt, 10.0))
-        raise AssertionError("unreachable")
+            await asyncio.sleep(min(0.5 * 2 ** min(counted, 5), 10.0))
 
     async def _commit(self, held: HeldSettle, marks: list[Mark]) -> None:
         """Commit a settlement with its marks; a store outage is waited out (the line stays open)."""

@@ -336,3 +336,19 @@ def test_a_revoked_key_stops_its_batch(gw: BatchGateway) -> None:
     ended = wait_for(reader, batch_id, {"failed"})
     assert ended.errors.data[0].code == "key_revoked"
     assert ended.request_counts.completed < 40
+
+
+def test_a_line_past_its_deadline_waits_for_its_turn_instead_of_failing(upstream_url: str, tmp_path: Path) -> None:
+    """A 504 (the line's deadline passed, as behind a long interactive rush) is not one of its
+    `max_retries`: the line is tried again and answered. (`max_retries: 0`: before, the 504 was it.)"""
+    yaml = batch_yaml(upstream_url, tmp_path / "state.db", tmp_path / "files").replace(
+        "concurrency: 4}", "concurrency: 2, max_retries: 0}"
+    )
+    yaml = "server: {request_timeout_s: 0.5}\n" + yaml
+    with serve_app(create_app(parse_config(yaml, base_dir=tmp_path))) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=create_key(url, "other"), max_retries=0)
+        token = f"t{time.monotonic_ns()}"
+        batch_id = start(client, [chat_line("late", f"slow-once-{token} words"), chat_line("fine", "words")])
+        done = wait_for(client, batch_id, {"completed"})
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 0)
+        assert usage_of(url, "other")[0] == 2
