@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import msgspec
 import structlog
 
 from backends.base import Backend, Capability, as_generative, as_tensor
@@ -14,6 +15,7 @@ from backends.registry import create_backend
 from gateway import metrics
 from gateway.config import Config, DeploymentConfig
 from policies.fair_queue import FairQueue, QueueSpec
+from policies.fair_queue.spec import TENSOR_BURST_PER_SLOT
 from router.health import CircuitBreakers
 from router.load import ServiceTimes, expected_wait
 
@@ -97,7 +99,11 @@ def _make_queue(spec: QueueSpec, weights: Mapping[str, float], backend: Backend)
     request or two early. An idle queue (nothing in flight) always dispatches, so a stale count can
     never stall it; every release re-checks the gate.
     """
-    capacity = as_generative(backend).capacity if Capability.GENERATE in backend.capabilities else None
+    generative = Capability.GENERATE in backend.capabilities
+    if spec.vtc_burst is None:  # the default burst credit: see QueueSpec.vtc_burst
+        burst = 0.0 if generative else TENSOR_BURST_PER_SLOT * spec.max_concurrency
+        spec = msgspec.structs.replace(spec, vtc_burst=burst)
+    capacity = as_generative(backend).capacity if generative else None
     if capacity is None:
         return FairQueue(spec, weights=weights)
     cell: list[FairQueue] = []

@@ -21,7 +21,7 @@ def make_policy(spec: QueueSpec, weight_of: Callable[[str], float]) -> Schedulin
         return FCFSPolicy()
     if spec.policy == "drr":
         return DRRPolicy(weight_of, spec.drr_quantum)
-    return VTCPolicy(weight_of, spec.vtc_burst)
+    return VTCPolicy(weight_of, spec.vtc_burst or 0.0)
 
 
 def check_weights(weights: Mapping[str, float]) -> dict[str, float]:
