@@ -41,10 +41,21 @@ def _wait(driver: Any, condition: Any, timeout_s: float = 20) -> Any:
 
 
 def _navigated(driver: Any, old_page_element: Any) -> None:
-    """Wait until a click's new page has replaced the one `old_page_element` belonged to."""
-    from selenium.webdriver.support import expected_conditions
+    """Wait until a click's new page has replaced the one `old_page_element` belonged to.
 
-    _wait(driver, expected_conditions.staleness_of(old_page_element))
+    Chromium may answer a question about an element of the page being replaced with "node does not
+    belong to the document" (an inspector error, not a stale-element one): that too means it is gone.
+    The callers then wait for the new page's URL, which is what proves the navigation."""
+    from selenium.common.exceptions import WebDriverException
+
+    def gone(_: Any) -> bool:
+        try:
+            old_page_element.is_enabled()
+        except WebDriverException:  # stale, or the inspector's variant of it
+            return True
+        return False
+
+    _wait(driver, gone)
 
 
 def _sign_in(driver: Any, ui: str) -> None:
