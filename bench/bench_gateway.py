@@ -108,22 +108,25 @@ def run_direct(
 # --- (b) through the gateway ---------------------------------------------------------------------
 
 
-def v2_request(model: str, row: np.ndarray, key: str, port: int) -> bytes:
-    """One keep-alive POST with `row` as a binary tensor named `input`, every output asked for as binary."""
+def v2_request(model: str, row: np.ndarray | dict[str, np.ndarray], key: str, port: int) -> bytes:
+    """One keep-alive POST with `row` as a binary FP32 tensor named `input` (or each of several named
+    inputs), every output asked for as binary."""
+    inputs = row if isinstance(row, dict) else {"input": row}
     header = json.dumps(
         {
             "inputs": [
                 {
-                    "name": "input",
-                    "shape": list(row.shape),
+                    "name": name,
+                    "shape": list(a.shape),
                     "datatype": "FP32",
-                    "parameters": {"binary_data_size": row.nbytes},
+                    "parameters": {"binary_data_size": a.nbytes},
                 }
+                for name, a in inputs.items()
             ],
             "parameters": {"binary_data_output": True},
         }
     ).encode()
-    body = header + row.tobytes()
+    body = header + b"".join(a.tobytes() for a in inputs.values())
     head = (
         f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Authorization: Bearer {key}\r\nContent-Type: application/octet-stream\r\n"

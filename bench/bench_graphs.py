@@ -34,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from bench_gateway import pct, start_gateway  # noqa: E402
+from bench_gateway import pct, start_gateway, v2_request  # noqa: E402
 
 from tests.graph_models import ensemble_by_hand, ensemble_steps, step_sections, write_graph_models  # noqa: E402
 
@@ -42,31 +42,6 @@ RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)
 CLIENTS = ("graph", "one_by_one", "client_parallel")
 ROWS = 4
-
-
-def v2_request(model: str, inputs: dict[str, np.ndarray], key: str, port: int) -> bytes:
-    """One keep-alive POST with every input as a binary tensor and every output asked for as binary."""
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": n,
-                    "shape": list(a.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": a.nbytes},
-                }
-                for n, a in inputs.items()
-            ],
-            "parameters": {"binary_data_output": True},
-        }
-    ).encode()
-    body = header + b"".join(a.tobytes() for a in inputs.values())
-    head = (
-        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: Bearer {key}\r\nContent-Type: application/octet-stream\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    return head + body
 
 
 class Connection:

@@ -95,7 +95,6 @@ class ChoiceShare:
         if self._queue is not None and self._ticket is not None:
             self._queue.release(self._ticket, float(self._attempt_prompt + 2 * self._attempt_completion))
         self._queue = self._ticket = None
-        self._left, self._failed = self._parts, 0  # the started choices' settlements are in
 
     def choice_ticket(self) -> Ticket:
         """A ticket for one choice's stream: already released, so the stream neither charges nor

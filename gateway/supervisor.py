@@ -28,6 +28,7 @@ import signal
 import socket
 import threading
 import time
+from multiprocessing.connection import wait as wait_for_any
 from multiprocessing.context import SpawnProcess
 from types import FrameType
 
@@ -60,7 +61,7 @@ def run_worker(config: uvicorn.Config, grace_s: float, sockets: list[socket.sock
 def _drain_when_orphaned(parent_sentinel: int) -> None:
     """Wait for the parent to end; if it ends first (killed), drain this worker instead of serving
     on without a supervisor."""
-    multiprocessing.connection.wait([parent_sentinel])
+    wait_for_any([parent_sentinel])
     os.kill(os.getpid(), DRAIN_SIGNAL)
 
 

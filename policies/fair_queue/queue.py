@@ -159,16 +159,7 @@ class FairQueue:
             raise QueueDeadlineExceeded("request deadline passed before it was queued")
         if not continuing:
             self.check_room(tenant)
-        self._loop = asyncio.get_running_loop()
-        entry = Entry(
-            seq=next(self._seq),
-            tenant=tenant,
-            cost=float(cost),
-            priority=priority,
-            deadline=deadline,
-            enqueued_at=now,
-            future=self._loop.create_future(),
-        )
+        entry = self._entry(tenant, cost, priority, deadline, now)
         self._backlog.push(entry)
         if entry.deadline is not None:
             self._deadlines.add(entry, self._loop)
@@ -179,17 +170,21 @@ class FairQueue:
             self._abandon(entry)
             raise
 
-    async def _acquire_background(self, tenant: str, cost: float, priority: int) -> Ticket:
+    def _entry(self, tenant: str, cost: float, priority: int, deadline: float | None, now: float) -> Entry:
+        """A waiter's entry, with the future its dispatch resolves (on the running loop)."""
         self._loop = asyncio.get_running_loop()
-        entry = Entry(
+        return Entry(
             seq=next(self._seq),
             tenant=tenant,
             cost=float(cost),
             priority=priority,
-            deadline=None,
-            enqueued_at=self._clock(),
+            deadline=deadline,
+            enqueued_at=now,
             future=self._loop.create_future(),
         )
+
+    async def _acquire_background(self, tenant: str, cost: float, priority: int) -> Ticket:
+        entry = self._entry(tenant, cost, priority, None, self._clock())
         self._background.push(entry)
         self._dispatch()
         try:
