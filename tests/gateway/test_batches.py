@@ -231,10 +231,12 @@ def test_cancel_stops_the_job_with_what_finished(gw: BatchGateway) -> None:
 
 def test_an_expired_job_ends_expired_with_what_finished(gw: BatchGateway) -> None:
     client = gw.client()
-    lines = [chat_line(f"e{i}", f"sleep-ms-150 w{i}") for i in range(60)]
-    done = wait_for(client, start(client, lines, window="1s"), {"expired"})
+    # 120 lines of 150 ms, 4 at a time, need ~4.5 s: a 2 s window ends with some done, some not
+    # (a 1 s window once ended before the shared runner got to the job at all, in a full run)
+    lines = [chat_line(f"e{i}", f"sleep-ms-150 w{i}") for i in range(120)]
+    done = wait_for(client, start(client, lines, window="2s"), {"expired"})
     output, errors = read_lines(client, done.output_file_id), read_lines(client, done.error_file_id)
-    assert output and len(output) + len(errors) == 60
+    assert output and len(output) + len(errors) == 120
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
     assert done.request_counts.completed == len(output) and done.request_counts.failed == len(errors)
 
