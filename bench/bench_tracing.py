@@ -1,12 +1,14 @@
 """The cost of tracing: the same gateway config with `tracing.enabled` off and on, side by side.
 
 Three `fleetgate serve` processes serve the demo digits model (ONNX Runtime): tracing off, on for
-every request, and on with `sample_ratio: 0.1`; the traced ones export over OTLP/HTTP to a local
-sink that answers 200 (a collector that costs nothing). Closed
-loop v2 `/infer` (binary tensors) at c=1 and c=16, interleaved rounds; medians. Target (issue 19):
+every request, and on with `sample_ratio: 0.1`; the traced ones export OTLP/HTTP protobuf to a
+collector stand-in in its own process (it keeps what it receives and, at the end, decodes it with
+the `opentelemetry-proto` classes to count the spans). Closed-loop v2 `/infer` (binary tensors) at
+c=1 and c=16; each round runs the three gateways in a rotated order; medians of rounds. Reported:
+requests/s, p50, and each gateway's CPU per request (user + system from /proc). Target (issue 19):
 tracing on keeps >= 95 % of the throughput.
 
-Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 3]`.
+Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 5]`.
 """
 
 from __future__ import annotations
@@ -17,50 +19,78 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench_gateway import _load, start_gateway, summarize, v2_request  # noqa: E402
+from bench_http_stack import cpu_seconds  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
 
-class _Sink(BaseHTTPRequestHandler):
-    """An OTLP/HTTP endpoint that accepts and drops every export."""
+class _Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that keeps every export; GET answers how many spans they held."""
 
-    received = 0
+    protocol_version = "HTTP/1.1"  # keep-alive, as a real collector
+    bodies: list[bytes] = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        type(self).received += 1
+        type(self).bodies.append(self.rfile.read(int(self.headers.get("content-length", 0))))
+        self._answer(b"", "application/x-protobuf")
+
+    def do_GET(self) -> None:  # noqa: N802
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        spans = 0
+        for body in type(self).bodies:
+            for resource in ExportTraceServiceRequest.FromString(body).resource_spans:
+                spans += sum(len(scope.spans) for scope in resource.scope_spans)
+        self._answer(
+            json.dumps({"exports": len(type(self).bodies), "spans": spans}).encode(), "application/json"
+        )
+
+    def _answer(self, body: bytes, kind: str) -> None:
         self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         return None
 
 
+def run_collector() -> None:
+    """The collector stand-in (`--collector`): prints its port, serves until killed."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    print(server.server_port, flush=True)
+    server.serve_forever()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--collector", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.collector:
+        return run_collector()
     from backends.demo_models.digits import digits_split, write_all
 
-    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    collector = subprocess.Popen([sys.executable, __file__, "--collector"], stdout=subprocess.PIPE, text=True)
+    collector_port = int(collector.stdout.readline())
     row = np.ascontiguousarray(digits_split()[1][:1].astype(np.float32))
     rounds: list[dict] = []
+    served = {"on": 0, "on_sampled_10pct": 0}
     with tempfile.TemporaryDirectory() as tmp:
         models = write_all(Path(tmp) / "models", savedmodel=False, llama=False)
 
@@ -72,45 +102,70 @@ state: {{url: "memory://"}}
 tenants: {{bench: {{}}}}
 deployments: {{ort: {{backend: onnxruntime, model: {models["digits.onnx"]}}}}}
 models: {{digits: {{routes: [{{deployment: ort}}]}}}}
-tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint: "http://127.0.0.1:{sink.server_port}/v1/traces"}}
+tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/traces"}}
 """
 
             return make
 
-        off = start_gateway(Path(tmp), config(False))
-        on = start_gateway(Path(tmp), config(True))
-        sampled = start_gateway(Path(tmp), config(True, 0.1))
+        gateways = {
+            "off": start_gateway(Path(tmp), config(False)),
+            "on": start_gateway(Path(tmp), config(True)),
+            "on_sampled_10pct": start_gateway(Path(tmp), config(True, 0.1)),
+        }
+        names = list(gateways)
         try:
-            for _ in range(args.rounds):
-                result = {}
-                for name, (_proc, port, key) in (("off", off), ("on", on), ("on_sampled_10pct", sampled)):
+            for index in range(args.rounds):
+                result: dict[str, dict] = {}
+                for name in names[index % 3 :] + names[: index % 3]:  # rotated: no one always first
+                    proc, port, key = gateways[name]
                     request = v2_request("digits", row, key, port)
                     for c in (1, 16):
-                        asyncio.run(_load(port, request, c, 0.3))
+                        warm, _, _ = asyncio.run(_load(port, request, c, 0.3))
+                        cpu0 = cpu_seconds(proc.pid)
                         latencies, errors, elapsed = asyncio.run(_load(port, request, c, args.seconds))
+                        cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(len(latencies), 1)
+                        if name in served:
+                            served[name] += len(warm) + len(latencies)
                         result.setdefault(name, {})[f"c{c}"] = summarize(latencies, elapsed) | {
-                            "errors": len(errors)
+                            "errors": len(errors),
+                            "gateway_cpu_ms_per_request": cpu_ms,
                         }
                 rounds.append(result)
                 print(json.dumps({k: {c: round(v["rps"]) for c, v in r.items()} for k, r in result.items()}))
         finally:
-            for proc, _, _ in (off, on, sampled):
+            for proc, _, _ in gateways.values():
                 proc.terminate()
-                proc.wait(timeout=30)
+                proc.wait(timeout=30)  # a traced gateway sends its last spans as it stops
+    exported = httpx.get(f"http://127.0.0.1:{collector_port}/", timeout=120).json()
+    collector.kill()
     summary = {}
     for c in ("c1", "c16"):
-        summary[c] = {"off_rps": statistics.median(r["off"][c]["rps"] for r in rounds)}
+        summary[c] = {
+            "off_rps": statistics.median(r["off"][c]["rps"] for r in rounds),
+            "off_cpu_ms_per_request": statistics.median(
+                r["off"][c]["gateway_cpu_ms_per_request"] for r in rounds
+            ),
+        }
         for name in ("on", "on_sampled_10pct"):
             ratio = statistics.median(r[name][c]["rps"] / r["off"][c]["rps"] for r in rounds)
+            cpu_ratio = statistics.median(
+                r[name][c]["gateway_cpu_ms_per_request"] / r["off"][c]["gateway_cpu_ms_per_request"]
+                for r in rounds
+            )
             summary[c][name] = {
                 "rps": statistics.median(r[name][c]["rps"] for r in rounds),
                 "over_off_rps": ratio,
                 "p50_ms": statistics.median(r[name][c]["p50_ms"] for r in rounds),
+                "cpu_ms_per_request": statistics.median(
+                    r[name][c]["gateway_cpu_ms_per_request"] for r in rounds
+                ),
+                "cpu_over_off": cpu_ratio,
                 "meets_target_0_95": ratio >= 0.95,
             }
     out = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "config": vars(args) | {"exports_received_by_sink": _Sink.received},
+        "config": vars(args),
+        "collector": exported | {"requests_traced_gateways_served": served},
         "median": summary,
         "rounds": rounds,
     }
@@ -119,7 +174,7 @@ tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint
     from plots import plot_tracing  # the PNG beside the JSON (bench/plots.py)
 
     plot_tracing(out, RESULTS / "tracing.png")
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summary | {"collector": out["collector"]}, indent=1))
 
 
 if __name__ == "__main__":

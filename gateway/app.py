@@ -105,7 +105,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        tracer_provider = setup_tracing(config.tracing, span_exporter)
+        span_export = setup_tracing(config.tracing, span_exporter)
         store = await open_store(config.state.url)
         keys = KeyService(store, clock, tenants=list(config.tenants))
         admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
@@ -141,7 +141,7 @@ def create_app(
             await close_deployments(deployments)
             await keys.uses_written()  # the last-use writes still in flight go to the store first
             await store.close()
-            shutdown_tracing(tracer_provider)
+            shutdown_tracing(span_export)
 
     app = Litestar(
         route_handlers=[

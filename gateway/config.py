@@ -128,6 +128,8 @@ class TracingConfig(SpecBase):
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_ratio <= 1.0:
             raise ValueError("sample_ratio must be in 0..1")
+        if not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise ValueError("otlp_endpoint must be an http:// or https:// URL (OTLP over HTTP, protobuf)")
 
 
 class AdminConfig(SpecBase):

@@ -1,51 +1,37 @@
-"""Sets OpenTelemetry up from the config's `tracing:` section (see fleetgate/tracing.py for spans).
+"""Sets tracing up from the config's `tracing:` section (fleetgate/tracing.py makes the spans).
 
-A TracerProvider named `tracing.service_name`, sampling parent-based (a client's `traceparent`
-decides; otherwise `sample_ratio`), exporting in batches over OTLP/HTTP to `tracing.otlp_endpoint`.
-The exporter may be given instead (tests pass the SDK's in-memory one). `shutdown` flushes.
+Spans of the service `tracing.service_name`, sampled parent-based (a client's `traceparent`
+decides; otherwise `sample_ratio`), sent in batches as OTLP/HTTP protobuf to `tracing.otlp_endpoint`
+(fleetgate/span_export.py). An OpenTelemetry SDK `SpanExporter` may be given instead (tests pass the
+SDK's in-memory one): each span is then exported as it ends. `shutdown_tracing` sends what is left.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from backends.lazy import require
 from fleetgate import tracing
+from fleetgate.otlp import OtlpHttpSender, SpanEncoder
+from fleetgate.span_export import BatchSpanExport, SdkSpanExport
 from gateway.config import TracingConfig
 
 
-def setup_tracing(config: TracingConfig, exporter: Any = None) -> Any:
-    """Turn tracing on as configured; returns the provider (None when tracing is off)."""
+def setup_tracing(config: TracingConfig, exporter: Any = None) -> BatchSpanExport | SdkSpanExport | None:
+    """Turn tracing on as configured; returns where spans go (None when tracing is off)."""
     if not config.enabled and exporter is None:
         return None
-    trace = require("opentelemetry.trace", extra="tracing")
-    sdk_trace = require("opentelemetry.sdk.trace", extra="tracing")
-    export = require("opentelemetry.sdk.trace.export", extra="tracing")
-    sampling = require("opentelemetry.sdk.trace.sampling", extra="tracing")
-    resources = require("opentelemetry.sdk.resources", extra="tracing")
-    propagation = require("opentelemetry.trace.propagation.tracecontext", extra="tracing")
+    resource = {"service.name": config.service_name}
+    export: BatchSpanExport | SdkSpanExport
     if exporter is None:
-        otlp = require("opentelemetry.exporter.otlp.proto.http.trace_exporter", extra="tracing")
-        exporter = otlp.OTLPSpanExporter(endpoint=config.otlp_endpoint)
-        processor = export.BatchSpanProcessor(exporter)
+        export = BatchSpanExport(SpanEncoder(resource), OtlpHttpSender(config.otlp_endpoint))
     else:
-        processor = export.SimpleSpanProcessor(exporter)
-    provider = sdk_trace.TracerProvider(
-        resource=resources.Resource.create({"service.name": config.service_name}),
-        sampler=sampling.ParentBased(sampling.TraceIdRatioBased(config.sample_ratio)),
-    )
-    provider.add_span_processor(processor)
-    tracing.enable(
-        provider.get_tracer("fleetgate"),
-        propagation.TraceContextTextMapPropagator(),
-        trace.use_span,
-        trace.get_current_span,
-    )
-    return provider
+        export = SdkSpanExport(exporter, resource)
+    tracing.enable(export.add, config.sample_ratio)
+    return export
 
 
-def shutdown_tracing(provider: Any) -> None:
-    """Flush what is buffered and turn tracing off."""
+def shutdown_tracing(export: BatchSpanExport | SdkSpanExport | None) -> None:
+    """Turn tracing off and send what is queued."""
     tracing.disable()
-    if provider is not None:
-        provider.shutdown()
+    if export is not None:
+        export.close()
