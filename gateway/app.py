@@ -152,7 +152,7 @@ def create_app(
             await close_deployments(deployments)
             await keys.uses_written()  # the last-use writes still in flight go to the store first
             await store.close()
-            shutdown_tracing(span_export)
+            await shutdown_tracing(span_export)
 
     app = Litestar(
         route_handlers=[

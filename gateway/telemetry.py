@@ -8,6 +8,7 @@ SDK's in-memory one): each span is then exported as it ends. `shutdown_tracing` 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fleetgate import tracing
@@ -30,8 +31,9 @@ def setup_tracing(config: TracingConfig, exporter: Any = None) -> BatchSpanExpor
     return export
 
 
-def shutdown_tracing(export: BatchSpanExport | SdkSpanExport | None) -> None:
-    """Turn tracing off and send what is queued."""
+async def shutdown_tracing(export: BatchSpanExport | SdkSpanExport | None) -> None:
+    """Turn tracing off and send what is queued (on a thread: a slow collector may take seconds,
+    and the event loop may still be finishing other apps' work)."""
     tracing.disable()
     if export is not None:
-        export.close()
+        await asyncio.to_thread(export.close)
