@@ -51,7 +51,9 @@ class BatchSpanExport:
         self._closing = False
         self._last_warning = 0.0
         self.sent = 0  # spans a collector accepted
-        self.dropped = 0  # spans lost to a full queue or a failed send
+        # spans lost, counted apart by the one thread that loses each kind (no shared increment)
+        self._dropped_full = 0  # the queue was full (the request's thread)
+        self._dropped_failed = 0  # their send failed (the export thread)
         self._thread = threading.Thread(target=self._run, name="fleetgate-span-export", daemon=True)
         self._thread.start()
 
@@ -59,11 +61,16 @@ class BatchSpanExport:
         """Encode and queue an ended span (called on the request's path)."""
         queued = self._queued
         if len(queued) >= self._max_queued:
-            self.dropped += 1
+            self._dropped_full += 1
             return
         queued.append(self._encoder.span(span))
         if len(queued) == self._batch_size:
             self._wake.set()
+
+    @property
+    def dropped(self) -> int:
+        """Spans lost to a full queue or a failed send."""
+        return self._dropped_full + self._dropped_failed
 
     def _run(self) -> None:
         while not self._closing:
@@ -82,7 +89,7 @@ class BatchSpanExport:
                 self._sender.send(self._encoder.request(batch))
                 self.sent += len(batch)
             except Exception as exc:  # noqa: BLE001 - a collector's failure never reaches requests
-                self.dropped += len(batch)
+                self._dropped_failed += len(batch)
                 now = time.monotonic()
                 if now - self._last_warning >= 60.0:
                     self._last_warning = now
