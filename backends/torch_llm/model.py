@@ -74,7 +74,7 @@ class Attention(nn.Module):
         # pool's block size; a default here would silently read the pool with the wrong block size.
         self.attn: PagedAttention | None = None
         #: q, k and v as one projection (set by `packed_linear.fuse_projections`; then q/k/v_proj
-        #: are None): one matmul instead of three, split by these output sizes
+        #: are None): one matmul instead of three, its output q, k and v of these sizes
         self.qkv_proj: nn.Module | None = None
         self.qkv_sizes = (self.num_heads * hd, self.num_kv_heads * hd, self.num_kv_heads * hd)
 
@@ -87,19 +87,25 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
+        heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+            # q and k rotated together, as the heads of one view of the fused projection: half
+            # the small elementwise ops of rotating each (the same arithmetic for every element)
+            qkv = self.qkv_proj(x)
+            qk = qkv[:, : (heads + kv_heads) * d].view(t, heads + kv_heads, d)
+            qk = qk * cos + rotate_half(qk) * sin
+            q, k = qk[:, :heads], qk[:, heads:]  # [T, H, D], [T, KVH, D]
+            v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(t, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            q = self.q_proj(x).view(t, heads, d)
+            k = self.k_proj(x).view(t, kv_heads, d)
+            v = self.v_proj(x).view(t, kv_heads, d)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         if self.attn is None:
             raise RuntimeError("no paged attention set: call LlamaForCausalLM.set_attention first")
         o = self.attn(q, k, v, kv[0], kv[1], meta)  # [T, H, D]
-        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+        return self.o_proj(o.reshape(t, heads * d))
 
 
 class MLP(nn.Module):
