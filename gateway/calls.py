@@ -9,7 +9,6 @@ served it; `done()` writes the one access-log line and the request metrics at th
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from fleetgate.random_ids import random_hex
 from gateway import metrics
 from gateway.errors import Protocol
 from policies.principal import Principal
@@ -96,8 +96,8 @@ class Call:
         self.principal: Principal | None = None
         # The gateway's own id keys the request everywhere inside (engine, aborts, shadows): a
         # client-chosen id could collide with, reveal or abort another tenant's request. 128 random
-        # bits as 32 hex digits, like uuid4().hex without building a UUID object.
-        self.request_id = os.urandom(16).hex()
+        # bits as 32 hex digits (fleetgate/random_ids.py: no system call per request).
+        self.request_id = random_hex(16)
         #: what the response's x-request-id carries: the client's own id when it sent a sane one
         self.echo_id = _client_request_id(headers.get("x-request-id")) or self.request_id
         self.started = time.perf_counter()

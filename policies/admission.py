@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from fleetgate.random_ids import random_hex
 from policies import quotas as q
 from policies import ratelimit as rl
 from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable, Unauthenticated
@@ -146,7 +147,7 @@ class Admission:
         buckets, leases = t_buckets + k_buckets, t_leases + k_leases
         quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
         counters = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
-        lease_id = f"{self.instance}.{secrets.token_hex(12)}"
+        lease_id = f"{self.instance}.{random_hex(12)}"
         # what to give back should this process die before settling (see `recover`)
         journal = Journal(self.instance, [c.op.key for c in leases], counters) if leases or counters else None
         kwargs = dict(
