@@ -127,6 +127,17 @@ class OpenVINOBackend:
                 hint="the IR stores f16 weights (ov.save_model's default compress_to_fp16=True); "
                 "save it with compress_to_fp16=False for f32 results",
             )
+        running = self._meta.extra["precision"]
+        if running != self.options.precision:
+            # OpenVINO takes a lower-precision hint the device cannot run (bf16 without AVX512-BF16
+            # or AMX) and compiles f32 instead, silently; say so, the metadata has the truth
+            log.warning(
+                "openvino_precision_unavailable",
+                deployment=self.name,
+                requested=self.options.precision,
+                running=running,
+                device=self._meta.device,
+            )
         if self.spec.batching is not None:
             # One batch per infer request: THROUGHPUT's streams run batches side by side.
             self._batcher = batcher_for(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import structlog
 
 from backends import openvino as ov_backend
 from backends.base import Capability, Tensor, TensorRequest, as_generative
@@ -239,9 +240,19 @@ async def test_virtual_devices_report_the_real_one(device, digits, digits_onnx, 
 
 
 async def test_lower_precision_is_explicit(digits_ir):
-    low = await _loaded(digits_ir, options={"precision": "bf16"})
+    """bf16 where the CPU has it; where it has not, OpenVINO compiles f32, and the gateway says so."""
+    import openvino as ov
+
+    has_bf16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    with structlog.testing.capture_logs() as logs:
+        low = await _loaded(digits_ir, options={"precision": "bf16"})
     try:
-        assert low.metadata().extra["precision"] == "bf16"
+        assert low.metadata().extra["precision"] == ("bf16" if has_bf16 else "f32")
+        warned = [e for e in logs if e["event"] == "openvino_precision_unavailable"]
+        if has_bf16:
+            assert not warned
+        else:
+            assert warned and warned[0]["requested"] == "bf16" and warned[0]["running"] == "f32"
     finally:
         await low.close()
 
