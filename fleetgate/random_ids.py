@@ -19,6 +19,8 @@ _local = threading.local()
 
 def random_hex(nbytes: int = 16) -> str:
     """`nbytes` random bytes as 2 * `nbytes` hex digits (what `secrets.token_hex(nbytes)` gives)."""
+    if nbytes < 0:
+        raise ValueError("nbytes must not be negative")
     local = _local
     pool: bytes = getattr(local, "pool", b"")
     start = getattr(local, "pos", 0)

@@ -102,7 +102,9 @@ def probe(fast: PagedAttention, reference: TorchPagedAttention, dtype: torch.dty
         tables.append(order[used : used + -(-n // bs)])
         used += len(tables[-1])
     caches = [torch.randn(num_blocks * bs, kvh, d, generator=gen).to(dev, dtype) for _ in range(4)]
-    q = torch.randn(len(lengths), h, d, generator=gen).to(dev, dtype)
+    # q as the model passes it: the first heads of a [T, H + KVH, D] tensor (q and k are rotated
+    # together), so the row stride the kernel is compiled for here is the one it meets when serving
+    q = torch.randn(len(lengths), h + kvh, d, generator=gen).to(dev, dtype)[:, :h]
     new_kv = torch.randn(len(lengths), kvh, d, generator=gen).to(dev, dtype)
     slots = torch.tensor([t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lengths, strict=True)])
     outs = []

@@ -1,11 +1,13 @@
 """Request and lease ids cut from a buffer of os.urandom bytes: the right length, never repeated
-(across refills, threads and a forked worker)."""
+(across refills and a forked worker), a buffer per thread."""
 
 from __future__ import annotations
 
 import os
 import re
 import threading
+
+import pytest
 
 from fleetgate import random_ids
 from fleetgate.random_ids import random_hex
@@ -19,18 +21,21 @@ def test_ids_are_hex_of_the_asked_length_and_never_repeat_across_refills() -> No
     assert len(random_hex(5000)) == 10_000  # more than the buffer holds
 
 
-def test_threads_draw_different_bytes() -> None:
-    drawn: list[list[str]] = [[], []]
+def test_each_thread_draws_from_its_own_buffer() -> None:
+    random_hex(16)
+    main_pool = random_ids._local.pool
+    seen: list[bytes] = []
 
-    def draw(out: list[str]) -> None:
-        out.extend(random_hex(16) for _ in range(500))
+    def draw() -> None:
+        random_hex(16)
+        seen.append(random_ids._local.pool)
 
-    threads = [threading.Thread(target=draw, args=(out,)) for out in drawn]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not set(drawn[0]) & set(drawn[1])
+    thread = threading.Thread(target=draw)
+    thread.start()
+    thread.join()
+    assert seen and seen[0] is not main_pool and seen[0] != main_pool
+    with pytest.raises(ValueError):
+        random_hex(-1)
 
 
 def test_a_forked_worker_does_not_repeat_its_parents_ids() -> None:
@@ -38,9 +43,11 @@ def test_a_forked_worker_does_not_repeat_its_parents_ids() -> None:
     assert random_ids._local.pool
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: what it draws next
-        os.write(write, "".join(random_hex(16) for _ in range(8)).encode())
-        os._exit(0)
+    if pid == 0:  # the child: what it draws next, and out (never back into pytest)
+        try:
+            os.write(write, "".join(random_hex(16) for _ in range(8)).encode())
+        finally:
+            os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
     child = os.read(read, 1024).decode()

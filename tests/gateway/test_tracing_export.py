@@ -143,6 +143,28 @@ def test_every_attribute_type_survives_the_encoding() -> None:
     assert child.span_id == sent[0].span_id.to_bytes(8, "big") and child.trace_id.hex() == TRACE_ID
 
 
+def test_values_that_hash_alike_keep_their_types_through_the_attribute_cache() -> None:
+    """1, True and 1.0 are equal as dict keys; the encoder's cache must not answer one for another,
+    in whichever order they come, and repeats (served from the cache) decode the same."""
+    sent: list[tracing.Span] = []
+    tracing.enable(sent.append)
+    try:
+        for value in (1, True, 1.0, 1, True, 1.0, 5000, 5000, "1", "1"):
+            with tracing.span("fleetgate.request", v=value):
+                pass
+    finally:
+        tracing.disable()
+    encoder = SpanEncoder({"service.name": "svc"})
+    message = ExportTraceServiceRequest.FromString(encoder.request([encoder.span(s) for s in sent]))
+    got = [span.attributes[0].value for span in message.resource_spans[0].scope_spans[0].spans]
+    kinds = [(value.WhichOneof("value"), getattr(value, value.WhichOneof("value"))) for value in got]
+    assert kinds == [
+        ("int_value", 1), ("bool_value", True), ("double_value", 1.0),
+        ("int_value", 1), ("bool_value", True), ("double_value", 1.0),
+        ("int_value", 5000), ("int_value", 5000), ("string_value", "1"), ("string_value", "1"),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "header",
     [
