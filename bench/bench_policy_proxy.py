@@ -45,11 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gateway import RESULTS, ROOT, start_gateway  # noqa: E402
+from bench_gateway import RESULTS, start_gateway  # noqa: E402
+from peer_venvs import VENVS, PeerInstallError, ensure_peer_venv  # noqa: E402
 
 MODEL = "bench-model"
 MASTER_KEY = "sk-bench-master"
-LITELLM_VENV = ROOT / "bench" / ".venvs" / "litellm"
+LITELLM_VENV = VENVS / "litellm"
 CONCURRENCY = {1: 1, 16: 2}  # connections -> wrk threads
 BODY = json.dumps({"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "Say hi."}]})
 TEXT = "Hello from the bench upstream."
@@ -203,9 +204,10 @@ def start_redis(work: Path, stack: ExitStack) -> tuple[str, int]:
 
 def start_litellm(work: Path, upstream: int, stack: ExitStack) -> Server:
     """LiteLLM proxy from its own virtualenv (its pins must not touch the project's), made on first use."""
-    if not (LITELLM_VENV / "bin" / "litellm").exists():
-        subprocess.run(["python3", "-m", "venv", str(LITELLM_VENV)], check=True)
-        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"], check=True)
+    try:
+        ensure_peer_venv("litellm", ["litellm[proxy]"])
+    except PeerInstallError as exc:
+        sys.exit(str(exc))
     config, port, log = work / "litellm.yaml", free_port(), work / "litellm.log"
     config.write_text(LITELLM_YAML.format(model=MODEL, upstream=upstream, key=MASTER_KEY))
     # a local cost map (no fetch at start-up); LITELLM_LOG=ERROR also turns off uvicorn's access log

@@ -59,9 +59,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench_gateway import _load, build_model, pct, start_gateway, summarize  # noqa: E402
+from peer_venvs import VENVS, ensure_peer_venv  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-VENVS = ROOT / "bench" / ".venvs"
 D_IN, HIDDEN, D_OUT = 512, 4096, 10
 CONCURRENCY = (1, 32)
 PEERS = ("kserve", "bentoml")
@@ -119,24 +119,6 @@ class Mlp:
 # --- peers: install and start --------------------------------------------------------------------
 
 
-def ensure_venv(name: str) -> Path:
-    """bench/.venvs/<name> with `<name> onnxruntime numpy`; reinstalled only if no earlier install finished."""
-    venv = VENVS / name
-    if (venv / ".installed").exists():
-        return venv
-    VENVS.mkdir(parents=True, exist_ok=True)
-    log = VENVS / f"{name}-install.log"
-    sys.stderr.write(f"installing {name} into {venv} (log: {log})\n")
-    with log.open("wb") as out:
-        subprocess.run(["python3", "-m", "venv", str(venv)], check=True, stdout=out, stderr=out)
-        pip = [str(venv / "bin" / "pip"), "install", "-q", name, "numpy"]
-        # the project's ORT version where a plain wheel of it exists, so the runtime is the same
-        if subprocess.run([*pip, f"onnxruntime=={ort.__version__}"], stdout=out, stderr=out).returncode:
-            subprocess.run([*pip, "onnxruntime"], check=True, stdout=out, stderr=out)
-    (venv / ".installed").touch()
-    return venv
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -170,7 +152,10 @@ def stop(proc: subprocess.Popen[bytes], group: bool = True) -> None:
 
 def start_peer(name: str, tmp: Path, model: Path, stack: ExitStack) -> int:
     """Installs (first run) and starts one peer server; returns its port."""
-    venv = ensure_venv(name)
+    # the project's ORT version where a plain wheel of it exists, so the runtime is the same
+    venv = ensure_peer_venv(
+        name, ([name, "numpy", f"onnxruntime=={ort.__version__}"], [name, "numpy", "onnxruntime"])
+    )
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     if name == "kserve":

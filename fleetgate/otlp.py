@@ -69,7 +69,8 @@ def _any_value(value: Any) -> bytes:
 
 
 def _string_attribute(key: str, value: str) -> bytes:
-    """`_len_field(9, _key_value(key, value))` for a string value, without the type dispatch."""
+    """`_len_field(9, _key_value(key, value))` for a string value, without the type dispatch: 0.7 us
+    instead of 1.7 here, paid by the request id (never cached) on every traced request."""
     encoded_key, encoded_value = key.encode(), value.encode()
     any_value = b"\x0a" + _varint(len(encoded_value)) + encoded_value
     key_value = b"\x0a" + _varint(len(encoded_key)) + encoded_key + b"\x12" + _varint(len(any_value)) + any_value

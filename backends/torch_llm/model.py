@@ -57,6 +57,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `x` `[T, heads, D]` at the positions `cos`/`sin` `[T, 1, D]` hold."""
+    return x * cos + rotate_half(x) * sin
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -92,16 +97,13 @@ class Attention(nn.Module):
             # q and k rotated together, as the heads of one view of the fused projection: half
             # the small elementwise ops of rotating each (the same arithmetic for every element)
             qkv = self.qkv_proj(x)
-            qk = qkv[:, : (heads + kv_heads) * d].view(t, heads + kv_heads, d)
-            qk = qk * cos + rotate_half(qk) * sin
+            qk = apply_rotary(qkv[:, : (heads + kv_heads) * d].view(t, heads + kv_heads, d), cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]  # [T, H, D], [T, KVH, D]
             v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
         else:
-            q = self.q_proj(x).view(t, heads, d)
-            k = self.k_proj(x).view(t, kv_heads, d)
+            q = apply_rotary(self.q_proj(x).view(t, heads, d), cos, sin)
+            k = apply_rotary(self.k_proj(x).view(t, kv_heads, d), cos, sin)
             v = self.v_proj(x).view(t, kv_heads, d)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
         if self.attn is None:
             raise RuntimeError("no paged attention set: call LlamaForCausalLM.set_attention first")
         o = self.attn(q, k, v, kv[0], kv[1], meta)  # [T, H, D]
