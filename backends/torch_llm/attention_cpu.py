@@ -15,14 +15,13 @@ agree with gather + SDPA, `attention_select` logs one warning and uses gather + 
 from __future__ import annotations
 
 import functools
-import hashlib
 import pathlib
 from typing import Any
 
 import torch
 
 from backends.torch_llm.attention import TorchPagedAttention
-from fleetgate.host import cpu_model
+from backends.torch_llm.cpu_extension import load_cpu_extension
 
 SOURCE = pathlib.Path(__file__).with_name("paged_decode_cpu.cpp")
 
@@ -30,20 +29,10 @@ SOURCE = pathlib.Path(__file__).with_name("paged_decode_cpu.cpp")
 @functools.cache
 def load_kernel() -> Any:
     """The compiled extension module (built once per source version and CPU model)."""
-    from torch.utils.cpp_extension import load_inline
-
-    source = SOURCE.read_text()
-    key = hashlib.sha256((source + cpu_model() + torch.__version__).encode()).hexdigest()[:12]
-    return load_inline(
-        name=f"fleetgate_paged_decode_{key}",
-        cpp_sources=source,
-        functions=["paged_decode"],
-        # fast-math lets the compiler vectorize the dot-product reductions and exp (1.6x here);
-        # the kernel avoids infinities, which fast-math assumes away
-        extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+    # fast-math lets the compiler vectorize the dot-product reductions and exp (1.6x here);
+    # the kernel avoids infinities, which fast-math assumes away
+    cflags = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+    return load_cpu_extension(SOURCE, "fleetgate_paged_decode", ["paged_decode"], cflags)
 
 
 class CpuPagedAttention(TorchPagedAttention):

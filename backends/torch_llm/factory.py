@@ -111,6 +111,10 @@ def build_engine(
         if not wants_lora:  # LoRA wraps q, k, v, gate and up one by one
             fuse_projections(model)
         pack_linears(model)
+    if options.fused_ops == "auto" and dev.type == "cpu":
+        from backends.torch_llm.fused_cpu import cpu_kernels_or_none
+
+        model.use_fused_ops(cpu_kernels_or_none(dtype))
     lora = None
     if wants_lora:
         lora = LoRAPool(model, max_loras=options.max_loras, max_rank=options.max_lora_rank)

@@ -3,12 +3,15 @@
 Parameter names match Hugging Face checkpoints, so a `model.safetensors` state dict loads as is.
 Tokens of a step are one flattened batch `[T]` (no padding); `positions` gives each token's position
 in its sequence. Computation mirrors the reference implementation op for op (RMSNorm in float32,
-rotate-half rotary embeddings, residual adds), so float32 outputs match it token for token.
+rotate-half rotary embeddings, residual adds), so float32 outputs match it token for token. On CPU
+the elementwise chains between the matmuls may run as fused kernels (`use_fused_ops`,
+`fused_cpu.py`): the same arithmetic in one pass each, the residual carried beside the hidden state.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -90,10 +93,17 @@ class Attention(nn.Module):
         sin: torch.Tensor,  # [T, 1, D]
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        fused: Any = None,  # the fused CPU kernels (`fused_cpu`), or None for torch ops
     ) -> torch.Tensor:
         t = x.shape[0]
         heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.qkv_proj is not None:
+        if self.qkv_proj is not None and fused is not None:
+            qkv = self.qkv_proj(x)
+            fused.rotary_(qkv, cos, sin, heads + kv_heads, d)  # q and k heads, in place
+            q = qkv[:, : heads * d].view(t, heads, d)
+            k = qkv[:, heads * d : (heads + kv_heads) * d].view(t, kv_heads, d)
+            v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
+        elif self.qkv_proj is not None:
             # q and k rotated together, as the heads of one view of the fused projection: half
             # the small elementwise ops of rotating each (the same arithmetic for every element)
             qkv = self.qkv_proj(x)
@@ -119,7 +129,9 @@ class MLP(nn.Module):
         #: gate and up as one projection (see Attention.qkv_proj)
         self.gate_up_proj: nn.Module | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: Any = None) -> torch.Tensor:
+        if self.gate_up_proj is not None and fused is not None:
+            return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
@@ -156,6 +168,13 @@ class LlamaForCausalLM(nn.Module):
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        #: the fused CPU kernels when `use_fused_ops` set them (None: torch ops throughout)
+        self.fused_ops: Any = None
+
+    def use_fused_ops(self, kernels: Any) -> None:
+        """Run RMSNorm, the residual adds, rotary and SiLU-and-multiply as fused CPU kernels
+        (`fused_cpu.cpu_kernels_or_none`); None returns to the torch ops."""
+        self.fused_ops = kernels
 
     def set_attention(self, impl: PagedAttention) -> None:
         """Use `impl` in every layer (it is stateless across layers, so one instance is shared)."""
@@ -178,9 +197,35 @@ class LlamaForCausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos().to(h.dtype).unsqueeze(1)  # [T, 1, D]
         sin = emb.sin().to(h.dtype).unsqueeze(1)
+        if self.fused_ops is not None:
+            return self._forward_fused(h, cos, sin, kv_caches, meta)
         for layer, kv in zip(self.model.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, kv, meta)
         return self.model.norm(h)
+
+    def _forward_fused(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The layers with the residual stream `residual` kept apart from the normalized input
+        `x`: each residual add and the norm after it are one kernel (`add_rms_norm_`, in place),
+        the same sums as `DecoderLayer.forward`'s `h + ...` followed by the next norm."""
+        fused, layers = self.fused_ops, self.model.layers
+        residual = h  # the embedding lookup's own tensor, updated in place from here
+        first = layers[0].input_layernorm
+        x = fused.rms_norm(h, first.weight, first.eps)
+        for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
+            attended = layer.self_attn(x, cos, sin, kv, meta, fused)
+            post = layer.post_attention_layernorm
+            fused.add_rms_norm_(attended, residual, post.weight, post.eps)
+            x = layer.mlp(attended, fused)
+            after = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            fused.add_rms_norm_(x, residual, after.weight, after.eps)
+        return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
         return self.lm_head(hidden).float()

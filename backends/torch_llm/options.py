@@ -36,6 +36,9 @@ class LLMOptions(SpecBase):
             gather + SDPA falls back to "torch".
         linear_backend: "auto" (oneDNN with weights packed at load on CPU for float32 / bfloat16,
             torch's `F.linear` elsewhere), "torch" or "onednn" (see `packed_linear`).
+        fused_ops: "auto" (on CPU, RMSNorm with the residual add before it, rotary and
+            SiLU-and-multiply as fused C++ kernels built at first use; see `fused_cpu`) or "torch"
+            (torch's ops). Kernels that fail to build or to match the torch ops fall back to them.
         enable_lora: give the model LoRA layers even when the deployment declares no `adapters`
             (so adapters can be loaded at run time through the admin API). On whenever `adapters`
             is set.
@@ -61,6 +64,7 @@ class LLMOptions(SpecBase):
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton", "cpu_kernel"] = "auto"
     linear_backend: Literal["auto", "torch", "onednn"] = "auto"
+    fused_ops: Literal["auto", "torch"] = "auto"
     enable_lora: bool = False
     max_loras: int = 8
     max_lora_rank: int = 16
