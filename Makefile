@@ -54,9 +54,11 @@ lint: $(STAMP)
 	$(PY) -m ruff check fleetgate gateway backends router policies tests bench
 
 test: $(STAMP) system-deps lint
-	@# builds the LLM engine's CPU attention kernel once, here, so no test pays the build in its timeout
+	@# builds the LLM engine's CPU kernels once, here, so no test pays the build in its timeout
 	$(PY) -c "from backends.torch_llm.attention_cpu import load_kernel; load_kernel()" \
 	  || echo "the CPU attention kernel did not build: engines fall back to gather + SDPA"
+	$(PY) -c "from backends.torch_llm.fused_cpu import load_kernels; load_kernels()" \
+	  || echo "the fused CPU kernels did not build: engines keep torch's elementwise ops"
 	$(PY) -m pytest -q -p no:cacheprovider
 
 models/digits.onnx models/tiny-llama/config.json &: | $(STAMP)
