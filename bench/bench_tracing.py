@@ -1,10 +1,12 @@
 """The cost of tracing: the same gateway config with `tracing.enabled` off and on, side by side.
 
-Three `fleetgate serve` processes serve the demo digits model (ONNX Runtime): tracing off, on for
-every request, and on with `sample_ratio: 0.1`; the traced ones export OTLP/HTTP protobuf to a
+Five `fleetgate serve` processes serve the demo digits model (ONNX Runtime): tracing off, off again
+(an identical second gateway: the noise floor of the machine, which the ratios must be read
+against), on for every request, on with the Python span encoder instead of the C one, and on with
+`sample_ratio: 0.1`; the traced ones export OTLP/HTTP protobuf to a
 collector stand-in in its own process (it keeps what it receives and, at the end, decodes it with
 the `opentelemetry-proto` classes to count the spans). Closed-loop v2 `/infer` (binary tensors) at
-c=1 and c=16; each round runs the three gateways in a rotated order; medians of rounds. Reported:
+c=1 and c=16; each round runs the gateways in a rotated order; medians of rounds. Reported:
 requests/s, p50, and each gateway's CPU per request (user + system from /proc). Target (issue 19):
 tracing on keeps >= 95 % of the throughput.
 
@@ -90,7 +92,17 @@ def main() -> None:
     collector_port = int(collector.stdout.readline())
     row = np.ascontiguousarray(digits_split()[1][:1].astype(np.float32))
     rounds: list[dict] = []
-    served = {"on": 0, "on_sampled_10pct": 0}
+    # name: (tracing on, sample ratio, environment). `off_again` is a second untraced gateway: how far
+    # two identical gateways differ on this machine (the noise floor the ratios must be read against);
+    # `on_python_encoder` traces with the Python span encoder (the C one turned off)
+    variants: dict[str, tuple[bool, float, dict[str, str]]] = {
+        "off": (False, 1.0, {}),
+        "off_again": (False, 1.0, {}),
+        "on": (True, 1.0, {}),
+        "on_python_encoder": (True, 1.0, {"FLEETGATE_OTLP_NATIVE": "0"}),
+        "on_sampled_10pct": (True, 0.1, {}),
+    }
+    served = {name: 0 for name, (traced, _, _) in variants.items() if traced}
     with tempfile.TemporaryDirectory() as tmp:
         models = write_all(Path(tmp) / "models", savedmodel=False, llama=False)
 
@@ -107,16 +119,21 @@ tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint
 
             return make
 
-        gateways = {
-            "off": start_gateway(Path(tmp), config(False)),
-            "on": start_gateway(Path(tmp), config(True)),
-            "on_sampled_10pct": start_gateway(Path(tmp), config(True, 0.1)),
-        }
+        gateways = {}
+        for name, (traced, ratio, env) in variants.items():
+            saved = dict(os.environ)
+            os.environ.update(env)
+            try:
+                gateways[name] = start_gateway(Path(tmp), config(traced, ratio))
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
         names = list(gateways)
         try:
             for index in range(args.rounds):
                 result: dict[str, dict] = {}
-                for name in names[index % 3 :] + names[: index % 3]:  # rotated: no one always first
+                turn = index % len(names)
+                for name in names[turn:] + names[:turn]:  # rotated: no one always first
                     proc, port, key = gateways[name]
                     request = v2_request("digits", row, key, port)
                     for c in (1, 16):
@@ -146,7 +163,7 @@ tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint
                 r["off"][c]["gateway_cpu_ms_per_request"] for r in rounds
             ),
         }
-        for name in ("on", "on_sampled_10pct"):
+        for name in names[1:]:
             ratio = statistics.median(r[name][c]["rps"] / r["off"][c]["rps"] for r in rounds)
             cpu_ratio = statistics.median(
                 r[name][c]["gateway_cpu_ms_per_request"] / r["off"][c]["gateway_cpu_ms_per_request"]
@@ -162,6 +179,7 @@ tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint
                 "cpu_over_off": cpu_ratio,
                 "meets_target_0_95": ratio >= 0.95,
             }
+        summary[c]["noise_floor_off_again_over_off_rps"] = summary[c]["off_again"]["over_off_rps"]
     out = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "config": vars(args),

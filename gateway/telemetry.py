@@ -2,7 +2,7 @@
 
 Spans of the service `tracing.service_name`, sampled parent-based (a client's `traceparent`
 decides; otherwise `sample_ratio`), sent in batches as OTLP/HTTP protobuf to `tracing.otlp_endpoint`
-(fleetgate/span_export.py). An OpenTelemetry SDK `SpanExporter` may be given instead (tests pass the
+(fleetgate/span_export.py), encoded in C where a compiler could build `fleetgate/otlp_native.c`. An OpenTelemetry SDK `SpanExporter` may be given instead (tests pass the
 SDK's in-memory one): each span is then exported as it ends. `shutdown_tracing` sends what is left.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fleetgate import tracing
+from fleetgate import otlp_native, tracing
 from fleetgate.otlp import OtlpHttpSender, SpanEncoder
 from fleetgate.span_export import BatchSpanExport, SdkSpanExport
 from gateway.config import TracingConfig
@@ -24,7 +24,8 @@ def setup_tracing(config: TracingConfig, exporter: Any = None) -> BatchSpanExpor
     resource = {"service.name": config.service_name}
     export: BatchSpanExport | SdkSpanExport
     if exporter is None:
-        export = BatchSpanExport(SpanEncoder(resource), OtlpHttpSender(config.otlp_endpoint))
+        encoder = SpanEncoder(resource, native=otlp_native.load())
+        export = BatchSpanExport(encoder, OtlpHttpSender(config.otlp_endpoint))
     else:
         export = SdkSpanExport(exporter, resource)
     tracing.enable(export.add, config.sample_ratio)

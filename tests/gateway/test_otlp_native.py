@@ -1,0 +1,131 @@
+"""The C span encoder (`fleetgate/otlp_native.c`): built here, the same bytes as the Python encoder
+for every kind of span and attribute, and a gateway that cannot build it keeps the Python one."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from fleetgate import otlp_native, tracing
+from fleetgate.otlp import SpanEncoder
+
+TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+
+
+@pytest.fixture
+def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`load()` builds again, into an empty cache directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    otlp_native.load.cache_clear()
+    yield
+    otlp_native.load.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def native():  # noqa: ANN201
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the gateway uses the Python encoder (tested below)")
+    module = otlp_native.load()
+    assert module is not None, "a C compiler is installed but the encoder did not build"
+    return module
+
+
+def _spans() -> list[tracing.Span]:
+    """Spans covering what the encoder meets: a root with a remote parent and tracestate, children,
+    every attribute type, a failure, a value over the encoder's 1 KiB inline buffer."""
+    sent: list[tracing.Span] = []
+    tracing.enable(sent.append)
+    try:
+        parent = tracing.RemoteParent(TRACE_ID, 0x00F067AA0BA902B7, True, "vendor=a1,other=b2")
+        attributes = {
+            "text": "naïve ✓ 日本",
+            "empty": "",
+            "zero": 0,
+            "negative": -3,
+            "big": 2**40,
+            "huge": 2**70 + 5,  # beyond int64: both keep the low 64 bits
+            "min": -(2**63),
+            "ratio": 0.25,
+            "nan": math.nan,
+            "flag": True,
+            "off": False,
+            "dropped": None,
+            "path": Path("/models/a"),  # sent as its str()
+            "long": "x" * 5000,
+        }
+        with tracing.span("fleetgate.request", parent, **attributes) as root:
+            with tracing.child("authenticate"):
+                pass
+            with tracing.child("admit", **{"fleetgate.cost": 1}):
+                pass
+            with pytest.raises(ValueError), tracing.child("backend", deployment="d"):
+                raise ValueError("never exported")
+            root.set_attribute("http.status_code", 200)
+        with tracing.span("fleetgate.request", None, **{"fleetgate.tenant": "t"}) as fresh:
+            fresh.fail(KeyError("k"))
+    finally:
+        tracing.disable()
+    return sent
+
+
+def test_the_c_encoder_writes_the_python_encoders_bytes(native) -> None:  # noqa: ANN001
+    spans = _spans()
+    python = SpanEncoder({"service.name": "svc"})
+    c = SpanEncoder({"service.name": "svc"}, native=native)
+    assert c.span is native.encode_span
+    for span in spans:
+        assert c.span(span) == python.python_span(span), span.name
+    # and a collector decodes them: every span, the status of the failed ones
+    message = ExportTraceServiceRequest.FromString(c.request([c.span(s) for s in spans]))
+    decoded = message.resource_spans[0].scope_spans[0].spans
+    assert [s.name for s in decoded] == [s.name for s in spans]
+    failed = [s for s in decoded if s.status.code == 2]
+    assert sorted(s.status.message for s in failed) == ["KeyError", "ValueError"]
+    root = next(s for s in decoded if s.trace_id == TRACE_ID.to_bytes(16, "big"))
+    assert root.flags in (0x101, 0x301)
+
+
+def test_the_c_encoder_refuses_what_is_not_a_span(native) -> None:  # noqa: ANN001
+    (span, *_) = _spans()
+    span.attributes = ["not", "a", "dict"]
+    with pytest.raises(TypeError, match="dict"):
+        native.encode_span(span)
+    span.attributes = {1: "a non-str key"}
+    with pytest.raises(TypeError, match="keys must be str"):
+        native.encode_span(span)
+    with pytest.raises(AttributeError):
+        native.encode_span(object())
+
+
+def test_without_a_compiler_the_python_encoder_serves(fresh_build, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("CC", "/nonexistent/cc")  # failure injection: the compiler cannot run
+    with structlog.testing.capture_logs() as logs:
+        assert otlp_native.load() is None
+    (warning,) = [e for e in logs if e["event"] == "otlp_native_encoder_unavailable"]
+    assert "nonexistent" in warning["reason"]
+    encoder = SpanEncoder({"service.name": "svc"}, native=otlp_native.load())
+    assert encoder.span == encoder.python_span
+
+
+def test_it_can_be_turned_off(fresh_build, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("FLEETGATE_OTLP_NATIVE", "0")
+    with structlog.testing.capture_logs() as logs:
+        assert otlp_native.load() is None
+    assert [e["event"] for e in logs] == ["otlp_native_encoder_off"]
+
+
+def test_a_fresh_cache_builds_it_once_and_reuses_it(fresh_build, tmp_path: Path, native) -> None:  # noqa: ANN001
+    first = otlp_native.load()
+    assert first is not None
+    (library,) = (tmp_path / "fleetgate").glob("fleetgate_otlp_*")
+    built_at = library.stat().st_mtime_ns
+    otlp_native.load.cache_clear()
+    assert otlp_native.load() is not None
+    assert library.stat().st_mtime_ns == built_at  # loaded from the cache, not rebuilt
+    assert not list((tmp_path / "fleetgate").glob("*.tmp"))  # no half-written file left
