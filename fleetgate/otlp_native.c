@@ -163,6 +163,10 @@ static int put_span_body(Buffer *b, PyObject *span) {
     PyObject *trace_id = PyObject_GetAttr(span, s_trace_id);
     if (trace_id == NULL) return -1;
     trace_low = PyLong_AsUnsignedLongLongMask(trace_id);
+    if (trace_low == (uint64_t)-1 && PyErr_Occurred()) {
+        Py_DECREF(trace_id);
+        return -1;
+    }
     PyObject *high = PyNumber_Rshift(trace_id, s_shift64);
     Py_DECREF(trace_id);
     if (high == NULL) return -1;
@@ -212,7 +216,10 @@ static int put_span_body(Buffer *b, PyObject *span) {
 
     PyObject *tracestate = PyObject_GetAttr(span, s_tracestate);
     if (tracestate == NULL) return -1;
-    if (PyObject_IsTrue(tracestate)) {  /* 3 trace_state */
+    int has_tracestate = PyObject_IsTrue(tracestate);
+    if (has_tracestate < 0) {
+        failed = 1;
+    } else if (has_tracestate) {  /* 3 trace_state */
         utf8 = PyUnicode_AsUTF8AndSize(tracestate, &n);
         failed = utf8 == NULL || put_len_field(b, 0x1a, utf8, (size_t)n) < 0;
     }
@@ -221,13 +228,13 @@ static int put_span_body(Buffer *b, PyObject *span) {
 
     PyObject *attributes = PyObject_GetAttr(span, s_attributes);
     if (attributes == NULL) return -1;
-    if (!PyDict_Check(attributes)) {
+    if (!PyDict_CheckExact(attributes)) {
         Py_DECREF(attributes);
         PyErr_SetString(PyExc_TypeError, "span attributes must be a dict");
         return -1;
     }
     PyObject *key, *value, *error = NULL;
-    Py_ssize_t pos = 0;
+    Py_ssize_t pos = 0, size = PyDict_GET_SIZE(attributes);
     while (PyDict_Next(attributes, &pos, &key, &value)) {
         if (value == Py_None) continue;
         if (!PyUnicode_Check(key)) {
@@ -235,10 +242,17 @@ static int put_span_body(Buffer *b, PyObject *span) {
             failed = 1;
             break;
         }
-        if (put_attribute(b, key, value) < 0) {
+        /* str() of a value may run Python code that changes the dict: hold both meanwhile */
+        Py_INCREF(key);
+        Py_INCREF(value);
+        failed = put_attribute(b, key, value) < 0;
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (!failed && PyDict_GET_SIZE(attributes) != size) {
+            PyErr_SetString(PyExc_RuntimeError, "span attributes changed size while encoded");
             failed = 1;
-            break;
         }
+        if (failed) break;
     }
     if (!failed) error = PyDict_GetItemWithError(attributes, s_error_type);  /* borrowed */
     if (!failed && error == NULL && PyErr_Occurred()) failed = 1;
@@ -276,9 +290,14 @@ static PyObject *encode_span(PyObject *module, PyObject *span) {
         result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(head + b.len));
         if (result != NULL) {
             unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
-            Buffer h = {out, 0, head, {0}};
-            put_byte(&h, 0x12);
-            put_varint(&h, b.len);
+            size_t at = 0;
+            uint64_t length = b.len;
+            out[at++] = 0x12;
+            while (length > 0x7F) {
+                out[at++] = (unsigned char)((length & 0x7F) | 0x80);
+                length >>= 7;
+            }
+            out[at++] = (unsigned char)length;
             memcpy(out + head, b.data, b.len);
         }
     }
@@ -291,7 +310,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, MODULE_NAME, NULL, -1, methods};
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, MODULE_NAME, NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
 
 #define CONCAT_(a, b) a##b
 #define CONCAT(a, b) CONCAT_(a, b)

@@ -4,7 +4,8 @@ Encoding was the largest part of tracing's cost in a serving gateway (about 60 %
 `bench/bench_tracing.py`): the Python encoder takes ~5 us a span on this project's 2-core CPU, the C
 one well under one, for the same bytes (the tests compare them). The library is built once per
 source version and Python version into `$XDG_CACHE_HOME/fleetgate` (`~/.cache/fleetgate`), written
-under a temporary name and renamed, so workers starting together do not read half a file.
+under a temporary name and renamed, so workers starting together do not read half a file; a cached
+file that does not load is built again.
 
 `load()` returns the module, or None when there is no compiler, the build fails, or
 `FLEETGATE_OTLP_NATIVE=0` turns it off; the reason is logged once and the Python encoder serves.
@@ -17,6 +18,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,14 +53,27 @@ def load() -> ModuleType | None:
         return None
 
 
-def _build_and_import() -> ModuleType:
+def library_path() -> tuple[str, Path]:
+    """The module's name and its library's path for this source, Python and platform."""
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + sys.version.encode() + sysconfig.get_platform().encode()).hexdigest()[:12]
     name = f"fleetgate_otlp_{key}"
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    library = cache_dir() / f"{name}{suffix}"
+    return name, cache_dir() / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def _build_and_import() -> ModuleType:
+    name, library = library_path()
     if not library.is_file():
         _compile(name, library)
+        return _import(name, library)
+    try:
+        return _import(name, library)
+    except (ImportError, OSError):  # a cached file that does not load (cut short, other libc): rebuild
+        _compile(name, library)
+        return _import(name, library)
+
+
+def _import(name: str, library: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, library)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {library}")
@@ -68,8 +83,9 @@ def _build_and_import() -> ModuleType:
 
 
 def _compile(name: str, library: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    found = shutil.which("cc") or shutil.which("gcc")
+    compiler = shlex.split(os.environ["CC"]) if os.environ.get("CC") else [found] if found else None
+    if not compiler:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
     library.parent.mkdir(parents=True, exist_ok=True)
     include = sysconfig.get_paths()["include"]
@@ -77,13 +93,14 @@ def _compile(name: str, library: Path) -> None:
         partial = Path(tmp.name)
     try:
         command = [
-            compiler, "-O2", "-shared", "-fPIC", "-I", include,
+            *compiler, "-O2", "-shared", "-fPIC", "-I", include,
             f'-DMODULE_NAME="{name}"', f"-DMODULE_SYMBOL={name}",
             str(SOURCE), "-o", str(partial),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
         if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
+            raise RuntimeError(f"{' '.join(compiler)} failed: {done.stderr.strip()[-400:]}")
+        partial.chmod(0o755)  # the temporary file was created 0600: others sharing the cache load it too
         os.replace(partial, library)
     finally:
         partial.unlink(missing_ok=True)

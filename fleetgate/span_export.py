@@ -8,7 +8,8 @@ garbage-collector generations, and thousands of them made the full collections o
 heap frequent enough to cost more than the encoding (measured: 145 us of CPU a request at c=16
 queueing spans, against the ~25 us spans and encoding cost). When the collector is slow or down, spans
 beyond `max_queued` are dropped and counted, never held without bound; a failed send is logged
-(at most once a minute) and its spans dropped. `close` sends what is left.
+(at most once a minute) and its spans dropped, as is a span whose attributes cannot be encoded
+(the request it belongs to is answered as usual). `close` sends what is left.
 
 `SdkSpanExport` hands each span, as it ends, to an OpenTelemetry SDK `SpanExporter` as a
 `ReadableSpan` (tests use the SDK's in-memory exporter; a program embedding the gateway may pass
@@ -53,7 +54,9 @@ class BatchSpanExport:
         self.sent = 0  # spans a collector accepted
         # spans lost, counted apart by the one thread that loses each kind (no shared increment)
         self._dropped_full = 0  # the queue was full (the request's thread)
+        self._dropped_unencodable = 0  # an attribute could not be encoded (the request's thread)
         self._dropped_failed = 0  # their send failed (the export thread)
+        self._last_encode_warning = 0.0
         self._thread = threading.Thread(target=self._run, name="fleetgate-span-export", daemon=True)
         self._thread.start()
 
@@ -63,14 +66,23 @@ class BatchSpanExport:
         if len(queued) >= self._max_queued:
             self._dropped_full += 1
             return
-        queued.append(self._encoder.span(span))
+        try:
+            encoded = self._encoder.span(span)
+        except Exception as exc:  # noqa: BLE001 - a span that cannot be encoded never fails its request
+            self._dropped_unencodable += 1
+            now = time.monotonic()
+            if now - self._last_encode_warning >= 60.0:
+                self._last_encode_warning = now
+                log.warning("trace_span_unencodable", span=span.name, error=type(exc).__name__)
+            return
+        queued.append(encoded)
         if len(queued) == self._batch_size:
             self._wake.set()
 
     @property
     def dropped(self) -> int:
-        """Spans lost to a full queue or a failed send."""
-        return self._dropped_full + self._dropped_failed
+        """Spans lost to a full queue, an attribute that could not be encoded or a failed send."""
+        return self._dropped_full + self._dropped_unencodable + self._dropped_failed
 
     def _run(self) -> None:
         while not self._closing:

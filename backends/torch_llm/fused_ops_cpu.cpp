@@ -9,13 +9,18 @@
 // (another summation order) and silu's exp (a polynomial here, torch's own vectorized one there).
 //
 // Rows are independent; they are split over torch's intra-op threads only when there are enough of
-// them to pay for waking the threads (a prefill chunk), not for a decode step's few rows.
+// them to pay for waking the threads (a prefill chunk), not for a decode step's few rows. Every
+// kernel releases the GIL while it computes, as torch's own ops do (the engine steps on a thread
+// beside the gateway's event loop). They write through data pointers: for inference only
+// (the runner runs under `torch.inference_mode`), not for tensors autograd tracks.
 #include <torch/extension.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace {
 
@@ -107,7 +112,8 @@ void rotary_impl(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor
 // below 2e-7 on that range, about one ulp; Horner steps as FMAs, the chain being the loop's
 // latency), times 2^n built in the exponent bits.
 inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : x;  // e^x stays a normal float; beyond, silu is x or 0 anyway
+  const bool overflows = x > 88.72f;  // e^x is +inf there (so silu(-x) is -0, as torch's)
+  x = x < -87.0f ? -87.0f : x;  // below, e^x is under 1.7e-38: silu(-x) is x to float precision
   x = x > 88.0f ? 88.0f : x;
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;  // ln2 in two parts
@@ -121,7 +127,7 @@ inline float exp_approx(float x) {
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return overflows ? std::numeric_limits<float>::infinity() : p * scale;
 }
 
 // out[t] = silu(gate_up[t, :I]) * gate_up[t, I:], silu rounded to T first (as F.silu(gate) * up)
@@ -148,7 +154,8 @@ void silu_mul_impl(const torch::Tensor& gate_up, torch::Tensor& out) {
 }
 
 void check_rows(const torch::Tensor& x, const char* what) {
-  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.dim() >= 1, what, ": a contiguous CPU tensor");
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.dim() >= 1 && x.size(-1) > 0, what,
+              ": a contiguous CPU tensor with non-empty rows");
 }
 
 }  // namespace
@@ -158,6 +165,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   check_rows(w, "rms_norm weight");
   TORCH_CHECK(w.numel() == x.size(-1) && w.scalar_type() == x.scalar_type(), "rms_norm: weight vs input");
   auto out = torch::empty_like(x);
+  pybind11::gil_scoped_release no_gil;  // the event loop shares this process: let it run meanwhile
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     rms_norm_impl<scalar_t>(x, w, out, eps);
   });
@@ -171,13 +179,18 @@ void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor w, dou
   TORCH_CHECK(x.sizes() == residual.sizes() && x.scalar_type() == residual.scalar_type(),
               "add_rms_norm_: input vs residual");
   TORCH_CHECK(w.numel() == x.size(-1) && w.scalar_type() == x.scalar_type(), "add_rms_norm_: weight vs input");
+  at::assert_no_internal_overlap(x);
+  at::assert_no_internal_overlap(residual);
+  at::assert_no_overlap(x, residual);
+  pybind11::gil_scoped_release no_gil;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm_", [&] {
     add_rms_norm_impl<scalar_t>(x, residual, w, eps);
   });
 }
 
 void rotary_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t head_dim) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1, "rotary_: rows of a CPU tensor");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1 && (x.size(0) <= 1 || x.stride(0) >= x.size(1)),
+              "rotary_: rows of a CPU tensor, not overlapping");
   check_rows(cos, "rotary_ cos");
   check_rows(sin, "rotary_ sin");
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && heads >= 0 && heads * head_dim <= x.size(1),
@@ -185,6 +198,7 @@ void rotary_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t head
   TORCH_CHECK(cos.numel() == x.size(0) * head_dim && sin.numel() == cos.numel() &&
                   cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "rotary_: cos/sin vs rows");
+  pybind11::gil_scoped_release no_gil;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary_", [&] {
     rotary_impl<scalar_t>(x, cos, sin, heads, head_dim);
   });
@@ -196,6 +210,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   auto sizes = gate_up.sizes().vec();
   sizes.back() /= 2;
   auto out = torch::empty(sizes, gate_up.options());
+  pybind11::gil_scoped_release no_gil;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     silu_mul_impl<scalar_t>(gate_up, out);
   });

@@ -111,6 +111,8 @@ void paged_decode(torch::Tensor q, torch::Tensor kc, torch::Tensor vc, torch::Te
     for (int64_t j = 0; j < (lp[n] + bs - 1) / bs; ++j)
       TORCH_CHECK(tp[n * width + j] >= 0 && tp[n * width + j] < num_blocks, "paged_decode: block id out of range");
   }
+  // the event loop shares this process (the engine steps on a thread beside it): let it run meanwhile
+  pybind11::gil_scoped_release no_gil;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     decode_impl<scalar_t>(q, kc, vc, tables, lens, scale, bs, out);
   });

@@ -129,3 +129,46 @@ def test_a_fresh_cache_builds_it_once_and_reuses_it(fresh_build, tmp_path: Path,
     assert otlp_native.load() is not None
     assert library.stat().st_mtime_ns == built_at  # loaded from the cache, not rebuilt
     assert not list((tmp_path / "fleetgate").glob("*.tmp"))  # no half-written file left
+
+
+def test_a_value_that_changes_the_attributes_while_encoded_is_refused(native) -> None:  # noqa: ANN001
+    (span, *_) = _spans()
+
+    class Clearing:  # str() runs Python code that empties the dict being encoded
+        def __str__(self) -> str:
+            span.attributes.clear()
+            return "gone"
+
+    span.attributes = {"first-" + "key": Clearing(), "second": "x"}
+    with pytest.raises(RuntimeError, match="changed size"):
+        native.encode_span(span)
+
+
+def test_a_span_that_cannot_be_encoded_is_dropped_not_raised(native) -> None:  # noqa: ANN001
+    from fleetgate.span_export import BatchSpanExport
+
+    class NullSender:
+        def send(self, body: bytes) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    export = BatchSpanExport(SpanEncoder({"service.name": "svc"}, native=native), NullSender())
+    try:
+        (span, *_) = _spans()
+        span.attributes = {1: "a non-str key"}
+        with structlog.testing.capture_logs() as logs:
+            export.add(span)  # on the request's path: must not raise
+        assert export.dropped == 1
+        assert [e["event"] for e in logs] == ["trace_span_unencodable"]
+    finally:
+        export.close()
+
+
+def test_a_cached_library_that_does_not_load_is_built_again(fresh_build, native) -> None:  # noqa: ANN001
+    _, library = otlp_native.library_path()
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")  # failure injection: a file cut short by a crash
+    assert otlp_native.load() is not None
+    assert library.stat().st_size > 0 and library.stat().st_mode & 0o044 == 0o044  # others may load it

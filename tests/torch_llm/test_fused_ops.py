@@ -137,3 +137,75 @@ def test_a_kernel_that_disagrees_is_not_used(kernels, monkeypatch) -> None:
     with structlog.testing.capture_logs() as logs:
         assert fused_cpu.cpu_kernels_or_none(torch.float32) is None
     assert "silu_mul disagrees" in logs[0]["reason"]
+
+
+def test_silu_at_the_ends_of_the_float_range_is_torchs(kernels) -> None:
+    x = torch.tensor(
+        [[-3e38, -1e37, -100.0, -88.8, -88.0, -float("inf"), float("inf"), float("nan"), 0.0, 5.0]]
+    )
+    got = kernels.silu_mul(torch.cat([x, torch.ones_like(x)], dim=-1))
+    want = F.silu(x)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-6, atol=0.0)
+    assert torch.equal(torch.signbit(got[~want.isnan()]), torch.signbit(want[~want.isnan()]))  # -0 stays -0
+
+
+def test_the_prefill_rows_split_over_threads_equal_one_thread(kernels) -> None:
+    # the test session runs torch on one thread: here two, so the parallel split runs too
+    x, residual = _randn(300, 512, dtype=torch.float32, seed=8), _randn(300, 512, dtype=torch.float32, seed=9)
+    weight = _randn(512, dtype=torch.float32, seed=10)
+    gate_up = _randn(300, 2816, dtype=torch.float32, seed=11)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            fx, fr = x.clone(), residual.clone()
+            kernels.add_rms_norm_(fx, fr, weight, 1e-6)
+            outs.append((fx, fr, kernels.silu_mul(gate_up)))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*outs, strict=True):
+        assert torch.equal(one, two)
+
+
+def test_the_kernels_refuse_overlapping_or_empty_rows(kernels) -> None:
+    x = torch.randn(4, 64)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        kernels.add_rms_norm_(x, x, torch.ones(64), 1e-6)  # residual and input the same memory
+    with pytest.raises(RuntimeError, match="non-empty rows"):
+        kernels.rms_norm(torch.empty(3, 0), torch.empty(0), 1e-6)
+    with pytest.raises(RuntimeError, match="non-empty rows"):
+        kernels.silu_mul(torch.empty(3, 0))
+    with pytest.raises(RuntimeError, match="not overlapping"):
+        kernels.rotary_(torch.randn(1, 64).expand(4, 64), torch.ones(4, 16), torch.ones(4, 16), 2, 16)
+
+
+def test_the_kernels_let_other_threads_run(kernels) -> None:
+    """The engine steps on a thread beside the event loop: a kernel must release the GIL while it
+    computes. A counting thread keeps its pace through long kernel calls when it does (measured:
+    1.35x its pace beside a sleeping thread); were the GIL held, it could count only in the 5 ms
+    switch intervals between calls (measured: 0.11x, with calls of ~80 ms)."""
+    import threading
+    import time
+
+    count, stop = [0], threading.Event()
+
+    def counter() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    gate_up = torch.randn(1024, 2 * 16384)  # tens of ms a call on one thread
+    thread = threading.Thread(target=counter)
+    thread.start()
+    try:
+        start, began = count[0], time.perf_counter()
+        time.sleep(0.2)
+        beside_sleep = (count[0] - start) / (time.perf_counter() - began)
+        start, began = count[0], time.perf_counter()
+        for _ in range(4):
+            kernels.silu_mul(gate_up)
+        beside_kernel = (count[0] - start) / (time.perf_counter() - began)
+    finally:
+        stop.set()
+        thread.join()
+    assert beside_kernel > 0.5 * beside_sleep
