@@ -338,6 +338,7 @@ async def one(client: httpx.AsyncClient, server: Server, prompt: list[int], max_
     }  # fmt: skip
     stamps: list[float] = []
     usage = None
+    last_choice: float | None = None  # the last chunk with a choice, text or not
     t0 = time.perf_counter()
     async with client.stream("POST", server.url + "/v1/completions", json=body, headers=server.headers) as r:
         if r.status_code != 200:
@@ -353,8 +354,13 @@ async def one(client: httpx.AsyncClient, server: Server, prompt: list[int], max_
                 raise RuntimeError(f"{server.name}: stream error {obj['error']}")
             if any(c.get("text") for c in obj.get("choices") or ()):
                 stamps.append(time.perf_counter())
+            elif obj.get("choices"):
+                last_choice = time.perf_counter()
             if obj.get("usage"):
                 usage = obj["usage"]
+    if not stamps and last_choice is not None and usage and usage.get("completion_tokens"):
+        # every token decoded to "" (a short output of tokens without text): the token still came
+        stamps.append(last_choice)
     if not stamps or usage is None:
         raise RuntimeError(f"{server.name}: no text chunk or no usage in the stream")
     return {
