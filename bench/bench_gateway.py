@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -181,12 +181,15 @@ def run_gateway(
 
 
 def start_gateway(
-    workdir: Path, make_config: Callable[[int], str], serve_args: tuple[str, ...] = ()
+    workdir: Path,
+    make_config: Callable[[int], str],
+    serve_args: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int, str]:
     """A `fleetgate serve` subprocess on a free port; returns it, the port and a key of tenant `bench`.
 
     `make_config(port)` returns the YAML to serve; its log goes to a file in `workdir`; `serve_args`
-    are extra `fleetgate serve` flags (e.g. `("--http", "h11")`).
+    are extra `fleetgate serve` flags (e.g. `("--http", "h11")`); `env` adds to its environment.
     """
     import httpx
 
@@ -200,7 +203,7 @@ def start_gateway(
         [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), *serve_args],
         cwd=ROOT,
         # gRPC off unless the config sets server.grpc_port: benches run gateways side by side
-        env={"FLEETGATE_GRPC_PORT": "off", **os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY},
+        env={"FLEETGATE_GRPC_PORT": "off", **os.environ, **(env or {}), "FLEETGATE_ADMIN_KEY": ADMIN_KEY},
         stdout=subprocess.DEVNULL,
         stderr=log_path.open("wb"),  # a file, not a pipe nobody drains
     )

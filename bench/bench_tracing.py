@@ -110,7 +110,6 @@ def summarize_rounds(rounds: list[dict], names: list[str]) -> dict:
                 "cpu_over_off": cpu_ratio,
                 "meets_target_0_95": ratio >= 0.95,
             }
-        summary[c]["noise_floor_off_again_over_off_rps"] = summary[c]["off_again"]["over_off_rps"]
     return summary
 
 
@@ -155,15 +154,10 @@ tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint
 
             return make
 
-        gateways = {}
-        for name, (traced, ratio, env) in variants.items():
-            saved = dict(os.environ)
-            os.environ.update(env)
-            try:
-                gateways[name] = start_gateway(Path(tmp), config(traced, ratio))
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
+        gateways = {
+            name: start_gateway(Path(tmp), config(traced, ratio), env=env)
+            for name, (traced, ratio, env) in variants.items()
+        }
         names = list(gateways)
         try:
             for index in range(args.rounds):

@@ -161,7 +161,7 @@ class SpanEncoder:
         return b"\x12" + _varint(len(body)) + body
 
     def request(self, encoded_spans: Iterable[bytes]) -> bytes:
-        """An `ExportTraceServiceRequest` with spans encoded by `span` (or `python_span`), under this service's resource."""
+        """An `ExportTraceServiceRequest` of spans encoded by `span`, under this service's resource."""
         scope_spans = self._scope_field + b"".join(encoded_spans)
         resource_spans = self._resource_field + _len_field(2, scope_spans)
         return _len_field(1, resource_spans)

@@ -45,14 +45,19 @@ static size_t varint_size(uint64_t v) {
     return n;
 }
 
-/* callers reserve first */
-static void put_varint(Buffer *b, uint64_t v) {
+/* v as a protobuf varint at dst (room for 10 bytes); returns the bytes written */
+static size_t write_varint(unsigned char *dst, uint64_t v) {
+    size_t n = 0;
     while (v > 0x7F) {
-        b->data[b->len++] = (unsigned char)((v & 0x7F) | 0x80);
+        dst[n++] = (unsigned char)((v & 0x7F) | 0x80);
         v >>= 7;
     }
-    b->data[b->len++] = (unsigned char)v;
+    dst[n++] = (unsigned char)v;
+    return n;
 }
+
+/* callers reserve first */
+static void put_varint(Buffer *b, uint64_t v) { b->len += write_varint(b->data + b->len, v); }
 
 static void put_byte(Buffer *b, unsigned char c) { b->data[b->len++] = c; }
 
@@ -109,11 +114,7 @@ static int put_attribute(Buffer *b, PyObject *key, PyObject *value) {
         uint64_t v = PyLong_AsUnsignedLongLongMask(value);
         if (v == (uint64_t)-1 && PyErr_Occurred()) return -1;
         value_tag = 0x18;
-        while (v > 0x7F) {
-            scalar[scalar_len++] = (unsigned char)((v & 0x7F) | 0x80);
-            v >>= 7;
-        }
-        scalar[scalar_len++] = (unsigned char)v;
+        scalar_len = write_varint(scalar, v);
     } else if (PyFloat_Check(value)) {
         double d = PyFloat_AS_DOUBLE(value);
         uint64_t bits;
@@ -290,14 +291,8 @@ static PyObject *encode_span(PyObject *module, PyObject *span) {
         result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(head + b.len));
         if (result != NULL) {
             unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
-            size_t at = 0;
-            uint64_t length = b.len;
-            out[at++] = 0x12;
-            while (length > 0x7F) {
-                out[at++] = (unsigned char)((length & 0x7F) | 0x80);
-                length >>= 7;
-            }
-            out[at++] = (unsigned char)length;
+            out[0] = 0x12;
+            write_varint(out + 1, b.len);
             memcpy(out + head, b.data, b.len);
         }
     }

@@ -2,8 +2,9 @@
 
 Spans of the service `tracing.service_name`, sampled parent-based (a client's `traceparent`
 decides; otherwise `sample_ratio`), sent in batches as OTLP/HTTP protobuf to `tracing.otlp_endpoint`
-(fleetgate/span_export.py), encoded in C where a compiler could build `fleetgate/otlp_native.c`. An OpenTelemetry SDK `SpanExporter` may be given instead (tests pass the
-SDK's in-memory one): each span is then exported as it ends. `shutdown_tracing` sends what is left.
+(fleetgate/span_export.py), encoded in C where a compiler could build `fleetgate/otlp_native.c`. An
+OpenTelemetry SDK `SpanExporter` may be given instead (tests pass the SDK's in-memory one): each
+span is then exported as it ends. `shutdown_tracing` sends what is left.
 """
 
 from __future__ import annotations

@@ -97,19 +97,18 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.qkv_proj is not None and fused is not None:
-            qkv = self.qkv_proj(x)
-            fused.rotary_(qkv, cos, sin, heads + kv_heads, d)  # q and k heads, in place
-            q = qkv[:, : heads * d].view(t, heads, d)
-            k = qkv[:, heads * d : (heads + kv_heads) * d].view(t, kv_heads, d)
-            v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
-        elif self.qkv_proj is not None:
+        if self.qkv_proj is not None:
             # q and k rotated together, as the heads of one view of the fused projection: half
             # the small elementwise ops of rotating each (the same arithmetic for every element)
             qkv = self.qkv_proj(x)
-            qk = apply_rotary(qkv[:, : (heads + kv_heads) * d].view(t, heads + kv_heads, d), cos, sin)
+            qk_width = self.qkv_sizes[0] + self.qkv_sizes[1]
+            qk = qkv[:, :qk_width].view(t, heads + kv_heads, d)
+            if fused is not None:
+                fused.rotary_(qkv, cos, sin, heads + kv_heads, d)  # in place, one pass: qk sees it
+            else:
+                qk = apply_rotary(qk, cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]  # [T, H, D], [T, KVH, D]
-            v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
+            v = qkv[:, qk_width:].view(t, kv_heads, d)
         else:
             q = apply_rotary(self.q_proj(x).view(t, heads, d), cos, sin)
             k = apply_rotary(self.k_proj(x).view(t, kv_heads, d), cos, sin)

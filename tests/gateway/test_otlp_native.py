@@ -90,8 +90,10 @@ def test_the_c_encoder_writes_the_python_encoders_bytes(native) -> None:  # noqa
     assert [s.name for s in decoded] == [s.name for s in spans]
     failed = [s for s in decoded if s.status.code == 2]
     assert sorted(s.status.message for s in failed) == ["KeyError", "ValueError"]
-    root = next(s for s in decoded if s.trace_id == TRACE_ID.to_bytes(16, "big"))
-    assert root.flags in (0x101, 0x301)
+    continued = [s for s in decoded if s.trace_id == TRACE_ID.to_bytes(16, "big")]
+    root = next(s for s in continued if s.name == "fleetgate.request")
+    assert root.flags == 0x301  # sampled, and the parent is the client's span
+    assert all(s.flags == 0x101 and s.parent_span_id == root.span_id for s in continued if s is not root)
 
 
 def test_the_c_encoder_refuses_what_is_not_a_span(native) -> None:  # noqa: ANN001

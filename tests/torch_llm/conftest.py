@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable
 
 import pytest
+import structlog
 
 torch = pytest.importorskip("torch")
 
@@ -109,3 +110,20 @@ def hf_greedy(folder: pathlib.Path, prompts: list[list[int]], max_new_tokens: in
             )
             out.append(ids[0, len(p) :].tolist())
     return out
+
+
+def serve_without_compiler(
+    folder: pathlib.Path, monkeypatch: pytest.MonkeyPatch, module: object, loader: str, event: str
+) -> tuple[LLMEngine, list[dict]]:
+    """An engine built while `module.loader` fails as without a C++ toolchain (failure injection),
+    after serving three short requests greedily; returns it and the `event` warnings it logged."""
+
+    def no_compiler() -> None:
+        raise RuntimeError("Error building extension: c++ not found")
+
+    monkeypatch.setattr(module, loader, no_compiler)
+    with structlog.testing.capture_logs() as logs:
+        engine = engine_for(folder)
+        out = run_engine(engine, make_prompts(3, seed=1), SamplingParams(max_tokens=4, temperature=0.0))
+    assert all(len(tokens) == 4 for tokens in out.values())
+    return engine, [e for e in logs if e["event"] == event]

@@ -8,14 +8,13 @@ import pathlib
 import random
 
 import pytest
-import structlog
 
 torch = pytest.importorskip("torch")
 
 from backends.base import SamplingParams  # noqa: E402
 from backends.torch_llm import attention_cpu  # noqa: E402
 from backends.torch_llm.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
-from tests.torch_llm.conftest import engine_for, make_prompts, run_engine  # noqa: E402
+from tests.torch_llm.conftest import engine_for, make_prompts, run_engine, serve_without_compiler  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -77,16 +76,10 @@ def test_auto_on_cpu_uses_the_kernel_and_is_token_identical(llama_dir: pathlib.P
 
 
 def test_a_kernel_that_cannot_build_falls_back_with_one_warning(llama_dir, monkeypatch) -> None:
-    def no_compiler() -> None:  # failure injection: as on a machine without a C++ toolchain
-        raise RuntimeError("Error building extension: c++ not found")
-
-    monkeypatch.setattr(attention_cpu, "load_kernel", no_compiler)
-    with structlog.testing.capture_logs() as logs:
-        engine = engine_for(llama_dir)
-        out = run_engine(engine, make_prompts(3, seed=1), SamplingParams(max_tokens=4, temperature=0.0))
+    engine, warnings = serve_without_compiler(
+        llama_dir, monkeypatch, attention_cpu, "load_kernel", "llm_attention_fallback"
+    )
     assert engine.runner.attention.name == "torch"
-    assert all(len(t) == 4 for t in out.values())
-    warnings = [e for e in logs if e["event"] == "llm_attention_fallback"]
     assert len(warnings) == 1 and "c++ not found" in warnings[0]["reason"]
 
 

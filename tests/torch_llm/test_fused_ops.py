@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from backends.base import SamplingParams  # noqa: E402
 from backends.torch_llm import fused_cpu  # noqa: E402
 from backends.torch_llm.model import RMSNorm, apply_rotary  # noqa: E402
-from tests.torch_llm.conftest import engine_for, make_prompts, run_engine  # noqa: E402
+from tests.torch_llm.conftest import engine_for, make_prompts, run_engine, serve_without_compiler  # noqa: E402
 
 F = torch.nn.functional
 
@@ -112,16 +112,10 @@ def test_auto_on_cpu_uses_them_and_is_token_identical(llama_dir: pathlib.Path, k
 
 
 def test_kernels_that_cannot_build_fall_back_with_one_warning(llama_dir, monkeypatch) -> None:
-    def no_compiler() -> None:  # failure injection: as on a machine without a C++ toolchain
-        raise RuntimeError("Error building extension: c++ not found")
-
-    monkeypatch.setattr(fused_cpu, "load_kernels", no_compiler)
-    with structlog.testing.capture_logs() as logs:
-        engine = engine_for(llama_dir)
-        out = run_engine(engine, make_prompts(3, seed=1), SamplingParams(max_tokens=4, temperature=0.0))
+    engine, warnings = serve_without_compiler(
+        llama_dir, monkeypatch, fused_cpu, "load_kernels", "llm_fused_ops_fallback"
+    )
     assert engine.runner.model.fused_ops is None
-    assert all(len(t) == 4 for t in out.values())
-    warnings = [e for e in logs if e["event"] == "llm_fused_ops_fallback"]
     assert len(warnings) == 1 and "c++ not found" in warnings[0]["reason"]
 
 
