@@ -59,6 +59,8 @@ test: $(STAMP) system-deps lint
 	  || echo "the CPU attention kernel did not build: engines fall back to gather + SDPA"
 	$(PY) -c "from backends.torch_llm.fused_cpu import load_kernels; load_kernels()" \
 	  || echo "the fused CPU kernels did not build: engines keep torch's elementwise ops"
+	$(PY) -c "from backends.torch_llm.blocked_linear import load_kernel; load_kernel()" \
+	  || echo "the blocked linear kernel did not build: engines use oneDNN's linears"
 	$(PY) -m pytest -q -p no:cacheprovider
 
 models/digits.onnx models/tiny-llama/config.json &: | $(STAMP)

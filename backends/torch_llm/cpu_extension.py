@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
+import structlog
 import torch
 
 from fleetgate.host import cpu_model
+
+log = structlog.get_logger("fleetgate.torch_llm")
 
 
 def load_cpu_extension(source: pathlib.Path, prefix: str, functions: list[str], cflags: list[str]) -> Any:
@@ -31,3 +35,17 @@ def load_cpu_extension(source: pathlib.Path, prefix: str, functions: list[str], 
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )
+
+
+def checked_or_none(load: Callable[[], Any], check: Callable[[Any], str | None], event: str) -> Any | None:
+    """`load()`'s module when it builds and `check` finds no disagreement with the torch ops it
+    replaces; otherwise None and one `event` warning with the reason (the caller keeps torch's)."""
+    try:
+        module = load()
+        error = check(module)
+    except Exception as exc:  # noqa: BLE001 - no compiler, a build error: the torch ops serve
+        error = f"{type(exc).__name__}: {exc}"
+    if error is not None:
+        log.warning(event, reason=error[:500])
+        return None
+    return module

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from backends.torch_llm.engine import EngineConfig, LLMEngine
 from backends.torch_llm.loader import load_model, resolve_dtype
@@ -15,7 +16,7 @@ from backends.torch_llm.lora_pool import LoRAPool
 from backends.torch_llm.lora_weights import load_adapter
 from backends.torch_llm.model_config import ModelConfig
 from backends.torch_llm.options import LLMOptions
-from backends.torch_llm.packed_linear import fuse_projections, onednn_available, pack_linears
+from backends.torch_llm.packed_linear import PackedLinear, fuse_projections, onednn_available, pack_linears
 from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
 from backends.torch_llm.scheduler import WaitingQueue
 from backends.torch_llm.tokenizer import TextTokenizer
@@ -64,12 +65,28 @@ def num_kv_blocks(options: LLMOptions, per_block: int, device: torch.device) -> 
     return blocks
 
 
-def _use_onednn(options: LLMOptions, device: torch.device, dtype: torch.dtype) -> bool:
-    if options.linear_backend == "torch" or device.type != "cpu":
-        return False
-    if options.linear_backend == "onednn" and not onednn_available(dtype):
+def _linear_maker(options: LLMOptions, device: torch.device, dtype: torch.dtype) -> Callable[[nn.Linear], nn.Module] | None:
+    """What replaces the plain linears (`linear_backend`), or None to keep `F.linear`: on CPU,
+    "auto" is the blocked kernel for float32 where it builds, else oneDNN's packed linears where
+    oneDNN serves the dtype. Naming a backend that cannot serve here is an error, not a fallback."""
+    choice = options.linear_backend
+    if choice == "torch" or device.type != "cpu":
+        return None
+    if choice in ("auto", "blocked") and dtype == torch.float32:
+        from backends.torch_llm.blocked_linear import BlockedLinear, kernel_or_none
+
+        kernel = kernel_or_none()
+        if kernel is not None:
+            return lambda linear: BlockedLinear(linear, kernel)
+        if choice == "blocked":
+            raise ValueError("options.linear_backend: the blocked kernel does not build here (see the log)")
+    elif choice == "blocked":
+        raise ValueError(f"options.linear_backend: the blocked kernel is for float32, not {dtype}")
+    if onednn_available(dtype):
+        return PackedLinear
+    if choice == "onednn":
         raise ValueError(f"options.linear_backend: oneDNN is not available here for {dtype}")
-    return onednn_available(dtype)
+    return None
 
 
 def prefill_cap_with_decodes(options: LLMOptions, device: torch.device) -> int:
@@ -107,10 +124,11 @@ def build_engine(
         check_quantization(options.quantization, dev.type)
         quantize_linears(model)
     wants_lora = bool(adapters) or options.enable_lora
-    if _use_onednn(options, dev, dtype):
+    make_linear = _linear_maker(options, dev, dtype)
+    if make_linear is not None:
         if not wants_lora:  # LoRA wraps q, k, v, gate and up one by one
             fuse_projections(model)
-        pack_linears(model)
+        pack_linears(model, make=make_linear)
     if options.fused_ops == "auto" and dev.type == "cpu":
         from backends.torch_llm.fused_cpu import cpu_kernels_or_none
 

@@ -20,12 +20,9 @@ import functools
 import pathlib
 from typing import Any
 
-import structlog
 import torch
 
-from backends.torch_llm.cpu_extension import load_cpu_extension
-
-log = structlog.get_logger("fleetgate.torch_llm")
+from backends.torch_llm.cpu_extension import checked_or_none, load_cpu_extension
 
 SOURCE = pathlib.Path(__file__).with_name("fused_ops_cpu.cpp")
 
@@ -42,15 +39,7 @@ def load_kernels() -> Any:
 
 def cpu_kernels_or_none(dtype: torch.dtype) -> Any | None:
     """The fused kernels when they build and agree with the torch ops for `dtype`, else None."""
-    try:
-        kernels = load_kernels()
-        error = probe(kernels, dtype)
-    except Exception as exc:  # noqa: BLE001 - no compiler, a build error: the torch ops serve
-        error = f"{type(exc).__name__}: {exc}"
-    if error is not None:
-        log.warning("llm_fused_ops_fallback", reason=error[:500])
-        return None
-    return kernels
+    return checked_or_none(load_kernels, lambda kernels: probe(kernels, dtype), "llm_fused_ops_fallback")
 
 
 def probe(kernels: Any, dtype: torch.dtype) -> str | None:

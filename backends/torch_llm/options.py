@@ -34,8 +34,9 @@ class LLMOptions(SpecBase):
             on CPU), "torch" (gather + SDPA everywhere), "triton" (the Triton kernel; on CPU only
             under TRITON_INTERPRET=1) or "cpu_kernel". A kernel that fails to build or to match
             gather + SDPA falls back to "torch".
-        linear_backend: "auto" (oneDNN with weights packed at load on CPU for float32 / bfloat16,
-            torch's `F.linear` elsewhere), "torch" or "onednn" (see `packed_linear`).
+        linear_backend: "auto" (on CPU: fleetgate's blocked kernel for float32, oneDNN with
+            weights packed at load for bfloat16; torch's `F.linear` elsewhere), "blocked" (see
+            `blocked_linear`), "onednn" (see `packed_linear`) or "torch".
         fused_ops: "auto" (on CPU, RMSNorm with the residual add before it, rotary and
             SiLU-and-multiply as fused C++ kernels built at first use; see `fused_cpu`) or "torch"
             (torch's ops). Kernels that fail to build or to match the torch ops fall back to them.
@@ -63,7 +64,7 @@ class LLMOptions(SpecBase):
     num_threads: int | None = None
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton", "cpu_kernel"] = "auto"
-    linear_backend: Literal["auto", "torch", "onednn"] = "auto"
+    linear_backend: Literal["auto", "torch", "onednn", "blocked"] = "auto"
     fused_ops: Literal["auto", "torch"] = "auto"
     enable_lora: bool = False
     max_loras: int = 8

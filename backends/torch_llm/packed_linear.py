@@ -13,6 +13,8 @@ rounding (a different summation order).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -41,8 +43,14 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
-def pack_linears(model: nn.Module, *, skip: frozenset[str] = frozenset()) -> int:
-    """Replace every plain `nn.Linear` of `model` (not named in `skip`) by a `PackedLinear`.
+def pack_linears(
+    model: nn.Module,
+    *,
+    skip: frozenset[str] = frozenset(),
+    make: Callable[[nn.Linear], nn.Module] = PackedLinear,
+) -> int:
+    """Replace every plain `nn.Linear` of `model` (not named in `skip`) by `make(linear)`: a
+    `PackedLinear` by default, or another layout's module (`blocked_linear.BlockedLinear`).
 
     A weight shared with another module (an LM head tied to the embeddings) is left alone: packing
     it would keep a second copy of the matrix. Returns how many layers were packed.
@@ -58,7 +66,7 @@ def pack_linears(model: nn.Module, *, skip: frozenset[str] = frozenset()) -> int
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PackedLinear(module))
+        setattr(parent, attr, make(module))
     return len(targets)
 
 

@@ -1,5 +1,6 @@
-"""oneDNN linears with weights packed at load: equal to F.linear, used by default on CPU, a tied LM
-head left unpacked (no second copy), and `linear_backend: torch` keeping plain linears."""
+"""oneDNN linears with weights packed at load: equal to F.linear, used on CPU when asked for (the
+default for bfloat16), a tied LM head left unpacked (no second copy), and `linear_backend: torch`
+keeping plain linears."""
 
 from __future__ import annotations
 
@@ -31,14 +32,14 @@ def test_packed_equals_f_linear(rows: int, bias: bool) -> None:
 
 
 def test_engine_packs_projections_on_cpu_and_not_a_tied_head(llama_dir, qwen2_dir) -> None:
-    layer = engine_for(llama_dir).runner.model.model.layers[0]
+    layer = engine_for(llama_dir, linear_backend="onednn").runner.model.model.layers[0]
     # q|k|v and gate|up are fused into one packed projection each
     assert isinstance(layer.self_attn.qkv_proj, PackedLinear) and layer.self_attn.q_proj is None
     assert isinstance(layer.mlp.gate_up_proj, PackedLinear) and isinstance(layer.mlp.down_proj, PackedLinear)
-    with_lora = engine_for(llama_dir, enable_lora=True).runner.model.model.layers[0]
+    with_lora = engine_for(llama_dir, linear_backend="onednn", enable_lora=True).runner.model.model.layers[0]
     assert with_lora.self_attn.qkv_proj is None, "LoRA wraps q, k and v one by one"
     assert isinstance(with_lora.self_attn.q_proj.base, PackedLinear)
-    tied = engine_for(qwen2_dir).runner.model  # qwen2 fixture ties the LM head to the embeddings
+    tied = engine_for(qwen2_dir, linear_backend="onednn").runner.model  # qwen2 fixture ties the LM head to the embeddings
     assert type(tied.lm_head) is nn.Linear and tied.lm_head.weight is tied.model.embed_tokens.weight
     plain = engine_for(llama_dir, linear_backend="torch").runner.model.model.layers[0]
     assert type(plain.self_attn.q_proj) is nn.Linear
