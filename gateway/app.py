@@ -38,7 +38,7 @@ from gateway.lora_admin import ROUTES as LORA_ROUTES
 from gateway.protocols import kserve, openai, openai_embeddings, tfserving
 from gateway.reload import ROUTES as RELOAD_ROUTES
 from gateway.reload import install_sighup
-from gateway.telemetry import setup_tracing, shutdown_tracing
+from gateway.telemetry import TracingSwitch
 from policies.admission import Admission
 from policies.keys import KeyService
 from policies.stores import open_store
@@ -113,7 +113,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        span_export = setup_tracing(config.tracing, span_exporter)
+        app.state.tracing = TracingSwitch(config.tracing, span_exporter)
         store = await open_store(config.state.url)
         keys = KeyService(store, clock, tenants=list(config.tenants))
         admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
@@ -152,7 +152,7 @@ def create_app(
             await close_deployments(deployments)
             await keys.uses_written()  # the last-use writes still in flight go to the store first
             await store.close()
-            await shutdown_tracing(span_export)
+            await app.state.tracing.shutdown()
 
     app = Litestar(
         route_handlers=[

@@ -1,14 +1,14 @@
 """Config hot reload: `POST /admin/reload` and SIGHUP.
 
 Routes, weights, versions, labels, shadows, fallbacks, canary bounds, balance, breaker settings,
-tenants, limits and quotas change in place. A canary that was rolled back stays rolled back if it is
-still a canary route of the same model after the reload (an unrelated edit must not quietly send
-traffic back to a canary that misbehaved; `POST /admin/canary/{model}/{deployment}/restore` does);
-a route that stops being a canary loses that state (see router.canary).
-Requests in flight keep the objects they started with, so none is dropped. A new config that does
-not parse, or that changes the `deployments:` section (which would mean loading or unloading models),
-is refused and the running config stays; deployment changes need a restart.
-"""
+tenants, limits, quotas and tracing (`gateway/telemetry.py`) change in place. A canary that was
+rolled back stays rolled back if it is still a canary route of the same model after the reload (an
+unrelated edit must not quietly send traffic back to a canary that misbehaved;
+`POST /admin/canary/{model}/{deployment}/restore` does); a route that stops being a canary loses that
+state (see router.canary). Requests in flight keep the objects they started with, so none is dropped.
+A new config that does not parse, or that changes the `deployments:` section (which would mean
+loading or unloading models), is refused and the running config stays; deployment changes need a
+restart."""
 
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ async def reload_from_file(app: Litestar) -> Config:
     new = await asyncio.to_thread(lambda: with_listen_overrides(load_config(path), overrides))
     apply_config(app.state.core, new)
     app.state.admin_attempts.max_failures = new.admin.max_failures_per_minute
+    await app.state.tracing.reconfigure(new.tracing)
     return new
 
 

@@ -4,7 +4,12 @@ Spans of the service `tracing.service_name`, sampled parent-based (a client's `t
 decides; otherwise `sample_ratio`), sent in batches as OTLP/HTTP protobuf to `tracing.otlp_endpoint`
 (fleetgate/span_export.py), encoded in C where a compiler could build `fleetgate/otlp_native.c`. An
 OpenTelemetry SDK `SpanExporter` may be given instead (tests pass the SDK's in-memory one): each
-span is then exported as it ends. `shutdown_tracing` sends what is left.
+span is then exported as it ends.
+
+`TracingSwitch` holds a running gateway's tracing: a config reload changes it in place (turned on
+or off, another sample ratio, another collector or service name) without a restart, so an operator
+can raise sampling during an incident. Spans that ended before a change go where they were headed:
+the replaced exporter sends what it holds before it is closed. `shutdown` sends what is left.
 """
 
 from __future__ import annotations
@@ -17,25 +22,63 @@ from fleetgate.otlp import OtlpHttpSender, SpanEncoder
 from fleetgate.span_export import BatchSpanExport, SdkSpanExport
 from gateway.config import TracingConfig
 
+Export = BatchSpanExport | SdkSpanExport
 
-def setup_tracing(config: TracingConfig, exporter: Any = None) -> BatchSpanExport | SdkSpanExport | None:
+
+def setup_tracing(config: TracingConfig, exporter: Any = None) -> Export | None:
     """Turn tracing on as configured; returns where spans go (None when tracing is off)."""
     if not config.enabled and exporter is None:
         return None
-    resource = {"service.name": config.service_name}
-    export: BatchSpanExport | SdkSpanExport
-    if exporter is None:
-        encoder = SpanEncoder(resource, native=otlp_native.load())
-        export = BatchSpanExport(encoder, OtlpHttpSender(config.otlp_endpoint))
-    else:
-        export = SdkSpanExport(exporter, resource)
+    export = _make_export(config, exporter)
     tracing.enable(export.add, config.sample_ratio)
     return export
 
 
-async def shutdown_tracing(export: BatchSpanExport | SdkSpanExport | None) -> None:
-    """Turn tracing off and send what is queued (on a thread: a slow collector may take seconds,
-    and the event loop may still be finishing other apps' work)."""
-    tracing.disable()
-    if export is not None:
-        await asyncio.to_thread(export.close)
+def _make_export(config: TracingConfig, exporter: Any) -> Export:
+    resource = {"service.name": config.service_name}
+    if exporter is not None:
+        return SdkSpanExport(exporter, resource)
+    encoder = SpanEncoder(resource, native=otlp_native.load())
+    return BatchSpanExport(encoder, OtlpHttpSender(config.otlp_endpoint))
+
+
+class TracingSwitch:
+    """A gateway's tracing from start to shutdown, reconfigurable by a reload.
+
+    With an SDK `exporter` given (tests, embedding programs), spans always go to it: a reload
+    changes only the sample ratio.
+    """
+
+    def __init__(self, config: TracingConfig, exporter: Any = None) -> None:
+        self._exporter = exporter
+        self.config = config
+        self.export = setup_tracing(config, exporter)
+
+    async def reconfigure(self, config: TracingConfig) -> None:
+        """Apply a reloaded `tracing:` section (awaits the flush of an exporter it replaces)."""
+        if config == self.config:
+            return
+        old, old_config = self.export, self.config
+        self.config = config
+        if self._exporter is None and not config.enabled:
+            tracing.disable()
+            self.export = None
+        elif old is not None and (
+            self._exporter is not None
+            or (old_config.otlp_endpoint, old_config.service_name) == (config.otlp_endpoint, config.service_name)
+        ):
+            tracing.enable(old.add, config.sample_ratio)  # same destination: only the ratio moves
+            return
+        else:
+            self.export = _make_export(config, self._exporter)
+            tracing.enable(self.export.add, config.sample_ratio)
+        if old is not None:
+            # on a thread: a slow collector may take seconds to take the last batch
+            await asyncio.to_thread(old.close)
+
+    async def shutdown(self) -> None:
+        """Turn tracing off and send what is queued (on a thread, as in `reconfigure`)."""
+        tracing.disable()
+        if self.export is not None:
+            await asyncio.to_thread(self.export.close)
+            self.export = None

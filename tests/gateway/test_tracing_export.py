@@ -1,5 +1,6 @@
 """Traces as a collector receives them: OTLP/HTTP protobuf sent by a configured gateway, decoded with
-the `opentelemetry-proto` classes; sampling and W3C `traceparent` rules; a collector that is down."""
+the `opentelemetry-proto` classes; sampling and W3C `traceparent` rules; a collector that is down;
+tracing changed by a config reload."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from fleetgate import tracing
 from fleetgate.otlp import OtlpHttpSender, SpanEncoder
 from fleetgate.span_export import BatchSpanExport
 from gateway.app import create_app
-from gateway.config import parse_config
-from tests.conftest import create_key
+from gateway.config import load_config, parse_config
+from tests.conftest import ADMIN_KEY, create_key
 from tests.servers import free_port, serve_app
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 class _Collector(BaseHTTPRequestHandler):
@@ -253,3 +255,57 @@ def test_an_otlp_endpoint_must_be_http() -> None:
 
     with pytest.raises(ConfigError, match="otlp_endpoint"):
         parse_config("tracing: {enabled: true, otlp_endpoint: 'grpc://collector:4317'}", base_dir=Path("."))
+
+
+def test_a_reload_turns_tracing_on_and_off_and_changes_sampling(tmp_path, digits, collector: str) -> None:  # noqa: ANN001
+    path = tmp_path / "gw.yaml"
+
+    def write(tracing_section: str) -> None:
+        path.write_text(
+            f"""
+state: {{url: "memory://"}}
+tenants: {{acme: {{}}}}
+deployments: {{ort: {{backend: onnxruntime, model: {digits.onnx_path}}}}}
+models: {{digits: {{routes: [{{deployment: ort}}]}}}}
+tracing: {{otlp_endpoint: "{collector}", {tracing_section}}}
+"""
+        )
+
+    row = digits_split()[1][0].tolist()
+    body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": row}]}
+
+    def roots(service: str) -> set[str]:
+        """Trace ids of the request spans the collector holds from `service`."""
+        return {
+            s.trace_id.hex()
+            for resource, s in _received()
+            if s.name == "fleetgate.request" and resource["service.name"] == service
+        }
+
+    write("enabled: false")
+    with serve_app(create_app(load_config(path), config_path=path)) as url:
+        key = create_key(url, "acme")
+
+        def infer(trace_id: str | None = None) -> None:
+            headers = {"Authorization": f"Bearer {key}"}
+            if trace_id is not None:
+                headers["traceparent"] = f"00-{trace_id}-{CLIENT_SPAN}-01"
+            assert httpx.post(f"{url}/v2/models/digits/infer", json=body, headers=headers).status_code == 200
+
+        def reload(tracing_section: str) -> None:
+            write(tracing_section)
+            assert httpx.post(f"{url}/admin/reload", headers=ADMIN).status_code == 200
+
+        infer("1" * 32)  # off: nothing traced
+        reload("enabled: true, service_name: first")
+        infer("2" * 32)
+        reload("enabled: true, service_name: first, sample_ratio: 0.0")  # the same exporter
+        infer()  # not sampled: no trace decided by the client, ratio 0
+        infer("3" * 32)  # the client's decision to sample still holds (parent-based)
+        reload("enabled: false")  # the exporter is closed: what it held is sent before the answer
+        assert roots("first") == {"2" * 32, "3" * 32}
+        infer("4" * 32)
+        reload("enabled: true, service_name: second")  # another destination: a new exporter
+        infer("5" * 32)
+    assert roots("second") == {"5" * 32}  # sent at shutdown
+    assert roots("first") == {"2" * 32, "3" * 32}
