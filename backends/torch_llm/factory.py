@@ -152,13 +152,17 @@ def build_engine(
     eos = set(cfg.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
+    graphs = options.cuda_graphs == "auto" and dev.type == "cuda" and lora is None
     runner = ModelRunner(
         model,
         num_blocks=blocks,
         block_size=options.block_size,
         attention=options.attention_backend,
         lora=lora,
+        spare_block=graphs,  # the scratch slot of the graphs' padding rows
     )
+    if graphs:
+        runner.use_decode_graphs(options.max_num_seqs, max_len)
     engine = LLMEngine.create(
         runner,
         tokenizer,

@@ -40,6 +40,9 @@ class LLMOptions(SpecBase):
         fused_ops: "auto" (on CPU, RMSNorm with the residual add before it, rotary and
             SiLU-and-multiply as fused C++ kernels built at first use; see `fused_cpu`) or "torch"
             (torch's ops). Kernels that fail to build or to match the torch ops fall back to them.
+        cuda_graphs: "auto" (on CUDA with the Triton attention kernel and no LoRA layers, decode
+            steps replay CUDA graphs captured at load, one per batch size up to
+            min(max_num_seqs, 128); see `cuda_graphs`) or "off" (every step launched eagerly).
         enable_lora: give the model LoRA layers even when the deployment declares no `adapters`
             (so adapters can be loaded at run time through the admin API). On whenever `adapters`
             is set.
@@ -66,6 +69,7 @@ class LLMOptions(SpecBase):
     attention_backend: Literal["auto", "torch", "triton", "cpu_kernel"] = "auto"
     linear_backend: Literal["auto", "torch", "onednn", "blocked"] = "auto"
     fused_ops: Literal["auto", "torch"] = "auto"
+    cuda_graphs: Literal["auto", "off"] = "auto"
     enable_lora: bool = False
     max_loras: int = 8
     max_lora_rank: int = 16

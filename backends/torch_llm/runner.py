@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from backends.torch_llm.attention import AttentionMetadata, PagedAttention, PrefillChunk
@@ -9,6 +11,9 @@ from backends.torch_llm.attention_select import AttentionBackend, make_attention
 from backends.torch_llm.lora_pool import LoRAPool
 from backends.torch_llm.model import LlamaForCausalLM
 from backends.torch_llm.sequence import Sequence
+
+if TYPE_CHECKING:
+    from backends.torch_llm.cuda_graphs import DecodeGraphs
 
 
 def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -28,6 +33,8 @@ class ModelRunner:
         attention: which paged-attention implementation to use ("auto": by device, see
             `attention_select`); the chosen one is `self.attention`.
         lora: the engine's adapters (None: the model serves no adapters and has no LoRA layers).
+        spare_block: allocate one block past the pool's `num_blocks` that no sequence ever owns
+            (the scratch slot the padding rows of captured decode graphs write to).
     """
 
     def __init__(
@@ -38,6 +45,7 @@ class ModelRunner:
         block_size: int,
         attention: AttentionBackend = "auto",
         lora: LoRAPool | None = None,
+        spare_block: bool = False,
     ) -> None:
         self.model = model
         self.lora = lora
@@ -51,7 +59,7 @@ class ModelRunner:
             block_size=block_size, dtype=self.dtype, backend=attention,
         )  # fmt: skip
         model.set_attention(self.attention)
-        shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = ((num_blocks + int(spare_block)) * block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=self.dtype, device=self.device),
@@ -59,6 +67,35 @@ class ModelRunner:
             )
             for _ in range(cfg.num_hidden_layers)
         ]
+        self._spare_block = spare_block
+        #: captured decode steps (CUDA; `use_decode_graphs`), or None: every step runs eagerly
+        self.graphs: DecodeGraphs | None = None
+
+    def use_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> bool:
+        """Capture and check CUDA graphs of decode steps (see `cuda_graphs`); False when they are
+        not used (not CUDA, LoRA layers, no spare block, or capture or check failed: logged)."""
+        if self.device.type != "cuda" or self.lora is not None or not self._spare_block:
+            return False
+        from backends.torch_llm.cuda_graphs import decode_graphs_or_none
+
+        self.graphs = decode_graphs_or_none(
+            self.model, self.kv_caches, self.attention, block_size=self.block_size,
+            max_blocks_per_seq=-(-max_model_len // self.block_size),
+            scratch_slot=self.num_blocks * self.block_size, max_num_seqs=max_num_seqs,
+            free_blocks=list(range(min(8, self.num_blocks))),
+        )  # fmt: skip
+        return self.graphs is not None
+
+    def _graph_fits(self, decodes: list[tuple[Sequence, int]], prefills: list, adapted: list) -> bool:
+        graphs = self.graphs
+        return (
+            graphs is not None
+            and bool(decodes)
+            and not prefills
+            and not adapted
+            and getattr(self.attention, "disabled_reason", None) is None
+            and graphs.size_for(len(decodes)) is not None
+        )
 
     def _slots(self, block_table: list[int], start: int, stop: int) -> list[int]:
         bs = self.block_size
@@ -97,6 +134,13 @@ class ModelRunner:
             if start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(seq)
+        if self._graph_fits(decodes, prefills, adapted):
+            hidden = self.graphs.run(  # type: ignore[union-attr]
+                ids, positions, slots,
+                [s.block_table for s, _ in decodes], [s.num_computed_tokens + 1 for s, _ in decodes],
+            )  # fmt: skip
+            rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
+            return self.model.logits(hidden.index_select(0, rows)), sampled
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decodes=len(decodes),

@@ -75,3 +75,24 @@ def test_cuda_kernel_matches_gather_sdpa(dtype, tol) -> None:
 
     errors = kernel_errors("cuda", dtype)
     assert max(errors) < tol, errors
+
+
+def test_cuda_decode_graphs_match_eager_steps_and_transformers(llama_dir) -> None:
+    if not _has_triton():
+        pytest.skip("decode graphs need the Triton attention kernel")
+    prompts = make_prompts(12, seed=11)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    arrivals = [3 * i for i in range(12)]  # decode batches of every size from 1 to 12, padded ones too
+    graphed = engine_for(llama_dir, device="cuda", dtype="float32", max_num_seqs=12)
+    eager = engine_for(llama_dir, device="cuda", dtype="float32", max_num_seqs=12, cuda_graphs="off")
+    assert graphed.runner.graphs is not None and eager.runner.graphs is None
+    assert graphed.runner.graphs.sizes == [1, 2, 4, 8, 12]
+    with_graphs = run_engine(graphed, prompts, params, arrival_steps=arrivals)
+    assert graphed.runner.graphs.replays > 0
+    assert with_graphs == run_engine(eager, prompts, params, arrival_steps=arrivals)
+    assert [with_graphs[i] for i in range(12)] == hf_greedy(llama_dir, prompts, 40)
+
+
+def test_cuda_decode_graphs_stay_off_with_lora_layers(llama_dir) -> None:
+    engine = engine_for(llama_dir, device="cuda", dtype="float32", enable_lora=True)
+    assert engine.runner.graphs is None

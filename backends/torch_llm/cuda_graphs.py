@@ -1,0 +1,190 @@
+"""Decode steps replayed as captured CUDA graphs (`cuda_graphs: auto`, CUDA with Triton attention).
+
+A decode step of a small model on a GPU is mostly kernel launches: eight layers are a few hundred
+small kernels, each a few microseconds of CPU to launch, so the GPU idles between them. A CUDA graph
+records the launches of one forward pass once and replays them with one call. Graphs need static
+shapes and addresses, so the backbone's forward (embedding to final norm; the LM head runs after it,
+on the rows that sample) is captured once per batch size of `batch_sizes(max_num_seqs)` over static
+input buffers; a step of n decode rows copies its inputs into the buffers of the smallest captured
+size >= n and replays that graph. Rows past n are padding: token 0 at position 0, one key of context
+read from block 0, and their key/value written to a scratch slot past the end of the pool that no
+sequence owns (the runner allocates it), so they never touch a live sequence's cache.
+
+Steps with a prefill chunk, LoRA rows, or more rows than the largest graph run eagerly, as do all
+steps when capture or the load-time check fails (logged once as `llm_cuda_graphs_fallback`): the
+check replays a graph over decode rows written into free blocks of the pool and compares its output
+with the eager forward's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import torch
+
+from backends.torch_llm.attention import AttentionMetadata
+from backends.torch_llm.model import LlamaForCausalLM
+
+if TYPE_CHECKING:  # attention_triton imports triton: only where the Triton path was chosen
+    from backends.torch_llm.attention_triton import TritonPagedAttention
+
+log = structlog.get_logger("fleetgate.torch_llm")
+
+
+def batch_sizes(max_num_seqs: int, largest: int = 128) -> list[int]:
+    """The decode batch sizes captured: 1, 2, 4, then every multiple of 8 up to the engine's most
+    sequences (at most `largest`; more rows run eagerly)."""
+    cap = min(max_num_seqs, largest)
+    sizes = [s for s in (1, 2, 4) if s <= cap]
+    sizes += list(range(8, cap + 1, 8))
+    if cap not in sizes:
+        sizes.append(cap)
+    return sorted(sizes)
+
+
+class DecodeGraphs:
+    """The captured decode forwards of one model, one per batch size, sharing one memory pool."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        attention: TritonPagedAttention,
+        *,
+        block_size: int,
+        max_blocks_per_seq: int,
+        scratch_slot: int,
+        sizes: list[int],
+    ) -> None:
+        self.model, self.kv_caches, self.attention = model, kv_caches, attention
+        self.block_size = block_size
+        self.sizes = sorted(sizes)
+        self.largest = self.sizes[-1]
+        dev = kv_caches[0][0].device
+        width = -(-max_blocks_per_seq // 16) * 16  # the row stride the attention kernel was compiled for
+        self.width = width
+        self.scratch_slot = scratch_slot
+        self.ids = torch.zeros(self.largest, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(self.largest, dtype=torch.long, device=dev)
+        self.slots = torch.full((self.largest,), scratch_slot, dtype=torch.long, device=dev)
+        self.table = torch.zeros(self.largest, width, dtype=torch.int32, device=dev)
+        self.lens = torch.ones(self.largest, dtype=torch.int32, device=dev)
+        self.replays = 0  # steps served by a graph (tests and metrics read it)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._capture()
+
+    def _meta(self, b: int) -> AttentionMetadata:
+        from backends.torch_llm.attention_triton import TritonDecodes
+
+        decodes = TritonDecodes(self.table[:b], self.lens[:b], [], [])
+        return AttentionMetadata(slot_mapping=self.slots[:b], num_decodes=b, decodes=decodes)
+
+    def _forward(self, b: int) -> torch.Tensor:
+        return self.model(self.ids[:b], self.positions[:b], self.kv_caches, self._meta(b))
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture: lazy inits, kernel compiles
+            for b in self.sizes:
+                self._forward(b)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = None
+        for b in reversed(self.sizes):  # largest first: the smaller ones reuse its memory
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._outputs[b] = self._forward(b)
+            pool = graph.pool()
+            self._graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def size_for(self, rows: int) -> int | None:
+        """The smallest captured batch size holding `rows` decode rows (None: too many)."""
+        for b in self.sizes:
+            if b >= rows:
+                return b
+        return None
+
+    @torch.inference_mode()
+    def run(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        block_tables: list[list[int]],
+        context_lens: list[int],
+    ) -> torch.Tensor:
+        """The final hidden states `[n, hidden]` of n decode rows (n <= `largest`)."""
+        n = len(ids)
+        b = self.size_for(n)
+        if b is None:
+            raise ValueError(f"{n} decode rows: the largest captured graph holds {self.largest}")
+        pad, width = b - n, self.width
+        table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables] + [[0] * width] * pad, dtype=torch.int32)
+        # one host-to-device copy per buffer; padding rows as described in the module docstring
+        self.ids[:b].copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
+        self.positions[:b].copy_(torch.tensor(positions + [0] * pad), non_blocking=True)
+        self.slots[:b].copy_(torch.tensor(slots + [self.scratch_slot] * pad), non_blocking=True)
+        self.table[:b].copy_(table, non_blocking=True)
+        self.lens[:b].copy_(torch.tensor(context_lens + [1] * pad, dtype=torch.int32), non_blocking=True)
+        self._graphs[b].replay()
+        self.replays += 1
+        return self._outputs[b][:n]
+
+    @torch.inference_mode()
+    def check(self, free_blocks: list[int]) -> str | None:
+        """Replay against the eager forward on decode rows placed in `free_blocks` (blocks no
+        sequence holds yet); None when they agree."""
+        rows = min(len(free_blocks), max(b for b in self.sizes if b <= 8))
+        gen = torch.Generator().manual_seed(0)
+        vocab = self.model.config.vocab_size
+        ids = torch.randint(0, vocab, (rows,), generator=gen).tolist()
+        lens = [1 + (3 * i) % self.block_size for i in range(rows)]  # each row's keys in its block
+        tables = [[free_blocks[i]] for i in range(rows)]
+        slots = [free_blocks[i] * self.block_size + lens[i] - 1 for i in range(rows)]
+        positions = [n - 1 for n in lens]
+        replayed = self.run(ids, positions, slots, tables, lens).clone()
+        dev = self.ids.device
+        decodes = self.attention.prepare_decodes(tables, lens)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=dev), num_decodes=rows, decodes=decodes
+        )
+        eager = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta)
+        tol = 1e-3 if eager.dtype == torch.float32 else 3e-2
+        err = (replayed.float() - eager.float()).abs().max().item()
+        if not err <= tol * max(1.0, eager.float().abs().max().item()):
+            return f"a replayed decode step differs from the eager one: max abs error {err:.3g}"
+        return None
+
+
+def decode_graphs_or_none(
+    model: LlamaForCausalLM,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    attention: Any,
+    *,
+    block_size: int,
+    max_blocks_per_seq: int,
+    scratch_slot: int,
+    max_num_seqs: int,
+    free_blocks: list[int],
+) -> DecodeGraphs | None:
+    """Captured and checked decode graphs, or None (eager steps; one warning says why)."""
+    if getattr(attention, "name", None) != "triton" or attention.disabled_reason is not None:
+        log.warning("llm_cuda_graphs_fallback", reason="decode graphs need the Triton attention kernel")
+        return None
+    try:
+        graphs = DecodeGraphs(
+            model, kv_caches, attention, block_size=block_size, max_blocks_per_seq=max_blocks_per_seq,
+            scratch_slot=scratch_slot, sizes=batch_sizes(max_num_seqs),
+        )  # fmt: skip
+        error = graphs.check(free_blocks)
+    except Exception as exc:  # noqa: BLE001 - any capture failure: the eager steps serve
+        error = f"{type(exc).__name__}: {exc}"
+    if error is not None:
+        log.warning("llm_cuda_graphs_fallback", reason=error[:500])
+        return None
+    graphs.replays = 0
+    return graphs
