@@ -62,6 +62,7 @@ class DecodeGraphs:
         self.sizes = sorted(sizes)
         self.largest = self.sizes[-1]
         dev = kv_caches[0][0].device
+        self.device = dev
         width = -(-max_blocks_per_seq // 16) * 16  # the row stride the attention kernel was compiled for
         self.width = width
         self.scratch_slot = scratch_slot
@@ -86,20 +87,22 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def _capture(self) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture: lazy inits, kernel compiles
-            for b in self.sizes:
-                self._forward(b)
-        torch.cuda.current_stream().wait_stream(side)
-        pool = None
-        for b in reversed(self.sizes):  # largest first: the smaller ones reuse its memory
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._outputs[b] = self._forward(b)
-            pool = graph.pool()
-            self._graphs[b] = graph
-        torch.cuda.synchronize()
+        with torch.cuda.device(self.device):  # streams and captures on the model's GPU, not the current one
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up off the capture: lazy inits, kernel compiles
+                for b in self.sizes:
+                    self._forward(b)
+            torch.cuda.current_stream().wait_stream(side)
+            pool = None
+            for b in reversed(self.sizes):  # largest first: the smaller ones reuse its memory
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: other engines' threads may allocate or sync on this GPU meanwhile
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    self._outputs[b] = self._forward(b)
+                pool = graph.pool()
+                self._graphs[b] = graph
+            torch.cuda.synchronize(self.device)
 
     def size_for(self, rows: int) -> int | None:
         """The smallest captured batch size holding `rows` decode rows (None: too many)."""
@@ -130,33 +133,45 @@ class DecodeGraphs:
         self.slots[:b].copy_(torch.tensor(slots + [self.scratch_slot] * pad), non_blocking=True)
         self.table[:b].copy_(table, non_blocking=True)
         self.lens[:b].copy_(torch.tensor(context_lens + [1] * pad, dtype=torch.int32), non_blocking=True)
-        self._graphs[b].replay()
+        with torch.cuda.device(self.device):
+            self._graphs[b].replay()
         self.replays += 1
         return self._outputs[b][:n]
 
     @torch.inference_mode()
     def check(self, free_blocks: list[int]) -> str | None:
         """Replay against the eager forward on decode rows placed in `free_blocks` (blocks no
-        sequence holds yet); None when they agree."""
-        rows = min(len(free_blocks), max(b for b in self.sizes if b <= 8))
-        gen = torch.Generator().manual_seed(0)
-        vocab = self.model.config.vocab_size
-        ids = torch.randint(0, vocab, (rows,), generator=gen).tolist()
-        lens = [1 + (3 * i) % self.block_size for i in range(rows)]  # each row's keys in its block
-        tables = [[free_blocks[i]] for i in range(rows)]
-        slots = [free_blocks[i] * self.block_size + lens[i] - 1 for i in range(rows)]
+        sequence holds yet): three rows, then as many as the largest graph holds less one (so it
+        pads), as far as the free blocks go; every row's context spans two blocks. None when all
+        agree."""
+        room = len(free_blocks) // 2
+        for rows in sorted({min(3, room), min(self.largest - 1, room)}):
+            if rows >= 1:
+                error = self._check_rows(rows, free_blocks)
+                if error is not None:
+                    return error
+        return None
+
+    def _check_rows(self, rows: int, free_blocks: list[int]) -> str | None:
+        bs = self.block_size
+        gen = torch.Generator().manual_seed(rows)
+        ids = torch.randint(0, self.model.config.vocab_size, (rows,), generator=gen).tolist()
+        tables = [[free_blocks[2 * i], free_blocks[2 * i + 1]] for i in range(rows)]
+        lens = [bs + 1 + i % bs for i in range(rows)]  # the new token in each row's second block
+        slots = [t[1] * bs + n - 1 - bs for t, n in zip(tables, lens, strict=True)]
         positions = [n - 1 for n in lens]
         replayed = self.run(ids, positions, slots, tables, lens).clone()
-        dev = self.ids.device
-        decodes = self.attention.prepare_decodes(tables, lens)
+        dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, device=dev), num_decodes=rows, decodes=decodes
+            slot_mapping=torch.tensor(slots, device=dev),
+            num_decodes=rows,
+            decodes=self.attention.prepare_decodes(tables, lens),
         )
         eager = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta)
         tol = 1e-3 if eager.dtype == torch.float32 else 3e-2
         err = (replayed.float() - eager.float()).abs().max().item()
         if not err <= tol * max(1.0, eager.float().abs().max().item()):
-            return f"a replayed decode step differs from the eager one: max abs error {err:.3g}"
+            return f"a replayed decode step of {rows} rows differs from the eager one: max abs error {err:.3g}"
         return None
 
 
@@ -173,8 +188,12 @@ def decode_graphs_or_none(
 ) -> DecodeGraphs | None:
     """Captured and checked decode graphs, or None (eager steps; one warning says why)."""
     if getattr(attention, "name", None) != "triton" or attention.disabled_reason is not None:
-        log.warning("llm_cuda_graphs_fallback", reason="decode graphs need the Triton attention kernel")
+        # info, not a warning: `attention_backend: torch` on CUDA is a choice, not a failure
+        log.info("llm_cuda_graphs_off", reason="decode graphs need the Triton attention kernel")
         return None
+    # a kernel error while capturing must fail the capture, not switch the attention to its
+    # fallback for good (the fallback cannot run inside a graph)
+    strict, attention.strict = attention.strict, True
     try:
         graphs = DecodeGraphs(
             model, kv_caches, attention, block_size=block_size, max_blocks_per_seq=max_blocks_per_seq,
@@ -183,6 +202,10 @@ def decode_graphs_or_none(
         error = graphs.check(free_blocks)
     except Exception as exc:  # noqa: BLE001 - any capture failure: the eager steps serve
         error = f"{type(exc).__name__}: {exc}"
+    finally:
+        attention.strict = strict
+    if error is None and attention.disabled_reason is not None:
+        error = f"the attention kernel fell back while capturing: {attention.disabled_reason}"
     if error is not None:
         log.warning("llm_cuda_graphs_fallback", reason=error[:500])
         return None

@@ -82,7 +82,7 @@ class ModelRunner:
             self.model, self.kv_caches, self.attention, block_size=self.block_size,
             max_blocks_per_seq=-(-max_model_len // self.block_size),
             scratch_slot=self.num_blocks * self.block_size, max_num_seqs=max_num_seqs,
-            free_blocks=list(range(min(8, self.num_blocks))),
+            free_blocks=list(range(min(256, self.num_blocks))),  # none is owned before serving
         )  # fmt: skip
         return self.graphs is not None
 
