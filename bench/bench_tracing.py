@@ -1,14 +1,16 @@
-"""The cost of tracing: the same gateway config with `tracing.enabled` off and on, side by side.
+"""The cost of tracing: one gateway serving with `tracing` off and on, switched by config reloads.
 
-Five `fleetgate serve` processes serve the demo digits model (ONNX Runtime): tracing off, off again
-(an identical second gateway: the noise floor of the machine, which the ratios must be read
-against), on for every request, on with the Python span encoder instead of the C one, and on with
-`sample_ratio: 0.1`; the traced ones export OTLP/HTTP protobuf to a
-collector stand-in in its own process (it keeps what it receives and, at the end, decodes it with
-the `opentelemetry-proto` classes to count the spans). Closed-loop v2 `/infer` (binary tensors) at
-c=1 and c=16; each round runs the gateways in a rotated order; medians of rounds. Reported:
-requests/s, p50, and each gateway's CPU per request (user + system from /proc). Target (issue 19):
-tracing on keeps >= 95 % of the throughput.
+One `fleetgate serve` process serves the demo digits model (ONNX Runtime); between measurements a
+config reload (`POST /admin/reload`) turns tracing off, on for every request, or on with
+`sample_ratio: 0.1`, and `off_again` measures the untraced gateway a second time within the round
+(the noise floor the ratios must be read against). One process for every variant on purpose: two
+identical gateway processes measured side by side on this machine differed by 2-8 % (heap and code
+layout, which core each landed on), more than the effect measured here. The traced states export
+OTLP/HTTP protobuf to a collector stand-in in its own process (it keeps what it receives and, at the
+end, decodes it with the `opentelemetry-proto` classes to count the spans). Closed-loop v2 `/infer`
+(binary tensors) at c=1 and c=16; each round visits the states in a rotated order; medians of
+rounds. Reported: requests/s, p50, and the gateway's CPU per request (user + system from /proc).
+Target (issue 19): tracing on keeps >= 95 % of the throughput.
 
 Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 5]`.
 """
@@ -33,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from bench_gateway import _load, start_gateway, summarize, v2_request  # noqa: E402
+from bench_gateway import ADMIN_KEY, _load, start_gateway, summarize, v2_request  # noqa: E402
 from bench_http_stack import cpu_seconds  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -79,9 +81,8 @@ def run_collector() -> None:
 
 
 def summarize_rounds(rounds: list[dict], names: list[str]) -> dict:
-    """Medians over rounds, per concurrency: each variant's requests/s and CPU per request against
-    the first untraced gateway's, and against the mean of both untraced ones (gateways started
-    later measured a few % slower on this machine; the mean of the two halves that bias)."""
+    """Medians over rounds, per concurrency: each state's requests/s and CPU per request against
+    the first untraced measurement's, and against the mean of both untraced ones in the round."""
     summary: dict = {}
     for c in ("c1", "c16"):
         summary[c] = {
@@ -117,6 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=float, default=1.5, help="seconds of load before each measurement")
     parser.add_argument("--collector", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.collector:
@@ -127,21 +129,18 @@ def main() -> None:
     collector_port = int(collector.stdout.readline())
     row = np.ascontiguousarray(digits_split()[1][:1].astype(np.float32))
     rounds: list[dict] = []
-    # name: (tracing on, sample ratio, environment). `off_again` is a second untraced gateway: how far
-    # two identical gateways differ on this machine (the noise floor the ratios must be read against);
-    # `on_python_encoder` traces with the Python span encoder (the C one turned off)
-    variants: dict[str, tuple[bool, float, dict[str, str]]] = {
-        "off": (False, 1.0, {}),
-        "off_again": (False, 1.0, {}),
-        "on": (True, 1.0, {}),
-        "on_python_encoder": (True, 1.0, {"FLEETGATE_OTLP_NATIVE": "0"}),
-        "on_sampled_10pct": (True, 0.1, {}),
+    # each state's `tracing:` settings; `off_again` is the untraced state measured a second time
+    states = {
+        "off": "enabled: false",
+        "off_again": "enabled: false",
+        "on": "enabled: true, sample_ratio: 1.0",
+        "on_sampled_10pct": "enabled: true, sample_ratio: 0.1",
     }
-    served = {name: 0 for name, (traced, _, _) in variants.items() if traced}
+    served = {name: 0 for name in states if name.startswith("on")}
     with tempfile.TemporaryDirectory() as tmp:
         models = write_all(Path(tmp) / "models", savedmodel=False, llama=False)
 
-        def config(tracing: bool, ratio: float = 1.0):  # noqa: ANN202
+        def config(tracing: str):  # noqa: ANN202
             def make(port: int) -> str:
                 return f"""
 server: {{port: {port}, log_level: warning}}
@@ -149,25 +148,31 @@ state: {{url: "memory://"}}
 tenants: {{bench: {{}}}}
 deployments: {{ort: {{backend: onnxruntime, model: {models["digits.onnx"]}}}}}
 models: {{digits: {{routes: [{{deployment: ort}}]}}}}
-tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/traces"}}
+tracing: {{{tracing}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/traces"}}
 """
 
             return make
 
-        gateways = {
-            name: start_gateway(Path(tmp), config(traced, ratio), env=env)
-            for name, (traced, ratio, env) in variants.items()
-        }
-        names = list(gateways)
+        proc, port, key = start_gateway(Path(tmp), config(states["off"]))
+        config_path = Path(tmp) / f"gateway-{port}.yaml"
+        request = v2_request("digits", row, key, port)
+        names = list(states)
         try:
             for index in range(args.rounds):
                 result: dict[str, dict] = {}
                 turn = index % len(names)
-                for name in names[turn:] + names[:turn]:  # rotated: no one always first
-                    proc, port, key = gateways[name]
-                    request = v2_request("digits", row, key, port)
+                for name in names[turn:] + names[:turn]:  # rotated: no state always first
+                    config_path.write_text(config(states[name])(port))
+                    reloaded = httpx.post(
+                        f"http://127.0.0.1:{port}/admin/reload",
+                        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                        timeout=60,
+                    )
+                    reloaded.raise_for_status()
                     for c in (1, 16):
-                        warm, _, _ = asyncio.run(_load(port, request, c, 0.3))
+                        # a reload that turns tracing on starts an exporter (thread, connection):
+                        # warmed up past that, the rounds measure tracing, not the switch
+                        warm, _, _ = asyncio.run(_load(port, request, c, args.warmup))
                         cpu0 = cpu_seconds(proc.pid)
                         latencies, errors, elapsed = asyncio.run(_load(port, request, c, args.seconds))
                         cpu_ms = (cpu_seconds(proc.pid) - cpu0) * 1000 / max(len(latencies), 1)
@@ -180,9 +185,8 @@ tracing: {{enabled: {str(tracing).lower()}, sample_ratio: {ratio}, otlp_endpoint
                 rounds.append(result)
                 print(json.dumps({k: {c: round(v["rps"]) for c, v in r.items()} for k, r in result.items()}))
         finally:
-            for proc, _, _ in gateways.values():
-                proc.terminate()
-                proc.wait(timeout=30)  # a traced gateway sends its last spans as it stops
+            proc.terminate()
+            proc.wait(timeout=30)  # a traced gateway sends its last spans as it stops
     exported = httpx.get(f"http://127.0.0.1:{collector_port}/", timeout=120).json()
     collector.kill()
     summary = summarize_rounds(rounds, names)

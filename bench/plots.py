@@ -150,7 +150,7 @@ def plot_tracing(result: dict[str, Any], path: Path) -> None:
     median = result["median"]
     levels = list(median)
     labels = {
-        "off_again": "off (a second gateway)",
+        "off_again": "off, measured again",
         "on": "on",
         "on_python_encoder": "on, Python encoder",
         "on_sampled_10pct": "on, 10 % sampled",

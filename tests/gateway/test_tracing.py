@@ -92,3 +92,19 @@ def test_tracing_is_off_by_default() -> None:
     config = parse_config("state: {url: 'memory://'}", base_dir=Path("."))
     assert config.tracing == TracingConfig() and config.tracing.enabled is False
     assert setup_tracing(config.tracing) is None  # nothing set up, nothing imported
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("{sample_ratio: 1.5}", "sample_ratio must be in 0..1"),
+        ("{otlp_endpoint: 'collector:4317'}", "otlp_endpoint must be an http:// or https:// URL"),
+        ("{export_interval_s: 0}", "export_interval_s must be > 0"),
+        ("{export_batch_size: 50, max_queued_spans: 10}", "export_batch_size must be >= 1 and at most"),
+    ],
+)
+def test_bad_tracing_settings_are_refused_with_the_field(section: str, message: str) -> None:
+    from gateway.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config(f"state: {{url: 'memory://'}}\ntracing: {section}", base_dir=Path("."))
