@@ -2,12 +2,12 @@
 
 `BatchSpanExport` is what a configured gateway uses: `add` (called as a span ends, on the request's
 path) encodes the span (`fleetgate/otlp.py`, a microsecond or two) and queues its bytes; a thread
-wakes every `interval_s` (5 s), or sooner once `batch_size` (16 384) spans wait, and sends them. Encoding at once
-rather than on the thread is on purpose: a span object kept alive for a second outlives the young
+wakes every `interval_s`, or sooner once `batch_size` spans wait, and sends them (the config's
+`tracing.export_*` settings). Encoding at once rather than on the thread is on purpose: a span object kept alive for a second outlives the young
 garbage-collector generations, and thousands of them made the full collections of the gateway's
 heap frequent enough to cost more than the encoding (measured: 145 us of CPU a request at c=16
 queueing spans, against the ~25 us spans and encoding cost). When the collector is slow or down, spans
-beyond `max_queued` (100 000) are dropped and counted, never held without bound; a failed send is logged
+beyond `max_queued` are dropped and counted, never held without bound; a failed send is logged
 (at most once a minute) and its spans dropped, as is a span whose attributes cannot be encoded
 (the request it belongs to is answered as usual). `close` sends what is left.
 
@@ -38,9 +38,9 @@ class BatchSpanExport:
         self,
         encoder: SpanEncoder,
         sender: OtlpHttpSender,
-        interval_s: float = 5.0,
-        batch_size: int = 16_384,
-        max_queued: int = 100_000,
+        interval_s: float = 1.0,
+        batch_size: int = 2048,
+        max_queued: int = 20_000,
     ) -> None:
         self._encoder = encoder
         self._sender = sender
