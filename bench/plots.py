@@ -152,13 +152,11 @@ def plot_tracing(result: dict[str, Any], path: Path) -> None:
     labels = {
         "off_again": "off, measured again",
         "on": "on",
-        "on_python_encoder": "on, Python encoder",
         "on_sampled_10pct": "on, 10 % sampled",
     }
     series = {"off": [median[c]["off_rps"] for c in levels]}
     for name, label in labels.items():
-        if name in median[levels[0]]:  # results saved before a variant existed lack it
-            series[label] = [median[c][name]["rps"] for c in levels]
+        series[label] = [median[c][name]["rps"] for c in levels]
     _one_chart(levels, series, "OpenTelemetry tracing: cost in throughput", path)
 
 

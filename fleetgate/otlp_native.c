@@ -74,12 +74,17 @@ static void put_le(Buffer *b, uint64_t v, int bytes) {
     for (int i = 0; i < bytes; i++) b->data[b->len++] = (unsigned char)(v >> (8 * i));
 }
 
-/* tag, length, payload of a length-delimited field */
-static int put_len_field(Buffer *b, unsigned char tag, const char *p, size_t n) {
-    if (reserve(b, 1 + 10 + n) < 0) return -1;
+/* tag, length, payload of a length-delimited field, in room already reserved */
+static void put_field(Buffer *b, unsigned char tag, const char *p, size_t n) {
     put_byte(b, tag);
     put_varint(b, n);
     put_bytes(b, p, n);
+}
+
+/* the same, reserving its room first */
+static int put_len_field(Buffer *b, unsigned char tag, const char *p, size_t n) {
+    if (reserve(b, 1 + 10 + n) < 0) return -1;
+    put_field(b, tag, p, n);
     return 0;
 }
 
@@ -143,16 +148,13 @@ static int put_attribute(Buffer *b, PyObject *key, PyObject *value) {
     }
     put_byte(b, 0x4a);
     put_varint(b, kv_len);
-    put_byte(b, 0x0a);
-    put_varint(b, (uint64_t)key_len);
-    put_bytes(b, key_utf8, (size_t)key_len);
+    put_field(b, 0x0a, key_utf8, (size_t)key_len);
     put_byte(b, 0x12);
     put_varint(b, any_len);
-    put_byte(b, value_tag);
     if (text != NULL) {
-        put_varint(b, (uint64_t)text_len);
-        put_bytes(b, text, (size_t)text_len);
+        put_field(b, value_tag, text, (size_t)text_len);
     } else {
+        put_byte(b, value_tag);
         put_bytes(b, (const char *)scalar, scalar_len);
     }
     Py_XDECREF(as_str);
@@ -268,9 +270,7 @@ static int put_span_body(Buffer *b, PyObject *span) {
             } else {
                 put_byte(b, 0x7a);
                 put_varint(b, status_len);
-                put_byte(b, 0x12);
-                put_varint(b, (uint64_t)n);
-                put_bytes(b, message, (size_t)n);
+                put_field(b, 0x12, message, (size_t)n);
                 put_byte(b, 0x18);
                 put_byte(b, STATUS_ERROR);
             }

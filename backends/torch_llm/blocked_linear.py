@@ -2,8 +2,9 @@
 (`linear_backend: blocked`, the default on CPU for float32 where it builds).
 
 Measured on this project's 2-core CPU (AVX2), one decoder's worth of projections of the bench's
-Llama (h512, 8 layers) plus its LM head: 8.9 ms with oneDNN's packed linears at 1 row and 5.9 ms
-here (0.66x); 18.2 ms and 14.4 ms at 16 rows (0.79x); 346 and 318 ms at 512 rows. See
+Llama (h512, 8 layers) plus its LM head, in one run: 8.7 ms with oneDNN's packed linears at 1 row
+and 5.9 ms here (0.68x); 18.2 ms and 14.4 ms at 16 rows (0.79x); 346 and 318 ms at 512 rows (another
+run, 0.92x). See
 `blocked_linear_cpu.cpp` for the layout and the micro-kernel. The blocked weight replaces the
 original (no second copy). Results equal `F.linear`'s to float32 rounding (another summation order).
 

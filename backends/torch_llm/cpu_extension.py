@@ -1,9 +1,11 @@
 """Build a C++ source file of this package into a torch extension at first use.
 
-Used by the CPU kernels (`attention_cpu`, `fused_cpu`): `torch.utils.cpp_extension.load_inline`
-compiles the source (tens of seconds) and caches the library under `~/.cache/torch_extensions`;
-the module name carries a hash of the source, the CPU model and torch's version, because the code
-is built for the host's instruction set (`-march=native`) against that torch's headers.
+Used by the CPU kernels (`attention_cpu`, `fused_cpu`, `blocked_linear`):
+`torch.utils.cpp_extension.load_inline` compiles the source (tens of seconds) and caches the library
+under `~/.cache/torch_extensions`; the module name carries a hash of the source, the CPU model and
+torch's version, because the code is built for the host's instruction set (`-march=native`) against
+that torch's headers. `checked_or_none` is how every fast path is taken into use (these kernels,
+the CUDA decode graphs): built, checked against the path it replaces, or left out with a warning.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ def load_cpu_extension(source: pathlib.Path, prefix: str, functions: list[str], 
 
 
 def checked_or_none(load: Callable[[], Any], check: Callable[[Any], str | None], event: str) -> Any | None:
-    """`load()`'s module when it builds and `check` finds no disagreement with the torch ops it
-    replaces; otherwise None and one `event` warning with the reason (the caller keeps torch's)."""
+    """`load()`'s result (a compiled kernel module, captured CUDA graphs) when it builds and
+    `check` finds no disagreement with the path it replaces; otherwise None and one `event` warning
+    with the reason (the caller keeps that path)."""
     try:
         module = load()
         error = check(module)
-    except Exception as exc:  # noqa: BLE001 - no compiler, a build error: the torch ops serve
+    except Exception as exc:  # noqa: BLE001 - no compiler, a build or capture error: the old path serves
         error = f"{type(exc).__name__}: {exc}"
     if error is not None:
         log.warning(event, reason=error[:500])

@@ -24,6 +24,7 @@ import structlog
 import torch
 
 from backends.torch_llm.attention import AttentionMetadata
+from backends.torch_llm.cpu_extension import checked_or_none
 from backends.torch_llm.model import LlamaForCausalLM
 
 if TYPE_CHECKING:  # attention_triton imports triton: only where the Triton path was chosen
@@ -191,23 +192,24 @@ def decode_graphs_or_none(
         # info, not a warning: `attention_backend: torch` on CUDA is a choice, not a failure
         log.info("llm_cuda_graphs_off", reason="decode graphs need the Triton attention kernel")
         return None
+    def capture() -> DecodeGraphs:
+        return DecodeGraphs(
+            model, kv_caches, attention, block_size=block_size, max_blocks_per_seq=max_blocks_per_seq,
+            scratch_slot=scratch_slot, sizes=batch_sizes(max_num_seqs),
+        )  # fmt: skip
+
+    def check(graphs: DecodeGraphs) -> str | None:
+        if attention.disabled_reason is not None:
+            return f"the attention kernel fell back while capturing: {attention.disabled_reason}"
+        return graphs.check(free_blocks)
+
     # a kernel error while capturing must fail the capture, not switch the attention to its
     # fallback for good (the fallback cannot run inside a graph)
     strict, attention.strict = attention.strict, True
     try:
-        graphs = DecodeGraphs(
-            model, kv_caches, attention, block_size=block_size, max_blocks_per_seq=max_blocks_per_seq,
-            scratch_slot=scratch_slot, sizes=batch_sizes(max_num_seqs),
-        )  # fmt: skip
-        error = graphs.check(free_blocks)
-    except Exception as exc:  # noqa: BLE001 - any capture failure: the eager steps serve
-        error = f"{type(exc).__name__}: {exc}"
+        graphs = checked_or_none(capture, check, "llm_cuda_graphs_fallback")
     finally:
         attention.strict = strict
-    if error is None and attention.disabled_reason is not None:
-        error = f"the attention kernel fell back while capturing: {attention.disabled_reason}"
-    if error is not None:
-        log.warning("llm_cuda_graphs_fallback", reason=error[:500])
-        return None
-    graphs.replays = 0
+    if graphs is not None:
+        graphs.replays = 0  # the check's replays are not served steps
     return graphs

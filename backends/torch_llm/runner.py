@@ -86,15 +86,17 @@ class ModelRunner:
         )  # fmt: skip
         return self.graphs is not None
 
-    def _graph_fits(self, decodes: list[tuple[Sequence, int]], prefills: list, adapted: list) -> bool:
+    def _graph_fits(self, num_decodes: int, prefills: list, adapted: list) -> bool:
+        """Whether a step runs as a captured graph: decodes only, no adapter, a graph that holds
+        them, and the attention kernel the graphs captured still in use."""
         graphs = self.graphs
         return (
             graphs is not None
-            and bool(decodes)
+            and num_decodes > 0
             and not prefills
             and not adapted
-            and getattr(self.attention, "disabled_reason", None) is None
-            and graphs.size_for(len(decodes)) is not None
+            and self.attention.disabled_reason is None  # type: ignore[attr-defined]
+            and graphs.size_for(num_decodes) is not None
         )
 
     def _slots(self, block_table: list[int], start: int, stop: int) -> list[int]:
@@ -134,21 +136,34 @@ class ModelRunner:
             if start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(seq)
-        if self._graph_fits(decodes, prefills, adapted):
-            hidden = self.graphs.run(  # type: ignore[union-attr]
-                ids, positions, slots,
-                [s.block_table for s, _ in decodes], [s.num_computed_tokens + 1 for s, _ in decodes],
-            )  # fmt: skip
-            rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
-            return self.model.logits(hidden.index_select(0, rows)), sampled
+        tables = [s.block_table for s, _ in decodes]
+        lens = [s.num_computed_tokens + 1 for s, _ in decodes]  # keys each decode row attends to
+        if self._graph_fits(len(decodes), prefills, adapted):
+            hidden = self.graphs.run(ids, positions, slots, tables, lens)  # type: ignore[union-attr]
+        else:
+            hidden = self._forward(ids, positions, slots, tables, lens, chunks, adapted)
+        if not sampled:
+            return torch.empty(0, self.model.config.vocab_size), []
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
+        return self.model.logits(hidden.index_select(0, rows)), sampled
+
+    def _forward(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        tables: list[list[int]],
+        lens: list[int],
+        chunks: list[PrefillChunk],
+        adapted: list[tuple[int, int, str]],
+    ) -> torch.Tensor:
+        """The eager forward of a step's flattened rows (writing their KV): final hidden states.
+        Decode row i reads `lens[i]` keys through `tables[i]`."""
+        dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decodes=len(decodes),
-            decodes=self.attention.prepare_decodes(
-                [s.block_table for s, _ in decodes], [s.num_computed_tokens + 1 for s, _ in decodes]
-            )
-            if decodes
-            else None,
+            num_decodes=len(lens),
+            decodes=self.attention.prepare_decodes(tables, lens) if lens else None,
             prefills=chunks,
         )
         if adapted:
@@ -163,10 +178,7 @@ class ModelRunner:
         finally:
             if adapted:
                 self._clear_lora_rows()
-        if not sampled:
-            return torch.empty(0, self.model.config.vocab_size), []
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
-        return self.model.logits(hidden.index_select(0, rows)), sampled
+        return hidden
 
     def _set_lora_rows(self, adapted: list[tuple[int, int, str]]) -> None:
         """Tell the LoRA layers which rows of this step use which adapter (paging adapters in)."""
