@@ -4,12 +4,15 @@ The model is built directly on the GPU (allocated from the meta device, weights 
 16 GB of host weights are written or read. For each batch size (default 1, 32, 256) the engine gets
 that many requests with `--prompt-len` random prompt tokens, prefills them, runs `--warmup` decode
 steps, then times `--steps` decode steps (every running sequence gets one token per step; greedy,
-ignore_eos). Reported per batch: output tokens/s, step time, and memory-bandwidth utilisation =
-(weight bytes + KV bytes read per step) x steps/s / measured device copy bandwidth (read + write of a
-1 GiB `copy_`, best of 10). Writes bench/results/llm_gpu.json. Without a CUDA device it says so and
-exits with status 0, measuring nothing and writing nothing.
+ignore_eos). With `--cuda-graphs both` (the default) the same running batch is timed in turns,
+launched eagerly and replayed from the captured decode graphs (`cuda_graphs.py`; batches past the
+largest graph run eagerly in both), `--rounds` times each (contexts grow by `--steps` a turn). Reported per batch and mode: output
+tokens/s, step time, and memory-bandwidth utilisation = (weight bytes + KV bytes read per step) x
+steps/s / measured device copy bandwidth (read + write of a 1 GiB `copy_`, best of 10), with medians
+and the graphs/eager ratio in `summary`. Writes bench/results/llm_gpu.json and a PNG. Without a CUDA
+device it says so and exits with status 0, measuring nothing and writing nothing.
 
-    .venv/bin/python bench/bench_llm_gpu.py --batches 1,32,256
+    .venv/bin/python bench/bench_llm_gpu.py --batches 1,8,32,128,256 --rounds 3
 """
 
 from __future__ import annotations
@@ -83,8 +86,9 @@ def build_random_model(cfg: ModelConfig, device: Any, dtype: Any, seed: int = 0)
     return model
 
 
-def build_engine_for(model: Any, *, max_num_seqs: int, options: Any) -> Any:
-    """An engine (no tokenizer) around an in-memory model, its KV pool sized like `build_engine` does."""
+def build_engine_for(model: Any, *, max_num_seqs: int, options: Any, max_model_len: int = 8192) -> Any:
+    """An engine (no tokenizer) around an in-memory model, its KV pool sized like `build_engine` does;
+    on CUDA with `options.cuda_graphs == "auto"` its decode steps are captured as graphs, as there."""
     from backends.torch_llm.engine import EngineConfig, LLMEngine
     from backends.torch_llm.factory import num_kv_blocks, prefill_cap_with_decodes
     from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
@@ -92,13 +96,18 @@ def build_engine_for(model: Any, *, max_num_seqs: int, options: Any) -> Any:
     param = next(model.parameters())
     per_block = kv_bytes_per_block(model, options.block_size, param.dtype)
     blocks = num_kv_blocks(options, per_block, param.device)
+    graphs = options.cuda_graphs == "auto" and param.device.type == "cuda"
     runner = ModelRunner(
-        model, num_blocks=blocks, block_size=options.block_size, attention=options.attention_backend
-    )
+        model, num_blocks=blocks, block_size=options.block_size, attention=options.attention_backend,
+        spare_block=graphs,
+    )  # fmt: skip
+    max_len = min(max_model_len, blocks * options.block_size)
+    if graphs:
+        runner.use_decode_graphs(max_num_seqs, max_len)
     return LLMEngine.create(
         runner,
         None,
-        EngineConfig(max_model_len=blocks * options.block_size, eos_token_ids=frozenset()),
+        EngineConfig(max_model_len=max_len, eos_token_ids=frozenset()),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
         max_prefill_tokens_with_decodes=prefill_cap_with_decodes(options, param.device),
@@ -135,10 +144,18 @@ def measure_decode(
     engine: Any, cfg: ModelConfig, elem_bytes: int, *, batch: int, prompt_len: int, warmup: int, steps: int
 ) -> dict[str, float]:
     """Prefill `batch` random prompts, then time `steps` decode steps of the whole batch."""
+    start_batch(engine, cfg, batch=batch, prompt_len=prompt_len, warmup=warmup)
+    row = time_decode_steps(engine, cfg, elem_bytes, steps)
+    end_batch(engine)
+    return row
+
+
+def start_batch(engine: Any, cfg: ModelConfig, *, batch: int, prompt_len: int, warmup: int) -> None:
+    """Add `batch` random prompts, prefill them all, then run `warmup` decode steps."""
     import random
 
     rng = random.Random(batch)
-    # Never finishes by itself (aborted below): early sequences decode while later ones prefill.
+    # Never finishes by itself (aborted by `end_batch`): early sequences decode while later ones prefill.
     params = SamplingParams(max_tokens=1 << 30, temperature=0.0, ignore_eos=True)
     for i in range(batch):
         prompt = [rng.randrange(cfg.vocab_size) for _ in range(prompt_len)]
@@ -150,8 +167,15 @@ def measure_decode(
         engine.step()
     if len(sched.running) != batch:
         raise RuntimeError(f"only {len(sched.running)} of {batch} sequences fit the KV pool")
+
+
+def time_decode_steps(engine: Any, cfg: ModelConfig, elem_bytes: int, steps: int) -> dict[str, Any]:
+    """Time `steps` decode steps of every running sequence (eager or from graphs, as the runner is set)."""
+    sched = engine.scheduler
     ctx_start = [s.num_tokens for s in sched.running]
     device = engine.runner.device
+    graphs = engine.runner.graphs
+    replays_before = graphs.replays if graphs is not None else 0
     _sync(device)
     t = time.perf_counter()
     tokens = 0
@@ -159,12 +183,13 @@ def measure_decode(
         tokens += len(engine.step())
     _sync(device)
     elapsed = time.perf_counter() - t
-    for s in list(sched.running):
-        engine.abort(s.request_id)
+    replayed = (graphs.replays - replays_before) if graphs is not None else 0
     mid_ctx = [c + steps // 2 for c in ctx_start]  # KV read per step grows by one token per step
     step_bytes = decode_bytes_per_step(cfg, elem_bytes, mid_ctx)
     return {
-        "batch": batch,
+        "batch": len(ctx_start),
+        "cuda_graphs": graphs is not None,
+        "steps_replayed": replayed,  # of the timed steps, those a captured graph served
         "decode_tokens_per_s": tokens / elapsed,
         "step_time_s": elapsed / steps,
         "bytes_per_step": step_bytes,
@@ -173,15 +198,46 @@ def measure_decode(
     }
 
 
+def end_batch(engine: Any) -> None:
+    for s in list(engine.scheduler.running):
+        engine.abort(s.request_id)
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians over rounds per (batch, eager or graphs), and each batch's graphs-over-eager ratio."""
+    import statistics
+
+    keys = ("decode_tokens_per_s", "step_time_s", "bandwidth_utilisation")
+    out = []
+    for batch in sorted({r["batch"] for r in rows}):
+        entry: dict[str, Any] = {"batch": batch}
+        for mode, graphs in (("eager", False), ("graphs", True)):
+            mine = [r for r in rows if r["batch"] == batch and r["cuda_graphs"] == graphs]
+            if mine:
+                entry[mode] = {k: statistics.median(r[k] for r in mine) for k in keys}
+                entry[mode]["steps_replayed"] = sum(r["steps_replayed"] for r in mine)
+        if "eager" in entry and "graphs" in entry:
+            entry["graphs_over_eager_tokens_per_s"] = (
+                entry["graphs"]["decode_tokens_per_s"] / entry["eager"]["decode_tokens_per_s"]
+            )
+        out.append(entry)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--batches", default="1,8,32,128,256")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--attention", choices=("auto", "torch", "triton"), default="auto")
+    ap.add_argument(
+        "--cuda-graphs", choices=("both", "auto", "off"), default="both",
+        help="both: every batch timed eager and replayed from captured graphs, interleaved in each round",
+    )  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the summary gives medians")
     ap.add_argument("--out", type=pathlib.Path, default=RESULTS / "llm_gpu.json")
     args = ap.parse_args(argv)
     import torch
@@ -200,17 +256,29 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=4096, max_prefill_tokens_with_decodes=4096,  # prefill fast, uncapped
         attention_backend=args.attention, dtype="bfloat16",
+        cuda_graphs="off" if args.cuda_graphs == "off" else "auto",
     )  # fmt: skip
     engine = build_engine_for(model, max_num_seqs=max(batches), options=options)
+    captured = engine.runner.graphs
+    modes = {"both": [False, True], "auto": [True], "off": [False]}[args.cuda_graphs]
+    if True in modes and captured is None:
+        raise SystemExit(
+            "bench_llm_gpu: decode graphs were not captured (see the llm_cuda_graphs_* log line)"
+        )
     bandwidth = copy_bandwidth(device)
     rows = []
-    for batch in batches:
-        row = measure_decode(
-            engine, cfg, 2, batch=batch, prompt_len=args.prompt_len, warmup=args.warmup, steps=args.steps
-        )
-        row["bandwidth_utilisation"] = row["bytes_per_s"] / bandwidth
-        rows.append(row)
-        log.info("bench_llm_gpu_batch", **{k: round(v, 4) for k, v in row.items()})
+    for batch in batches:  # one prefill per batch; the modes then alternate over the same sequences
+        start_batch(engine, cfg, batch=batch, prompt_len=args.prompt_len, warmup=args.warmup)
+        for round_ in range(args.rounds):
+            for use_graphs in modes:
+                engine.runner.graphs = captured if use_graphs else None
+                row = time_decode_steps(engine, cfg, 2, args.steps)
+                row["round"] = round_
+                row["bandwidth_utilisation"] = row["bytes_per_s"] / bandwidth
+                rows.append(row)
+                log.info("bench_llm_gpu_batch", **{k: round(v, 4) for k, v in row.items()})
+        end_batch(engine)
+    engine.runner.graphs = captured
     attention = engine.runner.attention
     result = {
         "setup": {
@@ -224,13 +292,16 @@ def main(argv: list[str] | None = None) -> int:
             "kv_blocks": engine.runner.num_blocks,
             "attention": attention.name,
             "attention_fallback_reason": getattr(attention, "disabled_reason", None),
-            "cuda_graphs": False,
+            "cuda_graphs": args.cuda_graphs,
+            "graph_batch_sizes": captured.sizes if captured is not None else [],
+            "rounds": args.rounds,
             "gpu": torch.cuda.get_device_name(device),
             "torch": torch.__version__,
             "host": platform.node(),
         },
         "copy_bandwidth_bytes_per_s": bandwidth,
         "decode": rows,
+        "summary": summarise(rows),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

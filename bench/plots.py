@@ -185,14 +185,22 @@ def plot_fuzz(result: dict[str, Any], path: Path) -> None:
 
 
 def plot_llm_gpu(result: dict[str, Any], path: Path) -> None:
-    """Decode tokens/s and memory-bandwidth use per batch size on the GPU."""
-    rows = result["decode"]
-    batches = [str(r["batch"]) for r in rows]
+    """Decode tokens/s and memory-bandwidth use per batch size on the GPU, eager and from captured
+    graphs (medians of rounds; files from before the graphs existed hold one eager row per batch)."""
+    summary = result.get("summary") or [{"batch": r["batch"], "eager": r} for r in result["decode"]]
+    batches = [str(e["batch"]) for e in summary]
+    modes = [m for m in ("eager", "graphs") if any(m in e for e in summary)]
+
+    def series(key: str) -> dict[str, list[float]]:
+        return {m: [e[m][key] if m in e else 0.0 for e in summary] for m in modes}
+
     fig, (left, right) = figure(1, 2, (11, 4.2))
-    grouped_bars(left, batches, {"decode tokens/s": [r["decode_tokens_per_s"] for r in rows]})
+    grouped_bars(left, batches, series("decode_tokens_per_s"))
     left.set_xlabel("batch")
-    grouped_bars(right, batches, {"bandwidth use": [r["bandwidth_utilisation"] for r in rows]}, fmt="{:.2f}")
+    left.set_ylabel("decode tokens/s")
+    grouped_bars(right, batches, series("bandwidth_utilisation"), fmt="{:.2f}")
     right.set_xlabel("batch")
+    right.set_ylabel("share of measured copy bandwidth")
     fig.suptitle(f"{result['setup']['model']} on {result['setup']['gpu']}")
     save(fig, path)
 

@@ -67,9 +67,10 @@ class DecodeGraphs:
         width = -(-max_blocks_per_seq // 16) * 16  # the row stride the attention kernel was compiled for
         self.width = width
         self.scratch_slot = scratch_slot
-        self.ids = torch.zeros(self.largest, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(self.largest, dtype=torch.long, device=dev)
-        self.slots = torch.full((self.largest,), scratch_slot, dtype=torch.long, device=dev)
+        # ids, positions and slots in one buffer, so a step's inputs reach the GPU in one copy
+        self.inputs = torch.zeros(3, self.largest, dtype=torch.long, device=dev)
+        self.inputs[2].fill_(scratch_slot)
+        self.ids, self.positions, self.slots = self.inputs[0], self.inputs[1], self.inputs[2]
         self.table = torch.zeros(self.largest, width, dtype=torch.int32, device=dev)
         self.lens = torch.ones(self.largest, dtype=torch.int32, device=dev)
         self.replays = 0  # steps served by a graph (tests and metrics read it)
@@ -126,13 +127,18 @@ class DecodeGraphs:
         b = self.size_for(n)
         if b is None:
             raise ValueError(f"{n} decode rows: the largest captured graph holds {self.largest}")
-        pad, width = b - n, self.width
-        table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables] + [[0] * width] * pad, dtype=torch.int32)
-        # one host-to-device copy per buffer; padding rows as described in the module docstring
-        self.ids[:b].copy_(torch.tensor(ids + [0] * pad), non_blocking=True)
-        self.positions[:b].copy_(torch.tensor(positions + [0] * pad), non_blocking=True)
-        self.slots[:b].copy_(torch.tensor(slots + [self.scratch_slot] * pad), non_blocking=True)
-        self.table[:b].copy_(table, non_blocking=True)
+        pad = b - n
+        # Only the table's first `used` columns are written: the kernel reads a row's entries up to its
+        # context length, so stale columns past them are never read, and a table padded to the full
+        # `width` (max_model_len / block_size, thousands of columns) would cost more host time than the
+        # step. Padding rows read block 0 (one key) and write the scratch slot (module docstring).
+        used = max(len(t) for t in block_tables)
+        table = torch.tensor(
+            [t + [0] * (used - len(t)) for t in block_tables] + [[0] * used] * pad, dtype=torch.int32
+        )
+        inputs = torch.tensor([ids + [0] * pad, positions + [0] * pad, slots + [self.scratch_slot] * pad])
+        self.inputs[:, :b].copy_(inputs, non_blocking=True)  # ids, positions, slots: one copy
+        self.table[:b, :used].copy_(table, non_blocking=True)
         self.lens[:b].copy_(torch.tensor(context_lens + [1] * pad, dtype=torch.int32), non_blocking=True)
         with torch.cuda.device(self.device):
             self._graphs[b].replay()
@@ -168,11 +174,15 @@ class DecodeGraphs:
             num_decodes=rows,
             decodes=self.attention.prepare_decodes(tables, lens),
         )
-        eager = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta)
+        eager = self.model(
+            torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta
+        )
         tol = 1e-3 if eager.dtype == torch.float32 else 3e-2
         err = (replayed.float() - eager.float()).abs().max().item()
         if not err <= tol * max(1.0, eager.float().abs().max().item()):
-            return f"a replayed decode step of {rows} rows differs from the eager one: max abs error {err:.3g}"
+            return (
+                f"a replayed decode step of {rows} rows differs from the eager one: max abs error {err:.3g}"
+            )
         return None
 
 
@@ -192,6 +202,7 @@ def decode_graphs_or_none(
         # info, not a warning: `attention_backend: torch` on CUDA is a choice, not a failure
         log.info("llm_cuda_graphs_off", reason="decode graphs need the Triton attention kernel")
         return None
+
     def capture() -> DecodeGraphs:
         return DecodeGraphs(
             model, kv_caches, attention, block_size=block_size, max_blocks_per_seq=max_blocks_per_seq,

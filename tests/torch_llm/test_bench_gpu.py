@@ -62,6 +62,7 @@ def test_measure_decode_drives_the_engine_on_cpu(bench) -> None:
     engine = bench.build_engine_for(model, max_num_seqs=4, options=opts)
     row = bench.measure_decode(engine, cfg, 4, batch=3, prompt_len=20, warmup=2, steps=4)
     assert row["batch"] == 3 and row["decode_tokens_per_s"] > 0
+    assert row["cuda_graphs"] is False and row["steps_replayed"] == 0  # CPU: never captured
     # Contexts after prefill (21) and warmup (2), measured at mid-run (+2): 25 tokens x 3 sequences.
     assert row["kv_bytes_per_step"] == 3 * 25 * kv_bytes_per_token(cfg, 4)
     assert not engine.has_unfinished and engine.block_manager.num_free_blocks == engine.runner.num_blocks
@@ -76,3 +77,16 @@ def test_without_cuda_exits_cleanly_and_writes_nothing(tmp_path) -> None:
     )
     assert proc.returncode == 0 and "no CUDA device" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_summary_takes_medians_per_mode_and_the_graphs_ratio(bench) -> None:
+    def row(graphs: bool, tok_s: float) -> dict:
+        return {"batch": 8, "cuda_graphs": graphs, "steps_replayed": 4 * graphs, "decode_tokens_per_s": tok_s,
+                "step_time_s": 8 / tok_s, "bandwidth_utilisation": tok_s / 1000}  # fmt: skip
+
+    rows = [row(False, 100), row(True, 300), row(False, 120), row(True, 200), row(False, 110), row(True, 240)]
+    (entry,) = bench.summarise(rows)
+    assert entry["eager"]["decode_tokens_per_s"] == 110 and entry["graphs"]["decode_tokens_per_s"] == 240
+    assert entry["graphs"]["steps_replayed"] == 12 and entry["eager"]["steps_replayed"] == 0
+    assert entry["graphs_over_eager_tokens_per_s"] == pytest.approx(240 / 110)
+    assert "graphs" not in bench.summarise([r for r in rows if not r["cuda_graphs"]])[0]
