@@ -294,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "attention_fallback_reason": getattr(attention, "disabled_reason", None),
             "cuda_graphs": args.cuda_graphs,
             "graph_batch_sizes": captured.sizes if captured is not None else [],
+            "graph_check_relative_errors": captured.check_errors if captured is not None else [],
             "rounds": args.rounds,
             "gpu": torch.cuda.get_device_name(device),
             "torch": torch.__version__,

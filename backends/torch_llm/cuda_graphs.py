@@ -74,6 +74,7 @@ class DecodeGraphs:
         self.table = torch.zeros(self.largest, width, dtype=torch.int32, device=dev)
         self.lens = torch.ones(self.largest, dtype=torch.int32, device=dev)
         self.replays = 0  # steps served by a graph (tests and metrics read it)
+        self.check_errors: list[float] = []  # per checked batch, the worst row's relative error (`check`)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self._capture()
@@ -177,12 +178,16 @@ class DecodeGraphs:
         eager = self.model(
             torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta
         )
-        tol = 1e-3 if eager.dtype == torch.float32 else 3e-2
-        err = (replayed.float() - eager.float()).abs().max().item()
-        if not err <= tol * max(1.0, eager.float().abs().max().item()):
-            return (
-                f"a replayed decode step of {rows} rows differs from the eager one: max abs error {err:.3g}"
-            )
+        # Per row, the relative error of the whole hidden vector: a row that read another row's inputs
+        # or a stale block is off by about its own norm, while a padded graph's matrix products may
+        # round differently from the eager step's (other batch, other kernel), which in bfloat16 over
+        # many layers moves single elements by several units in the last place.
+        tol = 1e-3 if eager.dtype == torch.float32 else 5e-2
+        diff = (replayed.float() - eager.float()).norm(dim=-1)
+        worst = (diff / eager.float().norm(dim=-1).clamp_min(1e-6)).max().item()
+        self.check_errors.append(worst)
+        if not worst <= tol:
+            return f"a replayed decode step of {rows} rows differs from the eager one: relative error {worst:.3g}"
         return None
 
 

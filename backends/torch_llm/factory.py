@@ -55,17 +55,27 @@ def num_kv_blocks(options: LLMOptions, per_block: int, device: torch.device) -> 
         return options.num_kv_blocks
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
+        # What torch's caching allocator holds but no tensor uses (freed by an earlier model or step)
+        # is free to this process too, though the driver counts it as taken.
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         # Keep (1 - utilization) of the card plus a margin for activations free.
         budget = free - total * (1.0 - options.gpu_memory_utilization) - 2 * 1024**3
     else:
         budget = options.kv_cache_bytes
     blocks = int(budget // per_block)
     if blocks < 1:
-        raise ValueError("the KV cache budget does not hold a single block; raise kv_cache_bytes")
+        where = (
+            "raise gpu_memory_utilization or free the GPU"
+            if device.type == "cuda"
+            else "raise kv_cache_bytes"
+        )
+        raise ValueError(f"the KV cache budget does not hold a single block; {where}")
     return blocks
 
 
-def _linear_maker(options: LLMOptions, device: torch.device, dtype: torch.dtype) -> Callable[[nn.Linear], nn.Module] | None:
+def _linear_maker(
+    options: LLMOptions, device: torch.device, dtype: torch.dtype
+) -> Callable[[nn.Linear], nn.Module] | None:
     """What replaces the plain linears (`linear_backend`), or None to keep `F.linear`: on CPU,
     "auto" is the blocked kernel for float32 where it builds, else oneDNN's packed linears where
     oneDNN serves the dtype. Naming a backend that cannot serve here is an error, not a fallback."""
