@@ -24,8 +24,14 @@ KERNEL_CASES = [
 ]
 
 
+#: programs per (sequence, KV head): one (the kernel writes the output), and split contexts with a
+#: combine, including more splits than a short context has tiles (empty shares)
+SPLITS = (1, 3, 8)
+
+
 def kernel_errors(device: str = "cpu", dtype_name: str = "float32") -> list[float]:
-    """Max abs difference between the kernel and gather + SDPA, one per case in KERNEL_CASES."""
+    """Max abs difference between the kernel and gather + SDPA, one per case in KERNEL_CASES and
+    sequence, for each count in SPLITS."""
     import torch
     import torch.nn.functional as F
 
@@ -47,15 +53,21 @@ def kernel_errors(device: str = "cpu", dtype_name: str = "float32") -> list[floa
         table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
         lens = torch.tensor(lengths, dtype=torch.int32, device=device)
         q = torch.randn(len(lengths), h, d, generator=gen).to(device, dtype)
-        got = paged_decode_attention(q, k_cache, v_cache, table, lens, block_size=bs, scale=d**-0.5)
+        refs = []
         for i, (t, n) in enumerate(zip(tables, lengths, strict=True)):
             slots = torch.tensor([t[p // bs] * bs + p % bs for p in range(n)], device=device)
             kk = k_cache[slots].transpose(0, 1).float()  # [KVH, n, D]
             vv = v_cache[slots].transpose(0, 1).float()
-            ref = F.scaled_dot_product_attention(
-                q[i].float().unsqueeze(1), kk, vv, scale=d**-0.5, enable_gqa=True
-            ).squeeze(1)
-            errors.append((got[i].float() - ref).abs().max().item())
+            refs.append(
+                F.scaled_dot_product_attention(q[i].float().unsqueeze(1), kk, vv, scale=d**-0.5, enable_gqa=True)
+                .squeeze(1)
+            )  # fmt: skip
+        for splits in SPLITS:
+            out = torch.full_like(q, float("nan"))  # every element must be written
+            got = paged_decode_attention(
+                q, k_cache, v_cache, table, lens, block_size=bs, scale=d**-0.5, out=out, splits=splits
+            )
+            errors += [(got[i].float() - ref).abs().max().item() for i, ref in enumerate(refs)]
     return errors
 
 
