@@ -32,7 +32,9 @@ BLOCK = 16  # output columns per block (the kernel's register tile width)
 @functools.cache
 def load_kernel() -> Any:
     """The compiled extension module (built once per source version, CPU model and torch)."""
-    return load_cpu_extension(SOURCE, "fleetgate_blocked_linear", ["blocked_linear"], ["-O3", "-march=native", "-fopenmp"])
+    return load_cpu_extension(
+        SOURCE, "fleetgate_blocked_linear", ["blocked_linear"], ["-O3", "-march=native", "-fopenmp"]
+    )
 
 
 def kernel_or_none() -> Any | None:

@@ -223,12 +223,14 @@ def decode_graphs_or_none(
         return graphs.check(free_blocks)
 
     # a kernel error while capturing must fail the capture, not switch the attention to its
-    # fallback for good (the fallback cannot run inside a graph)
-    strict, attention.strict = attention.strict, True
+    # fallback for good (the fallback cannot run inside a graph). The graphs split contexts over more
+    # programs (see `TritonPagedAttention.split_contexts`), and so does the eager forward the check
+    # compares them with: the same kernels on both sides, so bf16 rounding cannot tell them apart.
+    strict, attention.strict, attention.split_contexts = attention.strict, True, True
     try:
         graphs = checked_or_none(capture, check, "llm_cuda_graphs_fallback")
     finally:
-        attention.strict = strict
+        attention.strict, attention.split_contexts = strict, False
     if graphs is not None:
         graphs.replays = 0  # the check's replays are not served steps
     return graphs

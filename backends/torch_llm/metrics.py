@@ -42,7 +42,10 @@ KV_USAGE = Gauge(
     "fleetgate_llm_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", _L, multiprocess_mode=_LIVE
 )
 KV_WASTE = Gauge(
-    "fleetgate_llm_kv_cache_waste_perc", "Allocated but unused KV slots / allocated (0..1).", _L, multiprocess_mode=_LIVE
+    "fleetgate_llm_kv_cache_waste_perc",
+    "Allocated but unused KV slots / allocated (0..1).",
+    _L,
+    multiprocess_mode=_LIVE,
 )
 PREFIX_QUERIES = Counter(
     "fleetgate_llm_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", _L

@@ -64,10 +64,14 @@ class SamplingState:
         p = self.params
         out = logits.clone()
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(self.prompt_ids | self.counts.keys()), dtype=torch.long, device=out.device)
+            seen = torch.tensor(
+                sorted(self.prompt_ids | self.counts.keys()), dtype=torch.long, device=out.device
+            )
             if seen.numel():
                 values = out[seen]
-                out[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+                out[seen] = torch.where(
+                    values > 0, values / p.repetition_penalty, values * p.repetition_penalty
+                )
         if (p.presence_penalty or p.frequency_penalty) and self.counts:
             ids = torch.tensor(list(self.counts), dtype=torch.long, device=out.device)
             times = torch.tensor(list(self.counts.values()), dtype=out.dtype, device=out.device)
