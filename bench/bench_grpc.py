@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def digits_config(onnx_path: Path, grpc_port: int) -> Callable[[int], str]:
+    """`start_gateway`'s config maker: the digits model on ONNX Runtime over HTTP and gRPC, no limits."""
+
+    def config(port: int) -> str:
+        return f"""
+server: {{port: {port}, grpc_port: {grpc_port}, log_level: warning}}
+state: {{url: "memory://"}}
+tenants: {{bench: {{}}}}
+deployments: {{ort: {{backend: onnxruntime, model: {onnx_path}}}}}
+models: {{digits: {{routes: [{{deployment: ort}}]}}}}
+"""
+
+    return config
 
 
 def summarize(latencies: list[float], seconds: float, cpu_s: float | None = None) -> dict[str, float]:
@@ -160,6 +176,7 @@ def plot(summary: dict, out: Path) -> None:
     fig.suptitle("digits model: gRPC v2 vs HTTP v2 vs ONNX Runtime direct (medians of rounds)")
     fig.tight_layout()
     import plotting  # bench/plotting.py: the footer with the date and machine
+
     plotting.save(fig, out)
 
 
@@ -177,16 +194,7 @@ def main() -> None:
         digits = write_digits(Path(tmp))
         grpc_port = free_port()
 
-        def config(port: int) -> str:
-            return f"""
-server: {{port: {port}, grpc_port: {grpc_port}, log_level: warning}}
-state: {{url: "memory://"}}
-tenants: {{bench: {{}}}}
-deployments: {{ort: {{backend: onnxruntime, model: {digits.onnx_path}}}}}
-models: {{digits: {{routes: [{{deployment: ort}}]}}}}
-"""
-
-        proc, port, key = start_gateway(Path(tmp), config)
+        proc, port, key = start_gateway(Path(tmp), digits_config(digits.onnx_path, grpc_port))
         target = f"127.0.0.1:{grpc_port}"
         try:
             for _ in range(args.rounds):

@@ -3,7 +3,7 @@
 # package index: the CUDA tests of the engine, then bench_llm_gpu.py (eager vs captured decode graphs).
 # Packages the machine lacks (msgspec, structlog) travel as wheels in .whl/ (see the device notes);
 # results land in $OUT (default bench/results). CI has no GPU and never runs this.
-set -u
+set -u -o pipefail
 OUT=${OUT:-bench/results}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -18,6 +18,7 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/torch_llm \
   -o addopts= --junitxml="$OUT/gpu_tests.xml" \
   tests/torch_llm/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+echo "tests exit $?"
 timeout "${BENCH_TIMEOUT:-240}" python3 bench/bench_llm_gpu.py --rounds "${ROUNDS:-3}" --out "$OUT/llm_gpu.json" >"$OUT/llm_gpu.log" 2>&1
 echo "bench exit $?"; grep -v '^ ' "$OUT/llm_gpu.log" | grep -v '^[{}\[]' | tail -40
 python3 - "$OUT/llm_gpu.json" <<'PY'

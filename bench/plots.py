@@ -216,10 +216,12 @@ OURS: dict[str, Plot] = {
     "tracing": plot_tracing,
     "fuzz": plot_fuzz,
     "llm_gpu": plot_llm_gpu,
+    "llm_gpu_splits": plot_llm_gpu,
 }
 #: stem prefix -> (script module, how its `plot` takes the JSON)
 SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]] = {
     "batching_modes": ("bench_batching_modes", lambda d: (d["median"],)),
+    "grpc_floor": ("bench_grpc_floor", lambda d: (d["summary_median_of_rounds"],)),  # before "grpc"
     "grpc": ("bench_grpc", lambda d: (d["summary_median_of_rounds"],)),
     "policy_proxy": ("bench_policy_proxy", lambda d: (d["points"],)),
     "soak": ("soak", lambda d: (d["rss_mib"],)),

@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     model = bench.build_random_model(cfg, device, dtype)
     engine = bench.build_engine_for(model, max_num_seqs=max(batches), options=options)
+    args.out.parent.mkdir(parents=True, exist_ok=True)  # the profile tables land there first
     rows = [profile_batch(engine, cfg, b, args, args.out) for b in batches]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "rows": rows}  # fmt: skip
     args.out.write_text(json.dumps(result, indent=2))

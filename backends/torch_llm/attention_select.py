@@ -107,8 +107,8 @@ def probe(fast: PagedAttention, reference: TorchPagedAttention, dtype: torch.dty
     q = torch.randn(len(lengths), h + kvh, d, generator=gen).to(dev, dtype)[:, :h]
     new_kv = torch.randn(len(lengths), kvh, d, generator=gen).to(dev, dtype)
     slots = torch.tensor([t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lengths, strict=True)])
-    outs = []
-    for impl, (kc, vc) in ((fast, caches[:2]), (reference, caches[2:])):
+
+    def decode(impl: PagedAttention, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
         kc.copy_(caches[0])
         vc.copy_(caches[1])
         meta = AttentionMetadata(
@@ -116,9 +116,21 @@ def probe(fast: PagedAttention, reference: TorchPagedAttention, dtype: torch.dty
             num_decodes=len(lengths),
             decodes=impl.prepare_decodes(tables, lengths),
         )
-        outs.append(impl(q, new_kv, new_kv, kc, vc, meta).float())
-    err = (outs[0] - outs[1]).abs().max().item()
+        return impl(q, new_kv, new_kv, kc, vc, meta).float()
+
+    expected = decode(reference, *caches[2:])
     tol = 1e-3 if dtype == torch.float32 else 3e-2
-    if not err <= tol:
-        return f"paged decode kernel disagrees with gather + SDPA: max abs error {err:.3g} > {tol}"
+    # the Triton kernel also has a split-context variant, used inside captured decode graphs
+    variants = (False, True) if hasattr(fast, "split_contexts") else (None,)
+    for split in variants:
+        if split is not None:
+            fast.split_contexts = split  # type: ignore[attr-defined]
+        try:
+            err = (decode(fast, *caches[:2]) - expected).abs().max().item()
+        finally:
+            if split is not None:
+                fast.split_contexts = False  # type: ignore[attr-defined]
+        if not err <= tol:
+            which = " (contexts split)" if split else ""
+            return f"paged decode kernel{which} disagrees with gather + SDPA: max abs error {err:.3g} > {tol}"
     return None

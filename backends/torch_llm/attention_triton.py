@@ -56,7 +56,8 @@ class TritonPagedAttention(TorchPagedAttention):
             return super().prepare_decodes(block_tables, context_lens)
         # Width padded to a multiple of 16: Triton specialises integer arguments on divisibility by 16
         # (and on == 1), so a varying row stride would compile new kernel variants mid-serving; this
-        # way the variant the load-time probe compiled is the only one.
+        # way the variants the load-time probe compiled (one program per pair, and split contexts
+        # for the graphs) are the only ones met while serving.
         width = -(-max(len(t) for t in block_tables) // 16) * 16
         table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
         lens = torch.tensor(context_lens, dtype=torch.int32)
