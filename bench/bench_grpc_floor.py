@@ -7,6 +7,7 @@ once, closed loop, c=1 and c=16, the digits model's one-row request):
   - bare_grpc: a `grpc.aio` server on uvloop (the loop fleetgate's gRPC server shares) with one
     generic unary handler for `ModelInfer` that takes the request's bytes and returns a response
     serialized in advance: no protobuf parsing, no model, nothing of fleetgate;
+  - bare_grpc_threads: the same handler on grpcio's other server, `grpc.server` with a thread pool;
   - bare_http: uvicorn with httptools and uvloop (fleetgate's HTTP stack) and a plain ASGI app that
     reads the body and returns a fixed binary v2 response: again nothing of fleetgate;
   - fleetgate_grpc and fleetgate_http: `fleetgate serve` with the digits model on ONNX Runtime,
@@ -42,7 +43,7 @@ from bench_grpc import digits_config, free_port, run_grpc, run_http  # noqa: E40
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)
-SERVERS = ("bare_grpc", "bare_http", "fleetgate_grpc", "fleetgate_http")
+SERVERS = ("bare_grpc", "bare_grpc_threads", "bare_http", "fleetgate_grpc", "fleetgate_http")
 
 
 def _infer_response() -> tuple[bytes, bytes, bytes]:
@@ -95,6 +96,28 @@ def serve_bare_grpc(port: int) -> None:
     uvloop.run(main())
 
 
+def serve_bare_grpc_threads(port: int) -> None:
+    """The same handler on grpcio's thread-pool server (`grpc.server`), the other server grpcio has."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    answer = _infer_response()[0]
+
+    def model_infer(request: bytes, context: object) -> bytes:
+        return answer
+
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(model_infer)}
+    )
+    server = grpc.server(ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
+
+
 def serve_bare_http(port: int) -> None:
     import uvicorn
 
@@ -119,6 +142,10 @@ def serve_bare_http(port: int) -> None:
     print("ready", flush=True)
     uvicorn.run(app, host="127.0.0.1", port=port, http="httptools", loop="uvloop", log_level="warning",
                 access_log=False, lifespan="off")  # fmt: skip
+
+
+#: `--serve` value -> the bare server it runs (in its own process)
+BARE_SERVERS = {"grpc": serve_bare_grpc, "grpc_threads": serve_bare_grpc_threads, "http": serve_bare_http}
 
 
 def _start_bare(kind: str, port: int) -> subprocess.Popen[str]:
@@ -155,15 +182,13 @@ def plot(summary: dict, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--serve", choices=("grpc", "http"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=tuple(BARE_SERVERS), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if args.serve == "grpc":
-        return serve_bare_grpc(args.port)
-    if args.serve == "http":
-        return serve_bare_http(args.port)
+    if args.serve:
+        return BARE_SERVERS[args.serve](args.port)
     from backends.demo_models.digits import digits_split, write_digits
 
     x = np.ascontiguousarray(digits_split()[1][:1].astype(np.float32))
@@ -176,10 +201,14 @@ def main() -> None:
         bare_grpc_port, bare_http_port = free_port(), free_port()
         bare_grpc = _start_bare("grpc", bare_grpc_port)
         bare_http = _start_bare("http", bare_http_port)
+        threads_port = free_port()
+        bare_threads = _start_bare("grpc_threads", threads_port)
 
         def measure(name: str, c: int) -> dict[str, float]:
             if name == "bare_grpc":
                 return run_grpc(f"127.0.0.1:{bare_grpc_port}", key, x, c, args.seconds, bare_grpc.pid)
+            if name == "bare_grpc_threads":
+                return run_grpc(f"127.0.0.1:{threads_port}", key, x, c, args.seconds, bare_threads.pid)
             if name == "bare_http":
                 return run_http(bare_http_port, key, x, c, args.seconds, bare_http.pid)
             if name == "fleetgate_grpc":
@@ -199,7 +228,7 @@ def main() -> None:
                         for k, v in cell.items()}}))  # fmt: skip
                 rounds.append(result)
         finally:
-            for proc in (gateway, bare_grpc, bare_http):
+            for proc in (gateway, bare_grpc, bare_threads, bare_http):
                 proc.terminate()
                 proc.wait(timeout=30)
 
@@ -215,6 +244,7 @@ def main() -> None:
         cpu = {s: cell[s]["gateway_cpu_ms_per_request"] for s in SERVERS}
         cell["derived"] = {
             "bare_grpc_over_bare_http_cpu": cpu["bare_grpc"] / cpu["bare_http"],
+            "bare_grpc_threads_over_bare_http_cpu": cpu["bare_grpc_threads"] / cpu["bare_http"],
             "bare_grpc_over_fleetgate_http_cpu": cpu["bare_grpc"] / cpu["fleetgate_http"],
             "fleetgate_grpc_over_fleetgate_http_cpu": cpu["fleetgate_grpc"] / cpu["fleetgate_http"],
             "fleetgate_grpc_minus_bare_grpc_cpu_ms": cpu["fleetgate_grpc"] - cpu["bare_grpc"],
