@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,6 +26,7 @@ from backends.base import (
 )
 from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
+from backends.inline_runs import InlineRuns
 from backends.lazy import require
 from backends.spec import DeploymentSpec, SpecBase, decode_options
 from backends.tensor_requests import serve_tensor_request, zero_inputs
@@ -61,6 +63,10 @@ class OnnxOptions(SpecBase):
     #: between a gateway's requests they would spin on cores the event loop needs (digits, 64 rows
     #: per request: 1.63 -> 0.81 ms of server CPU per request with spinning off, +40% requests/s)
     allow_spinning: bool = False
+    #: run a call with small inputs on the event loop's thread, skipping the hand-off to a worker,
+    #: while such runs take less than this many microseconds (`backends/inline_runs.py`); 0 = always
+    #: a worker thread
+    inline_below_us: int = 200
 
 
 def _spec_of(node: Any) -> TensorSpec:
@@ -72,7 +78,8 @@ def _spec_of(node: Any) -> TensorSpec:
 
 
 class OnnxRuntimeBackend:
-    """Serves one ONNX model with ONNX Runtime, off the event loop."""
+    """Serves one ONNX model with ONNX Runtime: calls of a small, fast model on the event loop's thread,
+    the rest on worker threads (`inline_runs`)."""
 
     capabilities = frozenset({Capability.TENSOR})
 
@@ -86,6 +93,7 @@ class OnnxRuntimeBackend:
         self._executor: ThreadPoolExecutor | None = None
         self._batcher: DynamicBatcher | None = None
         self._warm = False
+        self.inline = InlineRuns(options.inline_below_us / 1e6)
 
     @property
     def ready(self) -> bool:
@@ -171,6 +179,11 @@ class OnnxRuntimeBackend:
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         if self._session is None or self._executor is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
+        if self.inline.run_inline(sum(a.nbytes for a in inputs.values())):
+            started = time.perf_counter()
+            result = self._run_sync(inputs, outputs)
+            self.inline.record(time.perf_counter() - started)
+            return result
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._run_sync, inputs, outputs)
 
@@ -198,4 +211,8 @@ def create(name: str, spec: DeploymentSpec) -> OnnxRuntimeBackend:
     if not os.path.isfile(spec.model):
         raise ValueError(f"model: {spec.model} is not a file")
     options = decode_options(spec.options, OnnxOptions)
+    if options.inline_below_us < 0:
+        raise ValueError(
+            f"options.inline_below_us must be >= 0 (0: always a worker thread), got {options.inline_below_us}"
+        )
     return OnnxRuntimeBackend(name, spec, options)
