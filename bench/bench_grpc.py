@@ -49,15 +49,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def digits_config(onnx_path: Path, grpc_port: int) -> Callable[[int], str]:
-    """`start_gateway`'s config maker: the digits model on ONNX Runtime over HTTP and gRPC, no limits."""
+def digits_config(onnx_path: Path, grpc_port: int, ort_options: dict | None = None) -> Callable[[int], str]:
+    """`start_gateway`'s config maker: the digits model on ONNX Runtime over HTTP and gRPC, no limits
+    (`ort_options`: the deployment's ONNX Runtime options)."""
+    options = json.dumps(ort_options or {})  # JSON is YAML's flow style
 
     def config(port: int) -> str:
         return f"""
 server: {{port: {port}, grpc_port: {grpc_port}, log_level: warning}}
 state: {{url: "memory://"}}
 tenants: {{bench: {{}}}}
-deployments: {{ort: {{backend: onnxruntime, model: {onnx_path}}}}}
+deployments: {{ort: {{backend: onnxruntime, model: {onnx_path}, options: {options}}}}}
 models: {{digits: {{routes: [{{deployment: ort}}]}}}}
 """
 
