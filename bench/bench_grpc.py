@@ -49,17 +49,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def digits_config(onnx_path: Path, grpc_port: int, ort_options: dict | None = None) -> Callable[[int], str]:
-    """`start_gateway`'s config maker: the digits model on ONNX Runtime over HTTP and gRPC, no limits
-    (`ort_options`: the deployment's ONNX Runtime options)."""
-    options = json.dumps(ort_options or {})  # JSON is YAML's flow style
+def digits_config(
+    onnx_path: Path, grpc_port: int, options: dict | None = None, backend: str = "onnxruntime"
+) -> Callable[[int], str]:
+    """`start_gateway`'s config maker: the digits model (ONNX Runtime, or `backend`) over HTTP and
+    gRPC, no limits; `options`: the deployment's backend options."""
+    rendered = json.dumps(options or {})  # JSON is YAML's flow style
 
     def config(port: int) -> str:
         return f"""
 server: {{port: {port}, grpc_port: {grpc_port}, log_level: warning}}
 state: {{url: "memory://"}}
 tenants: {{bench: {{}}}}
-deployments: {{ort: {{backend: onnxruntime, model: {onnx_path}, options: {options}}}}}
+deployments: {{ort: {{backend: {backend}, model: {onnx_path}, options: {rendered}}}}}
 models: {{digits: {{routes: [{{deployment: ort}}]}}}}
 """
 

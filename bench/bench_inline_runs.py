@@ -1,14 +1,16 @@
-"""ONNX Runtime calls on the event loop's thread vs handed to a worker thread (`inline_below_us`).
+"""Runtime calls on the event loop's thread vs handed to the runtime's threads (`inline_below_us`).
 
-Two `fleetgate serve` processes serve the demo digits model (ONNX Runtime, about 15 us a run), one
-with the default `inline_below_us: 200` (its calls run inline) and one with `inline_below_us: 0`
-(every call goes to a worker thread, as before the option existed). Interleaved rounds, the order
+Two `fleetgate serve` processes serve the demo digits model (`--backend onnxruntime`, about 15 us a
+run, or `openvino`, reading the same .onnx), one with the default `inline_below_us: 200` (its calls
+run inline) and one with `inline_below_us: 0` (every call goes to a worker thread or, on OpenVINO,
+to the async infer-request queue, as before the option existed). Interleaved rounds, the order
 alternating, drive each over HTTP v2 (binary tensors) and gRPC `ModelInfer` with the clients of
 bench_grpc.py, one row per request, closed loop at c=1 and c=16. Reported per server, protocol and
 concurrency: requests/s, p50 and the gateway's CPU per request (user + system from /proc), medians of
 rounds, and inline over worker ratios.
 
-Writes bench/results/inline_runs.json and .png. Run: `.venv/bin/python bench/bench_inline_runs.py`.
+Writes bench/results/inline_runs.json (`inline_runs_openvino.json` for OpenVINO) and a PNG beside it.
+Run: `.venv/bin/python bench/bench_inline_runs.py [--backend openvino]`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ PROTOCOLS = ("http", "grpc")
 KEYS = ("rps", "p50_ms", "gateway_cpu_ms_per_request")
 
 
-def plot(summary: dict, out: Path) -> None:
+def plot(result: dict, out: Path) -> None:
+    """The PNG of a result (this script's JSON, as written)."""
+    summary = result["summary_median_of_rounds"]
+    backend = result["config"].get("backend", "onnxruntime")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,7 +65,9 @@ def plot(summary: dict, out: Path) -> None:
         ax.set_xticks(xs, [f"{p}\nc={c}" for p, c in cells])
         ax.set_ylabel(label)
         ax.legend()
-    fig.suptitle("digits on ONNX Runtime: calls inline on the event loop vs on a worker thread (medians)")
+    fig.suptitle(
+        f"digits on {backend}: calls inline on the event loop vs handed to the runtime's threads (medians)"
+    )
     fig.tight_layout()
     plotting.save(fig, out)
 
@@ -69,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backend", choices=("onnxruntime", "openvino"), default="onnxruntime")
     args = parser.parse_args()
     from backends.demo_models.digits import digits_split, write_digits
 
@@ -80,7 +88,8 @@ def main() -> None:
         for mode, below in MODES.items():
             grpc_port = free_port()
             proc, port, key = start_gateway(
-                Path(tmp), digits_config(digits.onnx_path, grpc_port, {"inline_below_us": below})
+                Path(tmp),
+                digits_config(digits.onnx_path, grpc_port, {"inline_below_us": below}, args.backend),
             )
             servers[mode] = (proc, port, key, grpc_port)
         try:
@@ -118,8 +127,10 @@ def main() -> None:
         "rounds": rounds,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "inline_runs.json").write_text(json.dumps(out, indent=2))
-    plot(summary, RESULTS / "inline_runs.png")
+    stem = "inline_runs" if args.backend == "onnxruntime" else f"inline_runs_{args.backend}"
+    out["config"]["backend"] = args.backend
+    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2))
+    plot(out, RESULTS / f"{stem}.png")
     print(json.dumps({cell: e["inline_over_worker"] for cell, e in summary.items()}, indent=1))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import structlog
@@ -17,6 +18,7 @@ from backends.base import (
 )
 from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable
+from backends.inline_runs import InlineRuns
 from backends.lazy import require
 from backends.openvino.options import OpenVINOOptions
 from backends.openvino.ports import one_line, port_spec, read_tensor
@@ -28,7 +30,8 @@ log = structlog.get_logger(__name__)
 
 
 class OpenVINOBackend:
-    """Serves one model with OpenVINO through its async infer-request queue."""
+    """Serves one model with OpenVINO through its async infer-request queue; calls of a small, fast
+    model run inline on the event loop's thread through an infer request of their own (`inline_runs`)."""
 
     capabilities = frozenset({Capability.TENSOR})
 
@@ -48,6 +51,8 @@ class OpenVINOBackend:
         #: output name -> port index (reading a tensor by index skips a name lookup)
         self._output_index: dict[str, int] = {}
         self._all_outputs: tuple[str, ...] = ()
+        self.inline = InlineRuns(options.inline_below_us / 1e6)
+        self._inline_request: Any = None  # an infer request of its own, used on the loop's thread
 
     @property
     def ready(self) -> bool:
@@ -106,6 +111,8 @@ class OpenVINOBackend:
         outputs = [port_spec(p) for p in compiled.outputs]
         queue.set_callback(self._on_done)
         self._compiled, self._queue = compiled, queue
+        if self.options.inline_below_us > 0:
+            self._inline_request = compiled.create_infer_request()
         self._output_index = {s.name: i for i, s in enumerate(outputs)}
         self._all_outputs = tuple(s.name for s in outputs)
         self._slots = Slots(len(queue))
@@ -179,6 +186,7 @@ class OpenVINOBackend:
             await self._batcher.close()
             self._batcher = None
         queue, self._queue = self._queue, None
+        self._inline_request = None  # later calls take the queue path, which says not loaded
         self._warm = False
         if queue is not None:
             await asyncio.to_thread(queue.wait_all)  # let running requests finish before dropping them
@@ -204,7 +212,15 @@ class OpenVINOBackend:
             raise
 
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
-        """Start one inference on an idle infer request and await its outputs."""
+        """Run one inference inline (small, fast calls) or on an idle infer request of the queue."""
+        if (
+            self.inline.run_inline(sum(a.nbytes for a in inputs.values()))
+            and self._inline_request is not None
+        ):
+            started = time.perf_counter()
+            result = self._infer_inline(inputs, outputs)
+            self.inline.record(time.perf_counter() - started)
+            return result
         try:
             async with asyncio.timeout(self.spec.timeout_s):
                 if self._queue is None:
@@ -230,6 +246,18 @@ class OpenVINOBackend:
             raise BackendTimeout(
                 f"deployment {self.name!r}: no result within {self.spec.timeout_s}s"
             ) from None
+
+    def _infer_inline(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+        """One inference on the loop's own infer request, synchronously (OpenVINO releases the GIL)."""
+        request = self._inline_request
+        names = outputs if outputs is not None else self._all_outputs
+        feeds = {k: (v.astype(bytes) if v.dtype == object else v) for k, v in inputs.items()}
+        try:
+            request.infer(feeds, share_inputs=True)
+            # Copy: the request's output buffers are reused by the next inference.
+            return {name: read_tensor(request.get_output_tensor(self._output_index[name])) for name in names}
+        except Exception as exc:
+            raise BackendInternalError(f"OpenVINO failed: {one_line(exc)}") from None
 
     def _on_done(self, request: Any, userdata: tuple[Any, ...]) -> None:
         """OpenVINO's completion callback, on one of its threads: copy outputs, wake the loop."""

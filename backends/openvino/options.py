@@ -22,8 +22,14 @@ class OpenVINOOptions(SpecBase):
     #: busy-wait after each inference, which on a small model costs more CPU than the model itself
     #: (digits: ~0.15 ms per request): 1 trades that spin for less parallelism inside one request.
     num_threads: int | None = None
+    #: run a call with small inputs on the event loop's thread through an infer request of its own,
+    #: skipping the queue's hand-off to OpenVINO's threads and back, while such runs take less than
+    #: this many microseconds (`backends/inline_runs.py`); 0 = always the queue
+    inline_below_us: int = 200
 
     def __post_init__(self) -> None:
+        if self.inline_below_us < 0:
+            raise ValueError("inline_below_us must be >= 0 (0: always the infer-request queue)")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError("num_requests must be >= 1")
         if self.num_threads is not None and self.num_threads < 1:

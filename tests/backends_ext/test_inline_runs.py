@@ -139,3 +139,44 @@ def test_a_negative_bound_is_refused(digits_onnx) -> None:
             "inline",
             DeploymentSpec(backend="onnxruntime", model=str(digits_onnx), options={"inline_below_us": -1}),
         )
+
+
+async def _openvino(digits_ir, **options: object):  # noqa: ANN001, ANN202
+    backend = create_backend(
+        "inline-ov", DeploymentSpec(backend="openvino", model=str(digits_ir), options=options)
+    )
+    await backend.load()
+    await backend.warmup()
+    return backend
+
+
+async def test_openvino_runs_small_calls_inline_with_the_queue_s_answers(digits, digits_ir) -> None:
+    inline = await _openvino(digits_ir)
+    queued = await _openvino(digits_ir, inline_below_us=0)
+    try:
+        rows = digits.x_test[:5]
+        answers = []
+        for backend in (inline, queued):
+            response = await backend.infer(_request(backend, rows))
+            answers.append({t.name: t.data for t in response.outputs})
+        assert answers[0].keys() == answers[1].keys()
+        for name in answers[0]:
+            np.testing.assert_array_equal(answers[0][name], answers[1][name])
+        assert inline.inline.inline_calls == 2 and inline.inline.worker_calls == 0
+        assert queued.inline.inline_calls == 0 and queued.inline.worker_calls == 2
+        big = np.repeat(digits.x_test[:1], 300, axis=0)  # 76.8 kB: the queue
+        await inline.infer(_request(inline, big))
+        assert inline.inline.worker_calls == 1
+    finally:
+        await inline.close()
+        await queued.close()
+    with pytest.raises(BackendError, match="not loaded"):
+        await inline._run_async({"input": digits.x_test[:1]}, None)
+
+
+def test_openvino_refuses_a_negative_bound(digits_ir) -> None:
+    with pytest.raises(ValueError, match="inline_below_us"):
+        create_backend(
+            "inline-ov",
+            DeploymentSpec(backend="openvino", model=str(digits_ir), options={"inline_below_us": -5}),
+        )
