@@ -59,7 +59,8 @@ class DynamicBatcher:
     gather in the queue; when several slots are free, the queued rows are shared out over them.
 
     Args:
-        run: coroutine that runs one batch (it must not block the event loop).
+        run: coroutine that runs one batch (it must not block the event loop for long: backends run
+            only calls measured fast on the loop's own thread, `backends/inline_runs.py`).
         max_batch_size: most rows in one merged batch; a larger request runs alone.
         max_delay_ms: how long the first request of a batch waits for company.
         max_queue: requests waiting beyond this are refused with BackendUnavailable.

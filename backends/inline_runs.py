@@ -1,35 +1,55 @@
-"""Whether a runtime call runs on the event loop's own thread or is handed to a worker thread.
+"""Whether a runtime call runs on the event loop's own thread or is handed to the runtime's threads.
 
 A worker thread keeps a slow run from stalling every other request, but the hand-off is not free:
 a future, a wake-up of the loop through its self-pipe, and the GIL passed back and forth. For a small
 model that costs more than the run itself. Measured on the digits MLP (ONNX Runtime, about 15 us a
-run), one gateway each way in one run, HTTP v2: running inline took the gateway's CPU per request
-from 1.19 to 0.85 ms at c=1 and from 1.07 to 0.83 ms at c=16 (1.18x the requests/s), and p50 at c=1
-from 1.24 to 0.93 ms.
+run), two gateways side by side, HTTP v2 (`bench/bench_inline_runs.py`): running inline gave 1.32x
+the requests/s at c=1 (gateway CPU per request 0.73x) and 1.26x at c=16.
 
-So a call with small inputs (at most `max_bytes`) runs inline while recent inline runs of such calls
-took less than `below_s`. The estimate is the median of the last `window` inline runs, so one run
-stretched by the machine (preemption, a collection) does not move it; runs on workers are not
-counted, since a worker's run time includes its wait for the GIL when it returns, which says more
-about the loop's load than about the model. A deployment's first inline run is not counted either:
-it pays the runtime's lazy initialisation (digits on ONNX Runtime: 0.79 ms, against 15 us after).
-A model measured slower runs on workers; while it is within 4x of the bound, one small call in
-`probe_every` runs inline to measure again, and a model measured slower than that is never run
-inline again (its inline run would hold up every other request for that long). Calls with larger
-inputs always go to a worker and never change the estimate.
+The rule: a call runs inline only when
+- the deployment runs on a CPU (a GPU run waits for the device, and a new shape can start a kernel
+  search or compile that takes far longer than any run measured before: the backend passes 0),
+- its inputs are at most `max_bytes` and hold no strings (whose size an array does not show),
+- at least `min_runs` runs have been measured since the first (which pays the runtime's lazy
+  initialisation: digits on ONNX Runtime 0.79 ms, against 15 us after, and is not counted),
+- the median of the last `window` runs is under `below_s`, and none of them took over `stall_factor`
+  times that: one slow run (a larger input, a machine hiccup) moves calls back to workers until it
+  has left the window, so a model whose cost depends on its input does not stall the loop twice in a
+  row on the strength of a fast median.
+Every run of a small call counts, wherever it ran: inline runs by their time on the loop; on ONNX
+Runtime, worker runs by their wall time in the worker, which also holds the worker's wait for the
+GIL when the run returns, so under load they read slower than they are and keep calls on workers
+(the safe side; inline runs, once started, measure the model alone); on OpenVINO, queued runs by
+the runtime's own latency figure. Calls run on workers until the estimate allows otherwise, so a
+model is never run inline before it has been seen to be fast.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Mapping
 
-#: inputs larger than this always run on a worker thread (and never inform the estimate)
+import numpy as np
+
+#: inputs larger than this always run on a worker thread
 DEFAULT_MAX_BYTES = 64 * 1024
-#: while runs go to workers, every this-many small calls one runs inline to measure again
-DEFAULT_PROBE_EVERY = 256
-#: inline runs the estimate is the median of
+#: runs the estimate is taken over
 DEFAULT_WINDOW = 16
+#: runs measured (after the first) before any call runs inline
+DEFAULT_MIN_RUNS = 3
+#: a run in the window slower than this many times the bound keeps calls on workers
+DEFAULT_STALL_FACTOR = 8.0
+
+
+def call_bytes(inputs: Mapping[str, np.ndarray]) -> int | None:
+    """The bytes of a call's inputs, or None when one holds objects (strings): their size is unknown."""
+    total = 0
+    for array in inputs.values():
+        if array.dtype == object:
+            return None
+        total += array.nbytes
+    return total
 
 
 class InlineRuns:
@@ -39,43 +59,45 @@ class InlineRuns:
         self,
         below_s: float,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        probe_every: int = DEFAULT_PROBE_EVERY,
         window: int = DEFAULT_WINDOW,
+        min_runs: int = DEFAULT_MIN_RUNS,
+        stall_factor: float = DEFAULT_STALL_FACTOR,
     ) -> None:
         self.below_s = below_s
         self.max_bytes = max_bytes
-        self.probe_every = probe_every
-        self.estimate_s: float | None = None  # median duration of recent inline runs
-        self._recent: deque[float] = deque(maxlen=window)
-        self._first_seen = False
+        self.min_runs = min_runs
+        self.stall_factor = stall_factor
+        self.estimate_s: float | None = None  # median of the recent runs
         self.inline_calls = 0  # counted for tests and metrics
         self.worker_calls = 0
-        self._since_probe = 0
+        self._recent: deque[float] = deque(maxlen=window)
+        self._first_seen = False
 
-    def run_inline(self, input_bytes: int) -> bool:
-        """Whether the call about to be made, with inputs of `input_bytes`, runs on the loop's thread."""
-        inline = self._decide(input_bytes)
+    def run_inline(self, inputs: Mapping[str, np.ndarray], available: bool = True) -> bool:
+        """Whether the call about to be made with `inputs` runs on the loop's thread (`available`:
+        whether the backend can run it there at all)."""
+        inline = available and self._decide(call_bytes(inputs))
         if inline:
             self.inline_calls += 1
         else:
             self.worker_calls += 1
         return inline
 
-    def _decide(self, input_bytes: int) -> bool:
-        if self.below_s <= 0 or input_bytes > self.max_bytes:
+    def is_small(self, inputs: Mapping[str, np.ndarray]) -> bool:
+        """Whether a call with `inputs` could ever run inline, so its run time informs the estimate."""
+        size = call_bytes(inputs)
+        return size is not None and size <= self.max_bytes
+
+    def _decide(self, input_bytes: int | None) -> bool:
+        if self.below_s <= 0 or input_bytes is None or input_bytes > self.max_bytes:
             return False
-        estimate = self.estimate_s
-        if estimate is None or estimate < self.below_s:
-            return True
-        if estimate < 4 * self.below_s:
-            self._since_probe += 1
-            if self._since_probe >= self.probe_every:
-                self._since_probe = 0
-                return True
-        return False
+        recent = self._recent
+        if len(recent) < self.min_runs or self.estimate_s is None or self.estimate_s >= self.below_s:
+            return False
+        return max(recent) < self.stall_factor * self.below_s
 
     def record(self, seconds: float) -> None:
-        """The duration of an inline run that succeeded (the first one is not counted)."""
+        """The cost of one run that succeeded, inline or on a worker (the first one is not counted)."""
         if not self._first_seen:
             self._first_seen = True
             return

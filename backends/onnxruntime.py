@@ -63,9 +63,9 @@ class OnnxOptions(SpecBase):
     #: between a gateway's requests they would spin on cores the event loop needs (digits, 64 rows
     #: per request: 1.63 -> 0.81 ms of server CPU per request with spinning off, +40% requests/s)
     allow_spinning: bool = False
-    #: run a call with small inputs on the event loop's thread, skipping the hand-off to a worker,
-    #: while such runs take less than this many microseconds (`backends/inline_runs.py`); 0 = always
-    #: a worker thread
+    #: on CPU, run a call with small inputs on the event loop's thread, skipping the hand-off to a
+    #: worker, while recent runs took less than this many microseconds (`backends/inline_runs.py`);
+    #: 0 = always a worker thread. Inline runs come on top of `max_parallel_runs`.
     inline_below_us: int = 200
 
 
@@ -143,6 +143,8 @@ class OnnxRuntimeBackend:
         device = (
             "cuda" if any(p in got for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")) else "cpu"
         )
+        if device != "cpu":  # a GPU run waits for the device; a new shape may start a long search
+            self.inline = InlineRuns(0)
         self._meta = ModelMetadata(
             name=self.name,
             platform="onnxruntime_onnx",
@@ -179,13 +181,20 @@ class OnnxRuntimeBackend:
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         if self._session is None or self._executor is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
-        if self.inline.run_inline(sum(a.nbytes for a in inputs.values())):
-            started = time.perf_counter()
-            result = self._run_sync(inputs, outputs)
-            self.inline.record(time.perf_counter() - started)
+        if self.inline.run_inline(inputs):
+            result, seconds = self._run_timed(inputs, outputs)
+            self.inline.record(seconds)
             return result
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run_sync, inputs, outputs)
+        result, seconds = await loop.run_in_executor(self._executor, self._run_timed, inputs, outputs)
+        if self.inline.is_small(inputs):
+            self.inline.record(seconds)
+        return result
+
+    def _run_timed(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> tuple[Arrays, float]:
+        started = time.perf_counter()
+        result = self._run_sync(inputs, outputs)
+        return result, time.perf_counter() - started
 
     def _run_sync(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         names = list(outputs) if outputs is not None else [o.name for o in self._session.get_outputs()]

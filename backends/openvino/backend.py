@@ -111,7 +111,7 @@ class OpenVINOBackend:
         outputs = [port_spec(p) for p in compiled.outputs]
         queue.set_callback(self._on_done)
         self._compiled, self._queue = compiled, queue
-        if self.options.inline_below_us > 0:
+        if self.options.inline_below_us > 0 and self._runs_on_cpu():
             self._inline_request = compiled.create_infer_request()
         self._output_index = {s.name: i for i, s in enumerate(outputs)}
         self._all_outputs = tuple(s.name for s in outputs)
@@ -155,6 +155,12 @@ class OpenVINOBackend:
                 lambda: self.batch_observer,
                 max_in_flight=len(queue),
             )
+
+    def _runs_on_cpu(self) -> bool:
+        """Whether every device the compiled model runs on is the CPU (inline runs are CPU-only: a GPU
+        run waits for the device, and a new shape may compile kernels first)."""
+        devices = self._property("EXECUTION_DEVICES", [self.device])
+        return bool(devices) and all(str(d).upper().startswith("CPU") for d in devices)
 
     def _property(self, key: str, default: Any) -> Any:
         try:
@@ -213,10 +219,7 @@ class OpenVINOBackend:
 
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         """Run one inference inline (small, fast calls) or on an idle infer request of the queue."""
-        if (
-            self.inline.run_inline(sum(a.nbytes for a in inputs.values()))
-            and self._inline_request is not None
-        ):
+        if self.inline.run_inline(inputs, available=self._inline_request is not None):
             started = time.perf_counter()
             result = self._infer_inline(inputs, outputs)
             self.inline.record(time.perf_counter() - started)
@@ -235,7 +238,10 @@ class OpenVINOBackend:
                     # Does not block: _acquire_idle saw an idle request and nothing ran since.
                     # share_inputs: OpenVINO reads the arrays in place instead of copying them into
                     # its own tensors; `feeds` rides in the userdata so they outlive the inference.
-                    self._queue.start_async(feeds, (loop, future, names, indices, feeds), share_inputs=True)
+                    small = self.inline.is_small(inputs)  # its latency informs the inline estimate
+                    self._queue.start_async(
+                        feeds, (loop, future, names, indices, feeds, small), share_inputs=True
+                    )
                 except Exception as exc:
                     self._slots.release()  # type: ignore[union-attr]
                     raise BackendInternalError(f"OpenVINO failed: {one_line(exc)}") from None
@@ -261,7 +267,7 @@ class OpenVINOBackend:
 
     def _on_done(self, request: Any, userdata: tuple[Any, ...]) -> None:
         """OpenVINO's completion callback, on one of its threads: copy outputs, wake the loop."""
-        loop, future, names, indices, _feeds = userdata
+        loop, future, names, indices, _feeds, small = userdata
         result: Arrays | BaseException
         try:
             # Copy: the request's output buffers are reused by the next inference.
@@ -271,9 +277,15 @@ class OpenVINOBackend:
             }
         except Exception as exc:
             result = BackendInternalError(f"OpenVINO failed reading outputs: {one_line(exc)}")
-        loop.call_soon_threadsafe(self._resolve, future, result)
+        # the runtime's own figure for this inference (ms), free of any wait for the GIL
+        latency_s = request.latency / 1e3 if small and not isinstance(result, BaseException) else None
+        loop.call_soon_threadsafe(self._resolve, future, result, latency_s)
 
-    def _resolve(self, future: asyncio.Future, result: Arrays | BaseException) -> None:
+    def _resolve(
+        self, future: asyncio.Future, result: Arrays | BaseException, latency_s: float | None = None
+    ) -> None:
+        if latency_s is not None:
+            self.inline.record(latency_s)
         if not future.done():  # the caller may have timed out or been cancelled
             if isinstance(result, BaseException):
                 future.set_exception(result)

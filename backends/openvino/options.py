@@ -22,9 +22,9 @@ class OpenVINOOptions(SpecBase):
     #: busy-wait after each inference, which on a small model costs more CPU than the model itself
     #: (digits: ~0.15 ms per request): 1 trades that spin for less parallelism inside one request.
     num_threads: int | None = None
-    #: run a call with small inputs on the event loop's thread through an infer request of its own,
-    #: skipping the queue's hand-off to OpenVINO's threads and back, while such runs take less than
-    #: this many microseconds (`backends/inline_runs.py`); 0 = always the queue
+    #: on CPU, run a call with small inputs on the event loop's thread through an infer request of its
+    #: own, skipping the queue's hand-off to OpenVINO's threads and back, while recent runs took less
+    #: than this many microseconds (`backends/inline_runs.py`); 0 = always the queue
     inline_below_us: int = 200
 
     def __post_init__(self) -> None:
