@@ -3,8 +3,9 @@
 A worker thread keeps a slow run from stalling every other request, but the hand-off is not free:
 a future, a wake-up of the loop through its self-pipe, and the GIL passed back and forth. For a small
 model that costs more than the run itself. Measured on the digits MLP (ONNX Runtime, about 15 us a
-run), two gateways side by side, HTTP v2 (`bench/bench_inline_runs.py`): running inline gave 1.32x
-the requests/s at c=1 (gateway CPU per request 0.73x) and 1.26x at c=16.
+run), two gateways side by side (`bench/bench_inline_runs.py`, 5 rounds): running inline gave 1.33x
+the requests/s over HTTP at 16 in flight (gateway CPU per request 0.69x) and 1.46x over gRPC; at 1 in
+flight this machine's noise (0.54-1.8x a round) hid any difference.
 
 The rule: a call runs inline only when
 - the deployment runs on a CPU (a GPU run waits for the device, and a new shape can start a kernel
@@ -73,23 +74,22 @@ class InlineRuns:
         self._recent: deque[float] = deque(maxlen=window)
         self._first_seen = False
 
-    def run_inline(self, inputs: Mapping[str, np.ndarray], available: bool = True) -> bool:
-        """Whether the call about to be made with `inputs` runs on the loop's thread (`available`:
-        whether the backend can run it there at all)."""
-        inline = available and self._decide(call_bytes(inputs))
+    def run_inline(self, input_bytes: int | None, available: bool = True) -> bool:
+        """Whether the call about to be made, with inputs of `input_bytes` (`call_bytes`), runs on
+        the loop's thread (`available`: whether the backend can run it there at all)."""
+        inline = available and self._decide(input_bytes)
         if inline:
             self.inline_calls += 1
         else:
             self.worker_calls += 1
         return inline
 
-    def is_small(self, inputs: Mapping[str, np.ndarray]) -> bool:
-        """Whether a call with `inputs` could ever run inline, so its run time informs the estimate."""
-        size = call_bytes(inputs)
-        return size is not None and size <= self.max_bytes
+    def is_small(self, input_bytes: int | None) -> bool:
+        """Whether a call of `input_bytes` could ever run inline, so its run time informs the estimate."""
+        return input_bytes is not None and input_bytes <= self.max_bytes
 
     def _decide(self, input_bytes: int | None) -> bool:
-        if self.below_s <= 0 or input_bytes is None or input_bytes > self.max_bytes:
+        if self.below_s <= 0 or not self.is_small(input_bytes):
             return False
         recent = self._recent
         if len(recent) < self.min_runs or self.estimate_s is None or self.estimate_s >= self.below_s:

@@ -26,7 +26,7 @@ from backends.base import (
 )
 from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
-from backends.inline_runs import InlineRuns
+from backends.inline_runs import InlineRuns, call_bytes
 from backends.lazy import require
 from backends.spec import DeploymentSpec, SpecBase, decode_options
 from backends.tensor_requests import serve_tensor_request, zero_inputs
@@ -93,7 +93,7 @@ class OnnxRuntimeBackend:
         self._executor: ThreadPoolExecutor | None = None
         self._batcher: DynamicBatcher | None = None
         self._warm = False
-        self.inline = InlineRuns(options.inline_below_us / 1e6)
+        self.inline = InlineRuns(0)  # set at load, once the device is known
 
     @property
     def ready(self) -> bool:
@@ -143,8 +143,8 @@ class OnnxRuntimeBackend:
         device = (
             "cuda" if any(p in got for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")) else "cpu"
         )
-        if device != "cpu":  # a GPU run waits for the device; a new shape may start a long search
-            self.inline = InlineRuns(0)
+        # inline runs on CPU only: a GPU run waits for the device, and a new shape may start a long search
+        self.inline = InlineRuns(self.options.inline_below_us / 1e6 if device == "cpu" else 0)
         self._meta = ModelMetadata(
             name=self.name,
             platform="onnxruntime_onnx",
@@ -181,13 +181,14 @@ class OnnxRuntimeBackend:
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         if self._session is None or self._executor is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
-        if self.inline.run_inline(inputs):
+        size = call_bytes(inputs)
+        if self.inline.run_inline(size):
             result, seconds = self._run_timed(inputs, outputs)
             self.inline.record(seconds)
             return result
         loop = asyncio.get_running_loop()
         result, seconds = await loop.run_in_executor(self._executor, self._run_timed, inputs, outputs)
-        if self.inline.is_small(inputs):
+        if self.inline.is_small(size):
             self.inline.record(seconds)
         return result
 

@@ -18,7 +18,7 @@ from backends.base import (
 )
 from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable
-from backends.inline_runs import InlineRuns
+from backends.inline_runs import InlineRuns, call_bytes
 from backends.lazy import require
 from backends.openvino.options import OpenVINOOptions
 from backends.openvino.ports import one_line, port_spec, read_tensor
@@ -51,7 +51,7 @@ class OpenVINOBackend:
         #: output name -> port index (reading a tensor by index skips a name lookup)
         self._output_index: dict[str, int] = {}
         self._all_outputs: tuple[str, ...] = ()
-        self.inline = InlineRuns(options.inline_below_us / 1e6)
+        self.inline = InlineRuns(0)  # set at load, once the devices are known
         self._inline_request: Any = None  # an infer request of its own, used on the loop's thread
 
     @property
@@ -111,7 +111,8 @@ class OpenVINOBackend:
         outputs = [port_spec(p) for p in compiled.outputs]
         queue.set_callback(self._on_done)
         self._compiled, self._queue = compiled, queue
-        if self.options.inline_below_us > 0 and self._runs_on_cpu():
+        self.inline = InlineRuns(self.options.inline_below_us / 1e6 if self._runs_on_cpu() else 0)
+        if self.inline.below_s > 0:
             self._inline_request = compiled.create_infer_request()
         self._output_index = {s.name: i for i, s in enumerate(outputs)}
         self._all_outputs = tuple(s.name for s in outputs)
@@ -219,7 +220,8 @@ class OpenVINOBackend:
 
     async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         """Run one inference inline (small, fast calls) or on an idle infer request of the queue."""
-        if self.inline.run_inline(inputs, available=self._inline_request is not None):
+        size = call_bytes(inputs)
+        if self.inline.run_inline(size, available=self._inline_request is not None):
             started = time.perf_counter()
             result = self._infer_inline(inputs, outputs)
             self.inline.record(time.perf_counter() - started)
@@ -238,7 +240,7 @@ class OpenVINOBackend:
                     # Does not block: _acquire_idle saw an idle request and nothing ran since.
                     # share_inputs: OpenVINO reads the arrays in place instead of copying them into
                     # its own tensors; `feeds` rides in the userdata so they outlive the inference.
-                    small = self.inline.is_small(inputs)  # its latency informs the inline estimate
+                    small = self.inline.is_small(size)  # its latency informs the inline estimate
                     self._queue.start_async(
                         feeds, (loop, future, names, indices, feeds, small), share_inputs=True
                     )

@@ -10,11 +10,11 @@ import pytest
 
 from backends.base import Tensor, TensorRequest
 from backends.errors import BackendError
-from backends.inline_runs import InlineRuns
+from backends.inline_runs import InlineRuns, call_bytes
 from backends.registry import create_backend
 from backends.spec import DeploymentSpec
 
-SMALL = {"x": np.zeros((1, 16), np.float32)}
+SMALL = call_bytes({"x": np.zeros((1, 16), np.float32)})  # 64 bytes
 
 
 def _measured(runs: InlineRuns, *seconds: float) -> InlineRuns:
@@ -51,10 +51,11 @@ def test_one_slow_run_keeps_calls_on_workers_until_it_leaves_the_window() -> Non
 
 def test_large_or_string_inputs_always_go_to_a_worker() -> None:
     runs = _measured(InlineRuns(below_s=200e-6, max_bytes=4096), 10e-6, 10e-6, 10e-6)
-    assert not runs.run_inline({"x": np.zeros(1025, np.float32)})  # 4100 bytes
-    assert runs.run_inline({"x": np.zeros(1024, np.float32)})
-    assert not runs.run_inline({"s": np.array([b"a" * 10], dtype=object)})  # size unknown
-    assert not runs.is_small({"s": np.array([b"a"], dtype=object)}) and runs.is_small(SMALL)
+    assert not runs.run_inline(call_bytes({"x": np.zeros(1025, np.float32)}))  # 4100 bytes
+    assert runs.run_inline(call_bytes({"x": np.zeros(1024, np.float32)}))
+    strings = {"s": np.array([b"a" * 10], dtype=object)}
+    assert call_bytes(strings) is None  # size unknown
+    assert not runs.run_inline(call_bytes(strings)) and not runs.is_small(None) and runs.is_small(SMALL)
 
 
 def test_a_slow_model_stays_on_workers() -> None:
