@@ -1,0 +1,114 @@
+"""Where SQLite groups commit: on the event loop while the write lock is free, else on the store's thread."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+import pytest
+
+from policies.errors import RateLimited
+from policies.stores import open_store
+from policies.types import Limits, Quotas
+from tests.policies.helpers import ACME, admission
+
+
+def _spy_threads(store) -> set[str]:  # type: ignore[no-untyped-def]
+    """Record the name of every thread a group runs on."""
+    seen: set[str] = set()
+    run_group = store._run_group
+
+    def spying(conn, group):  # type: ignore[no-untyped-def]
+        seen.add(threading.current_thread().name)
+        return run_group(conn, group)
+
+    store._run_group = spying
+    return seen
+
+
+async def test_groups_commit_on_the_loop_when_the_lock_is_free(tmp_path, clock) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        threads = _spy_threads(store)
+        gate = admission(store, clock, limits=Limits(requests_per_minute=3), quotas=Quotas(tokens_per_day=100))
+        for _ in range(3):
+            await gate.reconcile(await gate.admit(ACME, "m", 10), 10)
+        with pytest.raises(RateLimited):
+            await gate.admit(ACME, "m", 10)
+        assert threads == {threading.current_thread().name}
+        assert store.loop_groups == store.groups >= 6
+        rows = await store.usage("acme")
+        assert sum(r.tokens for r in rows if len(r.period) == 10) == 30
+    finally:
+        await store.close()
+
+
+async def test_a_group_waits_on_the_thread_while_another_process_holds_the_lock(tmp_path, clock) -> None:
+    path = tmp_path / "state.db"
+    store = await open_store(f"sqlite:///{path}")
+    other = sqlite3.connect(path, isolation_level=None)  # stands for a second gateway process
+    try:
+        threads = _spy_threads(store)
+        gate = admission(store, clock, quotas=Quotas(tokens_per_day=100))
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock
+        admit = asyncio.create_task(gate.admit(ACME, "m", 10))
+        ticks = 0
+        for _ in range(20):  # the loop keeps running while the group waits for the lock
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not admit.done() and ticks == 20
+        other.execute("COMMIT")
+        reservation = await asyncio.wait_for(admit, 5)
+        assert store.loop_groups == 0 and len(threads) == 1
+        assert threads != {threading.current_thread().name}  # it ran on the store's thread
+        await gate.reconcile(reservation, 10)  # the lock is free again: back on the loop
+        assert store.loop_groups == 1
+        assert [r.tokens for r in await store.usage("acme") if len(r.period) == 10] == [10]
+    finally:
+        other.close()
+        await store.close()
+
+
+@pytest.mark.parametrize("query", ["?synchronous=full", "?commit=thread"])
+async def test_fsync_per_commit_or_asked_for_keeps_groups_on_the_thread(tmp_path, clock, query) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}{query}")
+    try:
+        threads = _spy_threads(store)
+        gate = admission(store, clock, quotas=Quotas(tokens_per_day=100))
+        await gate.reconcile(await gate.admit(ACME, "m", 10), 10)
+        assert store.loop_groups == 0 and store.groups == 2
+        assert threading.current_thread().name not in threads
+    finally:
+        await store.close()
+
+
+async def test_an_unknown_commit_option_is_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match="commit must be loop or thread"):
+        await open_store(f"sqlite:///{tmp_path / 'state.db'}?commit=sometimes")
+
+
+async def test_close_answers_a_group_scheduled_on_the_loop(tmp_path, clock) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    gate = admission(store, clock, quotas=Quotas(tokens_per_day=100))
+    admit = asyncio.create_task(gate.admit(ACME, "m", 10))
+    await asyncio.sleep(0)  # queued, its drain scheduled on the loop
+    await store.close()
+    assert (await admit).id  # answered before the connection closed
+
+
+async def test_the_wal_is_checkpointed_from_the_thread(tmp_path, clock, monkeypatch) -> None:
+    monkeypatch.setattr("policies.stores.sqlite_store._CHECKPOINT_EVERY", 4)
+    path = tmp_path / "state.db"
+    store = await open_store(f"sqlite:///{path}")
+    try:
+        checkpoints: list[str] = []
+        checkpoint = store._checkpoint
+        store._checkpoint = lambda: (checkpoints.append(threading.current_thread().name), checkpoint())
+        gate = admission(store, clock, quotas=Quotas(tokens_per_day=10_000))
+        for _ in range(6):
+            await gate.reconcile(await gate.admit(ACME, "m", 1), 1)
+        await asyncio.sleep(0.1)
+        assert len(checkpoints) == 3 and threading.current_thread().name not in checkpoints
+    finally:
+        await store.close()
