@@ -25,16 +25,21 @@ from policies.stores.base import (
 
 
 class Txn(Protocol):
-    """State access inside one atomic transaction."""
+    """State access inside one atomic transaction.
 
-    def get_bucket(self, key: str) -> tuple[float, float] | None: ...
-    def set_bucket(self, key: str, level: float, ts: float) -> None: ...
+    Buckets, counters and usage rows are read and written a request's worth at a time: on SQLite
+    each call is one statement (or one `executemany`), and statements are most of a request's cost.
+    """
+
+    def get_buckets(self, keys: list[str]) -> list[tuple[float, float] | None]: ...  # (level, ts) per key
+    def set_buckets(self, rows: list[tuple[str, float, float]]) -> None: ...  # (key, level, ts)
     def lease_count(self, key: str, now: float) -> int: ...  # drops expired leases first
     def add_lease(self, key: str, lease_id: str, expires_at: float) -> None: ...
     def remove_lease(self, key: str, lease_id: str) -> None: ...
-    def get_counter(self, key: str) -> int: ...
-    def add_counter(self, key: str, delta: int, expires_at: float) -> int: ...
-    def add_usage(self, usage: UsageDelta) -> None: ...
+    def get_counters(self, keys: list[str]) -> list[int]: ...
+    #: used = max(0, used + delta) per (key, delta, expires_at), in order
+    def add_counters(self, rows: list[tuple[str, int, float]]) -> None: ...
+    def add_usage(self, rows: list[UsageDelta]) -> None: ...
     def mark_settled(self, settle_id: str, now: float) -> bool: ...  # False if already there
     def put_journal(self, reservation_id: str, instance: str, payload: str) -> None: ...
     def drop_journal(self, reservation_id: str) -> None: ...
@@ -56,8 +61,8 @@ def acquire(
     """Check every op, then apply all of them or none (see `StateStore.acquire`)."""
     denials: list[Denial] = []
     levels: list[float] = []
-    for i, op in enumerate(buckets):
-        state = txn.get_bucket(op.key)
+    states = txn.get_buckets([op.key for op in buckets]) if buckets else []
+    for i, (op, state) in enumerate(zip(buckets, states, strict=True)):
         level = token_bucket.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
         levels.append(level)
         if not token_bucket.fits(level, op.capacity, op.cost):
@@ -67,24 +72,38 @@ def acquire(
     for i, lease in enumerate(leases):
         if txn.lease_count(lease.key, now) >= lease.limit:
             denials.append(Denial("lease", i, None))
-    used = [txn.get_counter(c.key) for c in counters]
+    used = txn.get_counters([c.key for c in counters]) if counters else []
     for i, c in enumerate(counters):
         if c.limit is not None and used[i] + c.cost > c.limit:
             denials.append(Denial("counter", i, None))
     if denials:
         views = [_view(level, op) for level, op in zip(levels, buckets, strict=True)]
         return AcquireResult(False, views, used, denials)
-    views = []
-    for level, op in zip(levels, buckets, strict=True):
-        state = txn.get_bucket(op.key)
-        txn.set_bucket(op.key, level + op.cost, max(now, state[1]) if state else now)
-        views.append(_view(level + op.cost, op))
+    if buckets:
+        txn.set_buckets(
+            [
+                (op.key, level + op.cost, max(now, state[1]) if state else now)
+                for op, level, state in zip(buckets, levels, states, strict=True)
+            ]
+        )
+    views = [_view(level + op.cost, op) for level, op in zip(levels, buckets, strict=True)]
     for lease in leases:
         txn.add_lease(lease.key, lease_id, now + lease_ttl_s)
-    after = [txn.add_counter(c.key, c.cost, c.expires_at) for c in counters]
+    if counters:
+        txn.add_counters([(c.key, c.cost, c.expires_at) for c in counters])
     if journal is not None:
         txn.put_journal(lease_id, journal.instance, encode_journal(journal))
-    return AcquireResult(True, views, after, [])
+    return AcquireResult(True, views, _counts_after(counters, used), [])
+
+
+def _counts_after(counters: list[CounterOp], used: list[int]) -> list[int]:
+    """What `add_counters` left in each counter, in order (a key may repeat)."""
+    current = dict(zip((c.key for c in counters), used, strict=True))
+    after = []
+    for c in counters:
+        current[c.key] = max(0, current[c.key] + c.cost)
+        after.append(current[c.key])
+    return after
 
 
 def encode_journal(journal: Journal) -> str:
@@ -115,16 +134,18 @@ def settle(
     if not txn.mark_settled(settle_id, now):
         return False
     txn.drop_journal(settle_id)
-    for op in buckets:
-        state = txn.get_bucket(op.key)
-        level = token_bucket.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
-        txn.set_bucket(op.key, max(0.0, level + op.cost), max(now, state[1]) if state else now)
+    if buckets:
+        rows = []
+        for op, state in zip(buckets, txn.get_buckets([op.key for op in buckets]), strict=True):
+            level = token_bucket.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
+            rows.append((op.key, max(0.0, level + op.cost), max(now, state[1]) if state else now))
+        txn.set_buckets(rows)
     for key in release:
         txn.remove_lease(key, lease_id)
-    for c in counters:
-        txn.add_counter(c.key, c.cost, c.expires_at)
-    for row in usage:
-        txn.add_usage(row)
+    if counters:
+        txn.add_counters([(c.key, c.cost, c.expires_at) for c in counters])
+    if usage:
+        txn.add_usage(usage)
     for mark in marks or ():
         txn.put_mark(mark.key, mark.field, mark.value)
     return True

@@ -30,11 +30,12 @@ class _MemoryTxn:
     def __init__(self, store: MemoryStore) -> None:
         self.s = store
 
-    def get_bucket(self, key: str) -> tuple[float, float] | None:
-        return self.s.buckets.get(key)
+    def get_buckets(self, keys: list[str]) -> list[tuple[float, float] | None]:
+        return [self.s.buckets.get(key) for key in keys]
 
-    def set_bucket(self, key: str, level: float, ts: float) -> None:
-        self.s.buckets[key] = (level, ts)
+    def set_buckets(self, rows: list[tuple[str, float, float]]) -> None:
+        for key, level, ts in rows:
+            self.s.buckets[key] = (level, ts)
 
     def lease_count(self, key: str, now: float) -> int:
         held = self.s.leases.get(key, {})
@@ -48,18 +49,18 @@ class _MemoryTxn:
     def remove_lease(self, key: str, lease_id: str) -> None:
         self.s.leases.get(key, {}).pop(lease_id, None)
 
-    def get_counter(self, key: str) -> int:
-        return self.s.counters.get(key, (0, 0.0))[0]
+    def get_counters(self, keys: list[str]) -> list[int]:
+        return [self.s.counters.get(key, (0, 0.0))[0] for key in keys]
 
-    def add_counter(self, key: str, delta: int, expires_at: float) -> int:
-        value = max(0, self.get_counter(key) + delta)
-        self.s.counters[key] = (value, expires_at)
-        return value
+    def add_counters(self, rows: list[tuple[str, int, float]]) -> None:
+        for key, delta, expires_at in rows:
+            self.s.counters[key] = (max(0, self.s.counters.get(key, (0, 0.0))[0] + delta), expires_at)
 
-    def add_usage(self, usage: UsageDelta) -> None:
-        k = (usage.tenant, usage.model, usage.period)
-        requests, tokens = self.s.usage_rows.get(k, (0, 0))
-        self.s.usage_rows[k] = (requests + usage.requests, tokens + usage.tokens)
+    def add_usage(self, rows: list[UsageDelta]) -> None:
+        for usage in rows:
+            k = (usage.tenant, usage.model, usage.period)
+            requests, tokens = self.s.usage_rows.get(k, (0, 0))
+            self.s.usage_rows[k] = (requests + usage.requests, tokens + usage.tokens)
 
     def mark_settled(self, settle_id: str, now: float) -> bool:
         if settle_id in self.s.settled:

@@ -30,6 +30,7 @@ write. WAL journal: a committed transaction survives a crash of the process (`ki
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sqlite3
 import threading
@@ -84,20 +85,27 @@ CREATE TABLE IF NOT EXISTS marks (key TEXT NOT NULL, field TEXT NOT NULL, value 
 _KEY_COLUMNS = "key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at"
 
 
+@functools.cache
+def _select_in(columns: str, table: str, n: int) -> str:
+    """`SELECT columns FROM table WHERE key IN (?, ...)` with n placeholders (one text per n, cached)."""
+    return f"SELECT {columns} FROM {table} WHERE key IN ({', '.join('?' * n)})"  # noqa: S608 - fixed names
+
+
 class _SqliteTxn:
     """The `_engine.Txn` view of one open SQLite transaction."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.c = conn
 
-    def get_bucket(self, key: str) -> tuple[float, float] | None:
-        return self.c.execute("SELECT level, ts FROM buckets WHERE key = ?", (key,)).fetchone()
+    def get_buckets(self, keys: list[str]) -> list[tuple[float, float] | None]:
+        found = {key: (level, ts) for key, level, ts in self.c.execute(_select_in("key, level, ts", "buckets", len(keys)), keys)}  # fmt: skip
+        return [found.get(key) for key in keys]
 
-    def set_bucket(self, key: str, level: float, ts: float) -> None:
-        self.c.execute(
+    def set_buckets(self, rows: list[tuple[str, float, float]]) -> None:
+        self.c.executemany(
             "INSERT INTO buckets (key, level, ts) VALUES (?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET level = excluded.level, ts = excluded.ts",
-            (key, level, ts),
+            rows,
         )
 
     def lease_count(self, key: str, now: float) -> int:
@@ -110,23 +118,22 @@ class _SqliteTxn:
     def remove_lease(self, key: str, lease_id: str) -> None:
         self.c.execute("DELETE FROM leases WHERE key = ? AND lease_id = ?", (key, lease_id))
 
-    def get_counter(self, key: str) -> int:
-        row = self.c.execute("SELECT used FROM counters WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else 0
+    def get_counters(self, keys: list[str]) -> list[int]:
+        found = dict(self.c.execute(_select_in("key, used", "counters", len(keys)), keys).fetchall())
+        return [found.get(key, 0) for key in keys]
 
-    def add_counter(self, key: str, delta: int, expires_at: float) -> int:
-        return self.c.execute(
-            "INSERT INTO counters (key, used, expires_at) VALUES (?, max(0, ?), ?) "
-            "ON CONFLICT (key) DO UPDATE SET used = max(0, used + ?), "
-            "expires_at = excluded.expires_at RETURNING used",
-            (key, delta, expires_at, delta),
-        ).fetchone()[0]
+    def add_counters(self, rows: list[tuple[str, int, float]]) -> None:
+        self.c.executemany(
+            "INSERT INTO counters (key, used, expires_at) VALUES (?1, max(0, ?2), ?3) "
+            "ON CONFLICT (key) DO UPDATE SET used = max(0, used + ?2), expires_at = excluded.expires_at",
+            rows,
+        )
 
-    def add_usage(self, usage: UsageDelta) -> None:
-        self.c.execute(
+    def add_usage(self, rows: list[UsageDelta]) -> None:
+        self.c.executemany(
             "INSERT INTO usage VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, model, period) DO UPDATE SET "
             "requests = requests + excluded.requests, tokens = tokens + excluded.tokens",
-            (usage.tenant, usage.model, usage.period, usage.requests, usage.tokens),
+            [(u.tenant, u.model, u.period, u.requests, u.tokens) for u in rows],
         )
 
     def mark_settled(self, settle_id: str, now: float) -> bool:
@@ -429,7 +436,13 @@ class SqliteStore(StateStore):
     def _run_group(
         self, conn: sqlite3.Connection, group: list[Callable[[sqlite3.Connection], object]]
     ) -> list[tuple[bool, object]]:
-        """Inside a transaction `conn` began: each operation in its savepoint, then one commit."""
+        """Inside a transaction `conn` began: each operation in its savepoint, then one commit.
+
+        A group of one needs no savepoint (two statements of the few a request costs): its
+        failure rolls the whole transaction back.
+        """
+        if len(group) == 1:
+            return self._run_alone(conn, group[0])
         outcomes: list[tuple[bool, object]] = []
         try:
             for fn in group:
@@ -451,6 +464,30 @@ class SqliteStore(StateStore):
         self.groups += 1
         self.grouped_ops += len(group)
         return outcomes
+
+    def _run_alone(
+        self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], object]
+    ) -> list[tuple[bool, object]]:
+        """A group of one operation: its own transaction, committed or rolled back whole."""
+        try:
+            value = fn(conn)
+        except Exception as exc:  # noqa: BLE001 - the operation's own failure
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            return [(False, _store_error(self.path, exc))]
+        try:
+            conn.execute("COMMIT")
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            return [(False, StoreUnavailable(f"sqlite {self.path}: {exc}"))]
+        self.groups += 1
+        self.grouped_ops += 1
+        return [(True, value)]
 
     async def acquire(
         self,

@@ -112,3 +112,28 @@ async def test_the_wal_is_checkpointed_from_the_thread(tmp_path, clock, monkeypa
         assert len(checkpoints) == 3 and threading.current_thread().name not in checkpoints
     finally:
         await store.close()
+
+
+def _write_then_fail(conn: sqlite3.Connection) -> None:
+    conn.execute("INSERT INTO marks VALUES ('k', 'failed', 'x')")
+    raise ValueError("this operation fails after writing")
+
+
+def _write(field: str):  # type: ignore[no-untyped-def]
+    return lambda conn: conn.execute("INSERT INTO marks VALUES ('k', ?, 'x')", (field,))
+
+
+@pytest.mark.parametrize("companions", [0, 2])
+async def test_a_failing_operation_undoes_only_its_own_writes(tmp_path, companions) -> None:
+    """Alone in its group (no savepoint) or among others (its savepoint): the others commit."""
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        calls = [store._tx(_write_then_fail)] + [store._tx(_write(f"ok{i}")) for i in range(companions)]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert isinstance(outcomes[0], ValueError)
+        assert not any(isinstance(o, BaseException) for o in outcomes[1:])
+        # one transaction for all; a failing operation alone in it commits nothing
+        assert (store.groups, store.grouped_ops) == ((1, 1 + companions) if companions else (0, 0))
+        assert await store.get_marks("k") == {f"ok{i}": "x" for i in range(companions)}
+    finally:
+        await store.close()
