@@ -165,6 +165,14 @@ def _answer_all(answers: list[tuple[asyncio.Future, bool, object]]) -> None:
             future.set_exception(value)  # type: ignore[arg-type]
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """End a failed transaction; a connection that cannot even roll back is past caring."""
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
 def _store_error(path: str, exc: Exception) -> Exception:
     """A database error of one operation becomes StoreUnavailable; anything else stays itself."""
     if isinstance(exc, sqlite3.OperationalError | sqlite3.DatabaseError):
@@ -406,10 +414,7 @@ class SqliteStore(StateStore):
     ) -> list[tuple[bool, object]]:
         """Undo what an unexpected error left open; every operation of the group gets the error."""
         if conn is not None and conn.in_transaction:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+            _rollback(conn)
         return [(False, StoreUnavailable(f"sqlite {self.path}: {type(exc).__name__}"))] * len(group)
 
     def _answer(self, group: list, outcomes: list[tuple[bool, object]]) -> None:
@@ -453,17 +458,10 @@ class SqliteStore(StateStore):
                     conn.execute("ROLLBACK TO op")
                     outcomes.append((False, _store_error(self.path, exc)))
                 conn.execute("RELEASE op")
-            conn.execute("COMMIT")
         except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            error = StoreUnavailable(f"sqlite {self.path}: {exc}")
-            return [(False, error)] * len(group)
-        self.groups += 1
-        self.grouped_ops += len(group)
-        return outcomes
+            _rollback(conn)
+            return [(False, StoreUnavailable(f"sqlite {self.path}: {exc}"))] * len(group)
+        return self._commit(conn, outcomes)
 
     def _run_alone(
         self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], object]
@@ -472,22 +470,22 @@ class SqliteStore(StateStore):
         try:
             value = fn(conn)
         except Exception as exc:  # noqa: BLE001 - the operation's own failure
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+            _rollback(conn)
             return [(False, _store_error(self.path, exc))]
+        return self._commit(conn, [(True, value)])
+
+    def _commit(
+        self, conn: sqlite3.Connection, outcomes: list[tuple[bool, object]]
+    ) -> list[tuple[bool, object]]:
+        """Commit the group's transaction: its outcomes stand, or every operation gets the error."""
         try:
             conn.execute("COMMIT")
         except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            return [(False, StoreUnavailable(f"sqlite {self.path}: {exc}"))]
+            _rollback(conn)
+            return [(False, StoreUnavailable(f"sqlite {self.path}: {exc}"))] * len(outcomes)
         self.groups += 1
-        self.grouped_ops += 1
-        return [(True, value)]
+        self.grouped_ops += len(outcomes)
+        return outcomes
 
     async def acquire(
         self,
