@@ -1,8 +1,9 @@
 """Remote adapter: another server of the fleet, reached over pooled keep-alive HTTP.
 
 Speaks OpenAI (another fleetgate, vLLM, TGI, any OpenAI-compatible server) or the Open Inference
-Protocol v2 (another fleetgate, Triton, OpenVINO Model Server, KServe). Text is always requested as
-a stream upstream, so tokens are passed on as they arrive and never buffered whole. Upstream errors
+Protocol v2 (another fleetgate, Triton, OpenVINO Model Server, KServe). A streamed text request is
+streamed upstream too, so tokens are passed on as they arrive and never buffered whole; a request for
+one answer asks the upstream for one JSON answer. Upstream errors
 and timeouts become clean gateway errors; upstream bodies are never echoed verbatim beyond a short,
 single-line message.
 """

@@ -7,6 +7,8 @@ Side by side in one run, in front of one upstream:
   fleetgate_sqlite  `fleetgate serve`, a `remote` (openai) deployment in front of the upstream, a tenant
                     whose limits, quotas and per-key limits are too high to refuse: every request takes
                     the full path (key auth, admit, fair queue, proxy, reconcile); state in SQLite;
+  fleetgate_sqlite_thread  the same with `?commit=thread` (store groups commit on the store's thread,
+                    not on the event loop): the A/B of where SQLite groups commit;
   fleetgate_redis   the same with state in a redis-server started here on a free loopback port;
   litellm           LiteLLM proxy (own virtualenv bench/.venvs/litellm, made on first use), one uvicorn
                     worker, model_list `openai/<name>` with `api_base` = the upstream, master key only
@@ -244,7 +246,10 @@ def start_all(work: Path, stack: ExitStack, notes: list[str]) -> list[Server]:
     stack.callback(stop, upstream)
     wait_until(lambda: port_open(up_port), upstream, "upstream", 10)
     servers = [Server("upstream", up_port, "none", [upstream.pid])]
-    stores = [("fleetgate_sqlite", f"sqlite:///{work / 'state.db'}", [])]
+    stores = [
+        ("fleetgate_sqlite", f"sqlite:///{work / 'state.db'}", []),
+        ("fleetgate_sqlite_thread", f"sqlite:///{work / 'state-thread.db'}?commit=thread", []),
+    ]
     if shutil.which("redis-server"):
         url, redis_pid = start_redis(work, stack)
         stores.append(("fleetgate_redis", url, [redis_pid]))
@@ -395,8 +400,9 @@ def main() -> None:
         "litellm runs with a master key only: its virtual keys and per-key limits need Postgres through "
         "Prisma, and `prisma generate` downloads the Prisma engines from binaries.prisma.sh, which these "
         "machines cannot reach (ENOTFOUND); so litellm does one key compare, no limits, no accounting",
-        "fleetgate's remote backend always asks the upstream for a stream (SSE) and re-encodes it as one "
-        "JSON completion; litellm asks for JSON",
+        "both ask the upstream for one JSON completion (the body does not ask for a stream)",
+        "fleetgate_sqlite commits each group of store operations on the event loop (the default); "
+        "fleetgate_sqlite_thread is the same gateway with `?commit=thread`: groups commit on the store's thread",
     ]
     notes += [
         f"{name} opened {m['upstream_conns_per_req']:.2f} new upstream connections per request at {c}"
