@@ -63,16 +63,19 @@ T = TypeVar("T")
 #: groups committed on the event loop between two passive WAL checkpoints on the store's thread
 _CHECKPOINT_EVERY = 500
 
+# State tables are WITHOUT ROWID: a table keyed by text is then one B-tree instead of a table and an
+# index, so a request's two commits write ~4.6 WAL pages each instead of ~7.1 (measured). Files made
+# before keep their rowid tables (CREATE ... IF NOT EXISTS), which the same statements serve.
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS buckets (key TEXT PRIMARY KEY, level REAL NOT NULL, ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS buckets (key TEXT PRIMARY KEY, level REAL NOT NULL, ts REAL NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS leases (key TEXT NOT NULL, lease_id TEXT NOT NULL, expires_at REAL NOT NULL,
-    PRIMARY KEY (key, lease_id));
-CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, used INTEGER NOT NULL, expires_at REAL NOT NULL);
+    PRIMARY KEY (key, lease_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, used INTEGER NOT NULL, expires_at REAL NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS usage (tenant TEXT NOT NULL, model TEXT NOT NULL, period TEXT NOT NULL,
-    requests INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (tenant, model, period));
-CREATE TABLE IF NOT EXISTS settled (id TEXT PRIMARY KEY, at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS journal (id TEXT PRIMARY KEY, instance TEXT NOT NULL, payload TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+    requests INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (tenant, model, period)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS settled (id TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS journal (id TEXT PRIMARY KEY, instance TEXT NOT NULL, payload TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, expires_at REAL NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, hash TEXT NOT NULL,
     models TEXT NOT NULL, name TEXT, created_at REAL NOT NULL, expires_at REAL, revoked_at REAL,
     last_used_at REAL);
@@ -80,7 +83,7 @@ CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, id TEXT NOT NULL, tenant
     created_at REAL NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id));
 CREATE INDEX IF NOT EXISTS records_by_tenant ON records (kind, tenant, created_at, id);
 CREATE TABLE IF NOT EXISTS marks (key TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
-    PRIMARY KEY (key, field));
+    PRIMARY KEY (key, field)) WITHOUT ROWID;
 """
 _KEY_COLUMNS = "key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at"
 

@@ -137,3 +137,34 @@ async def test_a_failing_operation_undoes_only_its_own_writes(tmp_path, companio
         assert await store.get_marks("k") == {f"ok{i}": "x" for i in range(companions)}
     finally:
         await store.close()
+
+
+_OLD_SCHEMA = """
+CREATE TABLE buckets (key TEXT PRIMARY KEY, level REAL NOT NULL, ts REAL NOT NULL);
+CREATE TABLE leases (key TEXT NOT NULL, lease_id TEXT NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (key, lease_id));
+CREATE TABLE counters (key TEXT PRIMARY KEY, used INTEGER NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE usage (tenant TEXT NOT NULL, model TEXT NOT NULL, period TEXT NOT NULL,
+    requests INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (tenant, model, period));
+CREATE TABLE settled (id TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE journal (id TEXT PRIMARY KEY, instance TEXT NOT NULL, payload TEXT NOT NULL);
+"""
+
+
+async def test_a_file_with_the_older_rowid_tables_serves_as_before(tmp_path, clock) -> None:
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as old:
+        old.executescript(_OLD_SCHEMA)
+        old.execute("INSERT INTO usage VALUES ('acme', 'm', '2026-11-21', 1, 5)")
+    store = await open_store(f"sqlite:///{path}")
+    try:
+        gate = admission(store, clock, limits=Limits(max_concurrency=1), quotas=Quotas(tokens_per_day=20))
+        reservation = await gate.admit(ACME, "m", 10)
+        with pytest.raises(RateLimited):  # the concurrency slot is taken
+            await gate.admit(ACME, "m", 1)
+        await gate.reconcile(reservation, 10)
+        assert [r.tokens for r in await store.usage("acme") if len(r.period) == 10] == [15]
+        with sqlite3.connect(path) as check:
+            (sql,) = check.execute("SELECT sql FROM sqlite_master WHERE name = 'buckets'").fetchone()
+        assert "WITHOUT ROWID" not in sql  # the file kept its tables
+    finally:
+        await store.close()
