@@ -12,19 +12,16 @@ committed, so what a caller was told survives a crash exactly as before.
 Where the group commits: with the default `synchronous=normal` a WAL commit is a write to the page
 cache, tens of microseconds, cheaper than handing the group to a thread and waking the event loop
 back (a profile of the proxy path at one request in flight put a fifth of the gateway's CPU in those
-thread wake-ups). So the group runs on the event loop itself, on a second connection that never
-waits for a lock: it is scheduled with `call_soon`, so everything queued in the same loop iteration
-shares it. When another process holds the write lock (two workers or replicas on one file), that
-connection is refused at once and the group goes to the store's thread, whose connection waits up to
-the busy timeout as before. The loop's connection never checkpoints the WAL on commit (a checkpoint
-writes the database file and syncs); the thread runs a passive checkpoint after every
-`_CHECKPOINT_EVERY` groups committed on the loop. `?synchronous=full` (an fsync per commit) keeps
-every group on the thread.
-
-SQLite takes the write lock before reading (IMMEDIATE), and operations run one after another inside
-the group, so two processes (two gateway replicas on one file) can never both pass a check and both
-write. WAL journal: a committed transaction survives a crash of the process (`kill -9`); with
-`?synchronous=full` it survives a power loss too, at the cost of one fsync per commit (per group).
+thread wake-ups). So a group of one operation (nothing else queued: no overlap to share a commit
+with) commits on the event loop itself, on a second connection that never waits for a lock; it is
+scheduled with `call_soon`, so what other callbacks ready at that moment queue joins it. A larger
+group means requests overlap: it goes to the store's thread, whose SQLite work then runs beside the
+loop (SQLite releases the GIL), and what queues meanwhile forms the thread's next group. When another
+process holds the write lock (two workers or replicas on one file), the loop's connection is refused
+at once and the group goes to the thread too, whose connection waits up to the busy timeout. The
+loop's connection never checkpoints the WAL on commit (a checkpoint writes the database file and
+syncs); the thread runs a passive checkpoint after every `_CHECKPOINT_EVERY` groups committed on the
+loop. `?synchronous=full` (an fsync per commit) and `?commit=thread` keep every group on the thread.
 """
 
 from __future__ import annotations
@@ -62,6 +59,9 @@ T = TypeVar("T")
 
 #: groups committed on the event loop between two passive WAL checkpoints on the store's thread
 _CHECKPOINT_EVERY = 500
+#: a larger group means requests overlap: it goes to the thread, whose SQLite work runs beside the
+#: loop (without the GIL), and what queues meanwhile joins the thread's next group
+_LOOP_GROUP_MAX = 1
 
 # State tables are WITHOUT ROWID: a table keyed by text is then one B-tree instead of a table and an
 # index, so a request's two commits write ~4.6 WAL pages each instead of ~7.1 (measured). Files made
@@ -325,9 +325,11 @@ class SqliteStore(StateStore):
                 return
         conn = self._loop_conn
         outcomes = (
-            None if conn is None else self._commit_group_without_waiting(conn, [fn for fn, _, _ in group])
+            None
+            if conn is None or len(group) > _LOOP_GROUP_MAX
+            else self._commit_group_without_waiting(conn, [fn for fn, _, _ in group])
         )
-        if outcomes is None:  # the write lock is taken (another process), or the store closed
+        if outcomes is None:  # under load, the write lock taken (another process), or the store closed
             with self._queue_lock:
                 self._queued[:0] = group  # first in line on the thread, which waits for the lock
                 try:

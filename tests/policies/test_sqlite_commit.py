@@ -44,6 +44,19 @@ async def test_groups_commit_on_the_loop_when_the_lock_is_free(tmp_path, clock) 
         await store.close()
 
 
+async def test_overlapping_operations_commit_together_on_the_thread(tmp_path, clock) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        threads = _spy_threads(store)
+        gate = admission(store, clock, limits=Limits(requests_per_minute=5))
+        admitted = await asyncio.gather(*(gate.admit(ACME, "m", 1) for _ in range(8)), return_exceptions=True)
+        assert sum(not isinstance(a, RateLimited) for a in admitted) == 5  # exact in one group
+        assert (store.groups, store.grouped_ops, store.loop_groups) == (1, 8, 0)
+        assert threading.current_thread().name not in threads
+    finally:
+        await store.close()
+
+
 async def test_a_group_waits_on_the_thread_while_another_process_holds_the_lock(tmp_path, clock) -> None:
     path = tmp_path / "state.db"
     store = await open_store(f"sqlite:///{path}")
