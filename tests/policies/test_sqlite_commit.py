@@ -14,6 +14,12 @@ from policies.types import Limits, Quotas
 from tests.policies.helpers import ACME, admission
 
 
+@pytest.fixture(autouse=True)
+def _patient_loop(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A slow CI machine must not look like a busy loop (the busy rule has a test of its own)."""
+    monkeypatch.setattr("policies.stores.sqlite_store._LOOP_BUSY_S", 10.0)
+
+
 def _spy_threads(store) -> set[str]:  # type: ignore[no-untyped-def]
     """Record the name of every thread a group runs on."""
     seen: set[str] = set()
@@ -40,6 +46,19 @@ async def test_groups_commit_on_the_loop_when_the_lock_is_free(tmp_path, clock) 
         assert store.loop_groups == store.groups >= 6
         rows = await store.usage("acme")
         assert sum(r.tokens for r in rows if len(r.period) == 10) == 30
+    finally:
+        await store.close()
+
+
+async def test_a_busy_loop_hands_even_a_single_operation_to_the_thread(tmp_path, clock, monkeypatch) -> None:
+    monkeypatch.setattr("policies.stores.sqlite_store._LOOP_BUSY_S", 0.0)  # any wait counts as busy
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        threads = _spy_threads(store)
+        gate = admission(store, clock, quotas=Quotas(tokens_per_day=100))
+        await gate.reconcile(await gate.admit(ACME, "m", 10), 10)
+        assert (store.groups, store.loop_groups) == (2, 0)
+        assert threading.current_thread().name not in threads
     finally:
         await store.close()
 
