@@ -365,12 +365,16 @@ class SqliteStore(StateStore):
         _answer_all(mine)
         with self._queue_lock:
             if self._queued:  # queued from another thread while this group committed
+                self._scheduled_at = time.perf_counter()
                 here.call_soon(self._drain_on_loop)
             else:
                 self._draining = False
         if self._loop_groups_since_checkpoint >= _CHECKPOINT_EVERY:
             self._loop_groups_since_checkpoint = 0
-            self._executor.submit(self._checkpoint)
+            try:
+                self._executor.submit(self._checkpoint)
+            except RuntimeError:  # closed meanwhile (from another thread): nothing left to checkpoint
+                pass
 
     def _commit_group_without_waiting(
         self, conn: sqlite3.Connection, group: list[Callable[[sqlite3.Connection], object]]
