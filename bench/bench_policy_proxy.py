@@ -17,8 +17,9 @@ Load: wrk, a Lua script POSTing one chat body with the bearer key over keep-aliv
 (1 thread) and c=16 (2 threads): 1 s warm-up, then `--seconds` with `--latency`. "added p50" = proxy p50
 - upstream p50 at the same concurrency in the same round. A round runs every (server, concurrency)
 point back to back (server order rotated per round); the JSON has every round, medians over rounds and
-per-round ratios fleetgate/LiteLLM. cpu_ms_per_req: CPU time of the proxy (and redis-server) per request;
-upstream_conns_per_req: TCP connections the upstream accepted per request (0 = pooled keep-alive).
+per-round ratios fleetgate/LiteLLM and fleetgate_sqlite/fleetgate_sqlite_thread. cpu_ms_per_req: CPU
+time of the proxy (and redis-server) per request; upstream_conns_per_req: TCP connections the upstream
+accepted per request (0 = pooled keep-alive).
 
     .venv/bin/python bench/bench_policy_proxy.py [--seconds 5 --rounds 3]
 
@@ -335,7 +336,8 @@ def run_round(work: Path, servers: list[Server], index: int, seconds: float) -> 
 
 
 def summarize(rounds: list[dict[str, dict[str, dict]]]) -> tuple[dict, dict]:
-    """Medians over rounds (error counts: totals) and per-round ratios fleetgate/LiteLLM."""
+    """Medians over rounds (error counts: totals) and per-round ratios: each fleetgate over LiteLLM, and
+    the default SQLite commit over `?commit=thread`."""
     medians = {
         name: {c: {k: statistics.median(r[name][c][k] for r in rounds) for k in first} for c, first in per_c.items()}
         for name, per_c in rounds[0].items()
@@ -345,12 +347,15 @@ def summarize(rounds: list[dict[str, dict[str, dict]]]) -> tuple[dict, dict]:
             m["non_2xx"] = sum(r[name][c]["non_2xx"] for r in rounds)
             m["socket_errors"] = sum(r[name][c]["socket_errors"] for r in rounds)
     ratios: dict[str, dict] = {}
-    fleetgates = [n for n in rounds[0] if n.startswith("fleetgate")] if "litellm" in rounds[0] else []
-    for name in fleetgates:
+    pairs = [(n, "litellm") for n in rounds[0] if n.startswith("fleetgate")] if "litellm" in rounds[0] else []
+    if "fleetgate_sqlite_thread" in rounds[0]:  # where SQLite groups commit: the default over ?commit=thread
+        pairs.append(("fleetgate_sqlite", "fleetgate_sqlite_thread"))
+    for name, base in pairs:
         for c in rounds[0][name]:
             for metric in ("rps", "added_p50_ms", "cpu_ms_per_req"):
-                per_round = [r[name][c][metric] / r["litellm"][c][metric] for r in rounds]
-                ratios[f"{name}_over_litellm_{metric}_{c}"] = {
+                per_round = [r[name][c][metric] / r[base][c][metric] for r in rounds]
+                key = f"{name}_over_{base.removeprefix('fleetgate_sqlite_')}_{metric}_{c}"
+                ratios[key] = {
                     "per_round": [round(x, 3) for x in per_round],
                     "median": round(statistics.median(per_round), 3),
                 }
@@ -418,7 +423,7 @@ def main() -> None:
         "versions": {"litellm": dist.name[len("litellm-") : -len(".dist-info")] if dist else None},
         "body": json.loads(BODY),
         "points": medians,
-        "ratios_fleetgate_over_litellm": ratios,
+        "ratios": ratios,
         "per_round": rounds,
         "notes": notes,
     }

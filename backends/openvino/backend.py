@@ -259,9 +259,9 @@ class OpenVINOBackend:
         """One inference on the loop's own infer request, synchronously (OpenVINO releases the GIL)."""
         request = self._inline_request
         names = outputs if outputs is not None else self._all_outputs
-        feeds = {k: (v.astype(bytes) if v.dtype == object else v) for k, v in inputs.items()}
         try:
-            request.infer(feeds, share_inputs=True)
+            # no string inputs to convert here: `call_bytes` keeps calls holding strings off this path
+            request.infer(inputs, share_inputs=True)
             # Copy: the request's output buffers are reused by the next inference.
             return {name: read_tensor(request.get_output_tensor(self._output_index[name])) for name in names}
         except Exception as exc:

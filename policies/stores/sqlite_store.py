@@ -1,30 +1,28 @@
 """`sqlite:///path`: the embedded default, durable and shared by every process on one host.
 
-One connection lives on one dedicated thread, so the event loop never blocks on the disk.
+Group commit: every operation (acquire, settle, a key lookup...) is queued, and all operations queued
+at that moment run in one `BEGIN IMMEDIATE` transaction, each inside its own savepoint (a failing
+operation undoes only its own writes), then commit once and are answered. Requests arriving while a
+group commits form the next group, so under load many requests share one commit, one thread hop and
+one wake-up of the event loop. An operation is answered only after its group has committed, so what
+a caller was told survives a crash exactly as before.
 
-Group commit: every operation (acquire, settle, a key lookup...) is queued, and the thread runs all
-operations queued at that moment in one `BEGIN IMMEDIATE` transaction, each inside its own savepoint
-(a failing operation undoes only its own writes), then commits once and answers them all. Requests
-arriving while a group commits form the next group, so under load many requests share one commit,
-one thread hop and one wake-up of the event loop. An operation is answered only after its group has
-committed, so what a caller was told survives a crash exactly as before.
-
-Where the group commits: with the default `synchronous=normal` a WAL commit is a write to the page
+Where a group commits: with the default `synchronous=normal` a WAL commit is a write to the page
 cache, tens of microseconds, cheaper than handing the group to a thread and waking the event loop
-back (a profile of the proxy path at one request in flight put a fifth of the gateway's CPU in those
-thread wake-ups). So a group of one operation (nothing else queued: no overlap to share a commit
-with) commits on the event loop itself, on a second connection that never waits for a lock; it is
-scheduled with `call_soon`, so what other callbacks ready at that moment queue joins it. A larger
-group means requests overlap, and a loop that took over `_LOOP_BUSY_S` to reach the group is busy
-with other requests: either way the group goes to the store's thread, whose SQLite work then runs
-beside the loop (SQLite releases the GIL), and what queues meanwhile forms the thread's next group.
-(Measured through the gateway against `?commit=thread`, 4 rounds: p50 0.68x at one request in
-flight, requests/s 1.24x at 16; without the busy rule 16 in flight measured 0.88-0.96x.) When another
-process holds the write lock (two workers or replicas on one file), the loop's connection is refused
-at once and the group goes to the thread too, whose connection waits up to the busy timeout. The
-loop's connection never checkpoints the WAL on commit (a checkpoint writes the database file and
-syncs); the thread runs a passive checkpoint after every `_CHECKPOINT_EVERY` groups committed on the
-loop. `?synchronous=full` (an fsync per commit) and `?commit=thread` keep every group on the thread.
+back (a `perf` profile of the proxy path at one request in flight put a tenth of the gateway's CPU
+in those cross-thread wake-ups). So a group of one operation (nothing queued beside it) commits on
+the event loop itself, on a second connection that never waits for a lock; it is scheduled with
+`call_soon`, so what other callbacks ready at that moment queue joins it. A larger group means
+requests overlap, and a loop that took over `_LOOP_BUSY_S` to reach the group is busy with other
+requests: either way the group goes to the store's own thread and connection, whose SQLite work
+then runs beside the loop (SQLite releases the GIL), and what queues meanwhile forms the thread's
+next group. When another process holds the write lock (two workers or replicas on one file), the
+loop's connection is refused at once and the group goes to the thread too, whose connection waits
+up to the busy timeout: the loop never blocks on a lock. The loop's connection never checkpoints
+the WAL on commit (a checkpoint writes the database file and syncs); the thread runs a passive
+checkpoint after every `_CHECKPOINT_EVERY` groups committed on the loop. `?synchronous=full` (an
+fsync per commit) and `?commit=thread` keep every group on the thread. `bench/bench_policy_proxy.py`
+measures the default against `?commit=thread`.
 """
 
 from __future__ import annotations
@@ -62,9 +60,6 @@ T = TypeVar("T")
 
 #: groups committed on the event loop between two passive WAL checkpoints on the store's thread
 _CHECKPOINT_EVERY = 500
-#: a larger group means requests overlap: it goes to the thread, whose SQLite work runs beside the
-#: loop (without the GIL), and what queues meanwhile joins the thread's next group
-_LOOP_GROUP_MAX = 1
 #: a loop that took longer than this to reach a scheduled group is busy with other requests: the
 #: group goes to the thread, so its SQLite work runs beside the loop instead of on it
 _LOOP_BUSY_S = 100e-6
@@ -223,7 +218,6 @@ class SqliteStore(StateStore):
         self._conn: sqlite3.Connection | None = None
         #: the event loop's own connection (busy timeout 0), None where groups always go to the thread
         self._loop_conn: sqlite3.Connection | None = None
-        self._loop_groups_since_checkpoint = 0
         self._scheduled_at = 0.0  # when the pending drain was scheduled on the loop
         self._ops = 0
         #: operations waiting for the next group: (work, the caller's future, the caller's loop)
@@ -332,14 +326,10 @@ class SqliteStore(StateStore):
                 self._draining = False
                 return
         conn = self._loop_conn
-        outcomes = (
-            None
-            if conn is None
-            or len(group) > _LOOP_GROUP_MAX
-            or time.perf_counter() - self._scheduled_at > _LOOP_BUSY_S
-            else self._commit_group_without_waiting(conn, [fn for fn, _, _ in group])
-        )
-        if outcomes is None:  # under load, the write lock taken (another process), or the store closed
+        outcomes = None
+        if conn is not None and len(group) == 1 and time.perf_counter() - self._scheduled_at <= _LOOP_BUSY_S:
+            outcomes = self._commit_on(conn, [fn for fn, _, _ in group])
+        if not isinstance(outcomes, list):  # overlap, a busy loop, the lock held elsewhere, or closed
             with self._queue_lock:
                 self._queued[:0] = group  # first in line on the thread, which waits for the lock
                 try:
@@ -350,44 +340,38 @@ class SqliteStore(StateStore):
             self._answer(group, [(False, StoreUnavailable(f"sqlite {self.path}: closed"))] * len(group))
             return
         self.loop_groups += 1
-        self._loop_groups_since_checkpoint += 1
         here = asyncio.get_running_loop()
-        mine = [
-            (future, ok, value)
-            for (_, future, loop), (ok, value) in zip(group, outcomes, strict=True)
-            if loop is here
-        ]
-        if len(mine) < len(group):  # callers on other loops are answered on theirs
-            self._answer(
-                [g for g in group if g[2] is not here],
-                [o for g, o in zip(group, outcomes, strict=True) if g[2] is not here],
-            )
-        _answer_all(mine)
+        self._answer(group, outcomes, here)
         with self._queue_lock:
             if self._queued:  # queued from another thread while this group committed
                 self._scheduled_at = time.perf_counter()
                 here.call_soon(self._drain_on_loop)
             else:
                 self._draining = False
-        if self._loop_groups_since_checkpoint >= _CHECKPOINT_EVERY:
-            self._loop_groups_since_checkpoint = 0
+        if self.loop_groups % _CHECKPOINT_EVERY == 0:
             try:
                 self._executor.submit(self._checkpoint)
             except RuntimeError:  # closed meanwhile (from another thread): nothing left to checkpoint
                 pass
 
-    def _commit_group_without_waiting(
+    def _commit_on(
         self, conn: sqlite3.Connection, group: list[Callable[[sqlite3.Connection], object]]
-    ) -> list[tuple[bool, object]] | None:
-        """Commit the group on `conn` if its write lock is free now; None if it is not."""
+    ) -> list[tuple[bool, object]] | sqlite3.Error:
+        """The group in one transaction on `conn`: each operation's outcome, or why it could not begin.
+
+        `BEGIN IMMEDIATE` takes the write lock before reading (check-and-set). On the loop's
+        connection (busy timeout 0) it fails at once while another process holds the lock.
+        """
         try:
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error:  # SQLITE_BUSY: held by another process; the thread waits for it
-            return None
+        except sqlite3.Error as exc:
+            return exc
         try:
             return self._run_group(conn, group)
-        except Exception as exc:  # noqa: BLE001 - as on the thread: the group fails, the store lives
-            return self._failed_group(conn, group, exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. InterfaceError: the group fails, the store lives
+            if conn.in_transaction:
+                _rollback(conn)
+            return [(False, StoreUnavailable(f"sqlite {self.path}: {type(exc).__name__}"))] * len(group)
 
     def _checkpoint(self) -> None:
         """On the store's thread: copy committed WAL pages into the database without blocking writers."""
@@ -422,40 +406,34 @@ class SqliteStore(StateStore):
             self._answer(group, [(False, error)] * len(group))
             raise
 
-    def _commit_group_safely(self, group: list) -> list[tuple[bool, object]]:
-        try:
-            return self._commit_group(group)
-        except Exception as exc:  # noqa: BLE001 - e.g. InterfaceError: the group fails, the store lives
-            return self._failed_group(self._conn, group, exc)
-
-    def _failed_group(
-        self, conn: sqlite3.Connection | None, group: list, exc: Exception
+    def _commit_group_safely(
+        self, group: list[Callable[[sqlite3.Connection], object]]
     ) -> list[tuple[bool, object]]:
-        """Undo what an unexpected error left open; every operation of the group gets the error."""
-        if conn is not None and conn.in_transaction:
-            _rollback(conn)
-        return [(False, StoreUnavailable(f"sqlite {self.path}: {type(exc).__name__}"))] * len(group)
+        """On the store's thread: the group on the thread's connection, every failure an outcome."""
+        try:
+            outcomes = self._commit_on(self._connection(), group)
+        except sqlite3.Error as exc:  # the store is closed
+            outcomes = exc
+        if isinstance(outcomes, list):
+            return outcomes
+        return [(False, StoreUnavailable(f"sqlite {self.path}: {outcomes}"))] * len(group)
 
-    def _answer(self, group: list, outcomes: list[tuple[bool, object]]) -> None:
-        """Hand each operation of a group its outcome, on its caller's loop."""
+    def _answer(
+        self, group: list, outcomes: list[tuple[bool, object]], here: asyncio.AbstractEventLoop | None = None
+    ) -> None:
+        """Hand each operation of a group its outcome on its caller's loop: at once on `here` (the
+        loop this runs on), through `call_soon_threadsafe` (a wake-up) on any other."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, bool, object]]] = {}
         for (_, future, loop), (ok, value) in zip(group, outcomes, strict=True):
             by_loop.setdefault(loop, []).append((future, ok, value))
         for loop, answers in by_loop.items():
+            if loop is here:
+                _answer_all(answers)
+                continue
             try:
                 loop.call_soon_threadsafe(_answer_all, answers)
             except RuntimeError:  # that loop is closed: nobody is waiting any more
                 pass
-
-    def _commit_group(self, group: list[Callable[[sqlite3.Connection], object]]) -> list[tuple[bool, object]]:
-        """One transaction for the whole group; (ok, result or exception) per operation."""
-        try:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")  # take the write lock before reading: check-and-set
-        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            error = StoreUnavailable(f"sqlite {self.path}: {exc}")
-            return [(False, error)] * len(group)
-        return self._run_group(conn, group)
 
     def _run_group(
         self, conn: sqlite3.Connection, group: list[Callable[[sqlite3.Connection], object]]
