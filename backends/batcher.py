@@ -67,6 +67,9 @@ class DynamicBatcher:
         observer: optional callback for metrics.
         max_in_flight: batches that may run at the same time (the runtime's parallel slots).
         wait_for_company: the `delay` mode (see above); False is the `continuous` mode.
+        run_alone: runs a request that would start alone at once (nothing queued, a slot free, no
+            company expected): it skips the queue and runs in its caller's task, through this
+            callable when given (a backend may run such a call inline, `backends/inline_runs.py`).
     """
 
     def __init__(
@@ -79,10 +82,12 @@ class DynamicBatcher:
         observer: BatchObserver | None = None,
         max_in_flight: int = 1,
         wait_for_company: bool = True,
+        run_alone: RunBatch | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self._run = run
+        self._run_alone = run_alone or run
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_ms / 1000.0
         self.max_queue = max_queue
@@ -94,6 +99,10 @@ class DynamicBatcher:
         self._task: asyncio.Task[None] | None = None
         #: batches running now (each holds one of the runtime's parallel slots)
         self._running: set[asyncio.Task[None]] = set()
+        #: lone requests running now in their callers' tasks (`_run_direct`), each holding a slot
+        self._direct_running = 0
+        #: a request is yielding once before it runs alone (`submit`); others arriving now queue
+        self._lone_candidate = False
         #: requests in the last batch started; 1 means callers are not overlapping right now
         self._last_batch_requests = 1
         #: event-loop time when the last batch finished (its callers come back soon after)
@@ -105,8 +114,8 @@ class DynamicBatcher:
 
     @property
     def in_flight(self) -> int:
-        """Batches running now."""
-        return len(self._running)
+        """Batches running now (a lone request run at once in its caller's task counts as one)."""
+        return len(self._running) + self._direct_running
 
     def start(self) -> None:
         if self._task is None:
@@ -131,14 +140,61 @@ class DynamicBatcher:
 
     async def submit(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         """Queue one request; returns its own slice of the batch's outputs."""
-        if len(self._queue) >= self.max_queue:
+        if len(self._queue) + self._lone_candidate >= self.max_queue:
             raise BackendUnavailable("the batch queue of this deployment is full", retry_after_s=1.0)
-        self.start()
         rows = int(next(iter(inputs.values())).shape[0]) if inputs else 1
+        first = False
+        if self._runs_at_once():
+            # Requests that arrived together (one read of several connections) are all ready to
+            # run in this loop iteration: yield once so they queue, then run alone only if none did.
+            self._lone_candidate = True
+            try:
+                await asyncio.sleep(0)
+            finally:
+                self._lone_candidate = False
+            if self._runs_at_once():
+                return await self._run_direct(inputs, outputs, rows)
+            first = True
+        self.start()
         pending = _Pending(inputs, outputs, rows, asyncio.get_running_loop().create_future())
-        self._queue.append(pending)
+        if first:
+            self._queue.insert(0, pending)  # it came before the ones that queued while it yielded
+        else:
+            self._queue.append(pending)
         self._wakeup.set()
         return await pending.future
+
+    def _runs_at_once(self) -> bool:
+        """Whether a request would start alone at once if queued: nothing waits, a slot is
+        free and no company is expected (see `_loop`). Such a request skips the queue and the
+        batcher's task: it runs in its caller's own task, which saves the hand-offs between tasks
+        (a lone caller's latency) and leaves the batch it would have formed unchanged."""
+        if self._queue or self._lone_candidate or self.in_flight >= self.max_in_flight:
+            return False
+        return not (self.wait_for_company and self._callers_returning())
+
+    def _callers_returning(self) -> bool:
+        """The last batch merged several requests and ended just now: closed-loop callers are on
+        their way back, so company is coming."""
+        now = asyncio.get_running_loop().time()
+        return self._last_batch_requests > 1 and now - self._last_finished <= self.max_delay_s
+
+    async def _run_direct(self, inputs: Arrays, outputs: tuple[str, ...] | None, rows: int) -> Arrays:
+        """Run a lone request as a batch of its own in the caller's task, holding a slot meanwhile.
+
+        It goes through `run_alone` unless callers are returning from a merged batch (possible in
+        the `continuous` mode), which would find the loop held by an inline run."""
+        run = self._run if self._callers_returning() else self._run_alone
+        self._direct_running += 1
+        self._last_batch_requests = 1
+        if self._observer is not None:
+            self._observer(1, rows)
+        try:
+            return await run(inputs, outputs)
+        finally:
+            self._direct_running -= 1
+            self._last_finished = asyncio.get_running_loop().time()
+            self._wakeup.set()  # a slot is free for what queued meanwhile
 
     def _take_batch(self, row_cap: int) -> list[_Pending]:
         """Pop the oldest live request and every queued request compatible with it, up to `row_cap` rows."""
@@ -163,7 +219,7 @@ class DynamicBatcher:
 
     async def _wait_for_slot(self) -> None:
         """Until fewer than `max_in_flight` batches run (a finishing batch sets the wakeup)."""
-        while len(self._running) >= self.max_in_flight:
+        while self.in_flight >= self.max_in_flight:
             self._wakeup.clear()
             await self._wakeup.wait()
 
@@ -178,7 +234,7 @@ class DynamicBatcher:
             if not self._queue:
                 continue
             first = self._queue[0]
-            free = self.max_in_flight - len(self._running)
+            free = self.max_in_flight - self.in_flight
             # Wait for company only when callers have been overlapping (the last batch merged
             # several requests): a lone caller would otherwise pay max_delay_ms on every request.
             # With several slots free and company already queued, start now: the rows are split
@@ -187,9 +243,7 @@ class DynamicBatcher:
             # Callers overlap when several are queued now, or when the last batch merged several
             # and ended just now (closed-loop callers are on their way back). A request arriving
             # after a burst ended finds the runtime idle for longer than max_delay and runs at once.
-            now = asyncio.get_running_loop().time()
-            returning = self._last_batch_requests > 1 and now - self._last_finished <= self.max_delay_s
-            overlapping = returning or len(self._queue) > 1
+            overlapping = self._callers_returning() or len(self._queue) > 1
             wait = self.wait_for_company and not spread and overlapping
             deadline = asyncio.get_running_loop().time() + (self.max_delay_s if wait else 0.0)
             # ...and only until as many requests are back as the last batch held: closed-loop
@@ -282,13 +336,15 @@ def batcher_for(
     run: RunBatch,
     observer: Callable[[], BatchObserver | None],
     max_in_flight: int = 1,
+    run_alone: RunBatch | None = None,
 ) -> DynamicBatcher | None:
     """The dynamic batcher a tensor backend should use, or None.
 
     None when the config asks for no batching, or when some input or output has a fixed dimension 0
     (rows cannot be merged along it). `observer` is read at each batch, so the gateway may attach
     its metrics hook after the backend is built. `max_in_flight` is the runtime's number of
-    parallel slots: that many batches may run at once.
+    parallel slots: that many batches may run at once. `run_alone` runs a lone request (see
+    `DynamicBatcher`).
     """
     if batching is None:
         return None
@@ -309,4 +365,5 @@ def batcher_for(
         observer=observe,
         max_in_flight=max_in_flight,
         wait_for_company=batching.mode == "delay",
+        run_alone=run_alone,
     )

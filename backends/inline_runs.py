@@ -17,6 +17,14 @@ The rule: a call runs inline only when
   times that: one slow run (a larger input, a machine hiccup) moves calls back to workers until it
   has left the window, so a model whose cost depends on its input does not stall the loop twice in a
   row on the strength of a fast median.
+A call that runs alone (nothing else running or queued on its deployment, no batch forming: the
+batcher's lone path, `backends/batcher.py`, so only with batching on) may also run inline when it is slower, while every run in
+the window took under `alone_below_s`. Nothing of the deployment is left to overlap with it, so the
+hand-off to a worker would only add its wake-ups to the caller's latency (the heavy MLP of
+`bench/bench_tensor_peers.py`, about 3 ms a run: 1 caller p50 0.85x, 8 in flight unchanged, measured
+side by side). It holds the loop for that long, so a request arriving meanwhile (for any deployment)
+waits up to `alone_below_s`: the bound is that trade, and 0 turns it off.
+
 Every run of a small call counts, wherever it ran: inline runs by their time on the loop; on ONNX
 Runtime, worker runs by their wall time in the worker, which also holds the worker's wait for the
 GIL when the run returns, so under load they read slower than they are and keep calls on workers
@@ -63,8 +71,10 @@ class InlineRuns:
         window: int = DEFAULT_WINDOW,
         min_runs: int = DEFAULT_MIN_RUNS,
         stall_factor: float = DEFAULT_STALL_FACTOR,
+        alone_below_s: float = 0.0,
     ) -> None:
         self.below_s = below_s
+        self.alone_below_s = alone_below_s
         self.max_bytes = max_bytes
         self.min_runs = min_runs
         self.stall_factor = stall_factor
@@ -74,10 +84,11 @@ class InlineRuns:
         self._recent: deque[float] = deque(maxlen=window)
         self._first_seen = False
 
-    def run_inline(self, input_bytes: int | None, available: bool = True) -> bool:
+    def run_inline(self, input_bytes: int | None, available: bool = True, alone: bool = False) -> bool:
         """Whether the call about to be made, with inputs of `input_bytes` (`call_bytes`), runs on
-        the loop's thread (`available`: whether the backend can run it there at all)."""
-        inline = available and self._decide(input_bytes)
+        the loop's thread (`available`: whether the backend can run it there at all; `alone`:
+        nothing else of the deployment runs or waits)."""
+        inline = available and self._decide(input_bytes, alone)
         if inline:
             self.inline_calls += 1
         else:
@@ -88,13 +99,14 @@ class InlineRuns:
         """Whether a call of `input_bytes` could ever run inline, so its run time informs the estimate."""
         return input_bytes is not None and input_bytes <= self.max_bytes
 
-    def _decide(self, input_bytes: int | None) -> bool:
-        if self.below_s <= 0 or not self.is_small(input_bytes):
-            return False
+    def _decide(self, input_bytes: int | None, alone: bool) -> bool:
         recent = self._recent
-        if len(recent) < self.min_runs or self.estimate_s is None or self.estimate_s >= self.below_s:
+        if not self.is_small(input_bytes) or len(recent) < self.min_runs or self.estimate_s is None:
             return False
-        return max(recent) < self.stall_factor * self.below_s
+        slowest = max(recent)
+        if 0 < self.below_s and self.estimate_s < self.below_s and slowest < self.stall_factor * self.below_s:
+            return True
+        return alone and slowest < self.alone_below_s
 
     def record(self, seconds: float) -> None:
         """The cost of one run that succeeded, inline or on a worker (the first one is not counted)."""

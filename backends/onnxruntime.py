@@ -67,6 +67,11 @@ class OnnxOptions(SpecBase):
     #: worker, while recent runs took less than this many microseconds (`backends/inline_runs.py`);
     #: 0 = always a worker thread. Inline runs come on top of `max_parallel_runs`.
     inline_below_us: int = 200
+    #: on CPU with batching, also run a lone call inline (nothing else of this deployment running
+    #: or queued, no batch forming) while every recent run took less than this many microseconds:
+    #: it saves the hand-off's wake-ups on a lone request, and holds the loop (every deployment's
+    #: requests) for up to this long. 0 = never.
+    inline_alone_below_us: int = 5000
 
 
 def _spec_of(node: Any) -> TensorSpec:
@@ -88,6 +93,7 @@ class OnnxRuntimeBackend:
         self.spec = spec
         self.options = options
         self.batch_observer: BatchObserver | None = None
+        self._worker_runs = 0  # calls on the executor now (a call is alone only when there are none)
         self._session: Any = None
         self._meta: ModelMetadata | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -144,7 +150,11 @@ class OnnxRuntimeBackend:
             "cuda" if any(p in got for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")) else "cpu"
         )
         # inline runs on CPU only: a GPU run waits for the device, and a new shape may start a long search
-        self.inline = InlineRuns(self.options.inline_below_us / 1e6 if device == "cpu" else 0)
+        on_cpu = device == "cpu"
+        self.inline = InlineRuns(
+            self.options.inline_below_us / 1e6 if on_cpu else 0,
+            alone_below_s=self.options.inline_alone_below_us / 1e6 if on_cpu else 0,
+        )
         self._meta = ModelMetadata(
             name=self.name,
             platform="onnxruntime_onnx",
@@ -160,6 +170,7 @@ class OnnxRuntimeBackend:
             self._run_async,
             lambda: self.batch_observer,
             max_in_flight=self.options.max_parallel_runs,
+            run_alone=self._run_alone,
         )
 
     async def warmup(self) -> None:
@@ -178,16 +189,29 @@ class OnnxRuntimeBackend:
     async def infer(self, request: TensorRequest) -> TensorResponse:
         return await serve_tensor_request(request, self.metadata(), self._batcher, self._run_async)
 
-    async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+    async def _run_alone(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+        """The batcher's lone request (nothing queued, no company expected): it may run inline.
+
+        Only the batcher can tell a lone call: without batching, calls that wait behind an inline
+        run on the loop would each find nothing running and all run inline, one after another."""
+        return await self._run_async(inputs, outputs, alone=self._worker_runs == 0)
+
+    async def _run_async(
+        self, inputs: Arrays, outputs: tuple[str, ...] | None, alone: bool = False
+    ) -> Arrays:
         if self._session is None or self._executor is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
         size = call_bytes(inputs)
-        if self.inline.run_inline(size):
+        if self.inline.run_inline(size, alone=alone):
             result, seconds = self._run_timed(inputs, outputs)
             self.inline.record(seconds)
             return result
         loop = asyncio.get_running_loop()
-        result, seconds = await loop.run_in_executor(self._executor, self._run_timed, inputs, outputs)
+        self._worker_runs += 1
+        try:
+            result, seconds = await loop.run_in_executor(self._executor, self._run_timed, inputs, outputs)
+        finally:
+            self._worker_runs -= 1
         if self.inline.is_small(size):
             self.inline.record(seconds)
         return result
@@ -224,5 +248,10 @@ def create(name: str, spec: DeploymentSpec) -> OnnxRuntimeBackend:
     if options.inline_below_us < 0:
         raise ValueError(
             f"options.inline_below_us must be >= 0 (0: always a worker thread), got {options.inline_below_us}"
+        )
+    if options.inline_alone_below_us < 0:
+        raise ValueError(
+            "options.inline_alone_below_us must be >= 0 (0: a lone call never runs inline), "
+            f"got {options.inline_alone_below_us}"
         )
     return OnnxRuntimeBackend(name, spec, options)

@@ -111,8 +111,12 @@ class OpenVINOBackend:
         outputs = [port_spec(p) for p in compiled.outputs]
         queue.set_callback(self._on_done)
         self._compiled, self._queue = compiled, queue
-        self.inline = InlineRuns(self.options.inline_below_us / 1e6 if self._runs_on_cpu() else 0)
-        if self.inline.below_s > 0:
+        on_cpu = self._runs_on_cpu()
+        self.inline = InlineRuns(
+            self.options.inline_below_us / 1e6 if on_cpu else 0,
+            alone_below_s=self.options.inline_alone_below_us / 1e6 if on_cpu else 0,
+        )
+        if self.inline.below_s > 0 or self.inline.alone_below_s > 0:
             self._inline_request = compiled.create_infer_request()
         self._output_index = {s.name: i for i, s in enumerate(outputs)}
         self._all_outputs = tuple(s.name for s in outputs)
@@ -155,6 +159,7 @@ class OpenVINOBackend:
                 self._run_async,
                 lambda: self.batch_observer,
                 max_in_flight=len(queue),
+                run_alone=self._run_alone,
             )
 
     def _runs_on_cpu(self) -> bool:
@@ -218,10 +223,17 @@ class OpenVINOBackend:
             self._slots.release()
             raise
 
-    async def _run_async(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+    async def _run_alone(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
+        """The batcher's lone request (nothing queued, no company expected): it may run inline."""
+        slots = self._slots
+        return await self._run_async(inputs, outputs, alone=slots is not None and slots.free == slots.size)
+
+    async def _run_async(
+        self, inputs: Arrays, outputs: tuple[str, ...] | None, alone: bool = False
+    ) -> Arrays:
         """Run one inference inline (small, fast calls) or on an idle infer request of the queue."""
         size = call_bytes(inputs)
-        if self.inline.run_inline(size, available=self._inline_request is not None):
+        if self.inline.run_inline(size, available=self._inline_request is not None, alone=alone):
             started = time.perf_counter()
             result = self._infer_inline(inputs, outputs)
             self.inline.record(time.perf_counter() - started)

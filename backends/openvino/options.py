@@ -26,10 +26,17 @@ class OpenVINOOptions(SpecBase):
     #: own, skipping the queue's hand-off to OpenVINO's threads and back, while recent runs took less
     #: than this many microseconds (`backends/inline_runs.py`); 0 = always the queue
     inline_below_us: int = 200
+    #: on CPU with batching, also run a lone call inline (nothing else of this deployment running
+    #: or queued, no batch forming) while every recent run took less than this many microseconds:
+    #: it saves the queue's hand-offs on a lone request, and holds the loop (every deployment's
+    #: requests) for up to this long. 0 = never.
+    inline_alone_below_us: int = 5000
 
     def __post_init__(self) -> None:
         if self.inline_below_us < 0:
             raise ValueError("inline_below_us must be >= 0 (0: always the infer-request queue)")
+        if self.inline_alone_below_us < 0:
+            raise ValueError("inline_alone_below_us must be >= 0 (0: a lone call never runs inline)")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError("num_requests must be >= 1")
         if self.num_threads is not None and self.num_threads < 1:

@@ -218,7 +218,9 @@ class Gated:
 async def test_continuous_mode_runs_an_idle_request_at_once_and_merges_what_arrives_while_busy():
     run = Gated()
     # a delay far above the test's run time: waiting on the timer even once would show
-    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=5_000, max_queue=100, wait_for_company=False)
+    batcher = DynamicBatcher(
+        run, max_batch_size=64, max_delay_ms=5_000, max_queue=100, wait_for_company=False
+    )
     first = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2), np.float32)}, None))
     await asyncio.sleep(0.05)
     assert run.batches == [1]  # the runtime was idle: it started without waiting for company
@@ -251,4 +253,52 @@ async def test_delay_mode_does_not_make_a_request_after_a_burst_wait_for_company
     assert run.batches == [5, 1]  # started at once, not after waiting 400 ms for company
     run.gate.set()
     await lone
+    await batcher.close()
+
+
+async def test_a_lone_request_runs_in_its_callers_task_through_run_alone() -> None:
+    batched, alone = Recorder(), Recorder()
+    batcher = DynamicBatcher(batched, max_batch_size=64, max_delay_ms=20, max_queue=100, run_alone=alone)
+    for i in range(3):
+        result = await batcher.submit({"x": np.full((1, 2), i, np.float32)}, None)
+        np.testing.assert_array_equal(result["y"], np.full((1, 2), 2.0 * i))
+    assert alone.batches == [1, 1, 1] and batched.batches == []
+    assert batcher._task is None  # no hand-off to the batcher's task was needed
+    # requests that arrive together still merge: the first yields once and finds company
+    await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}, None) for _ in range(4)))
+    assert batched.batches == [4] and alone.batches == [1, 1, 1]
+    await batcher.close()
+
+
+async def test_a_lone_run_holds_its_slot_and_what_arrives_meanwhile_merges_after_it() -> None:
+    alone, batched = Gated(), Recorder()
+    batcher = DynamicBatcher(batched, max_batch_size=64, max_delay_ms=5, max_queue=100, run_alone=alone)
+    lone = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2), np.float32)}, None))
+    await asyncio.sleep(0.02)
+    assert alone.batches == [1] and batcher.in_flight == 1
+    later = [
+        asyncio.ensure_future(batcher.submit({"x": np.full((1, 2), i, np.float32)}, None)) for i in range(3)
+    ]
+    await asyncio.sleep(0.02)
+    assert batched.batches == [] and batcher.depth == 3  # the only slot is held by the lone run
+    alone.gate.set()
+    results = await asyncio.wait_for(asyncio.gather(lone, *later), timeout=2.0)
+    assert batched.batches == [3] and batcher.in_flight == 0
+    np.testing.assert_array_equal(results[3]["y"], np.full((1, 2), 4.0))
+    await batcher.close()
+
+
+async def test_callers_returning_from_a_merged_batch_do_not_take_the_lone_path() -> None:
+    # the continuous mode starts a request at once when a slot is free, but right after a merged
+    # batch its mates are on their way back: it runs as an ordinary batch, not through run_alone
+    batched, alone = Recorder(), Recorder()
+    batcher = DynamicBatcher(
+        batched, max_batch_size=64, max_delay_ms=300, max_queue=100, wait_for_company=False, run_alone=alone
+    )
+    await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}, None) for _ in range(3)))
+    await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
+    assert batched.batches == [3, 1] and alone.batches == []
+    await asyncio.sleep(0.4)  # the burst is over
+    await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
+    assert alone.batches == [1]
     await batcher.close()

@@ -3,6 +3,7 @@ the ONNX Runtime backend that uses it, on the real digits model."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import numpy as np
@@ -12,7 +13,7 @@ from backends.base import Tensor, TensorRequest
 from backends.errors import BackendError
 from backends.inline_runs import InlineRuns, call_bytes
 from backends.registry import create_backend
-from backends.spec import DeploymentSpec
+from backends.spec import BatchingSpec, DeploymentSpec
 
 SMALL = call_bytes({"x": np.zeros((1, 16), np.float32)})  # 64 bytes
 
@@ -75,10 +76,34 @@ def test_zero_turns_it_off() -> None:
     assert runs.worker_calls == 1
 
 
-async def _loaded(digits_path: str, **options: object):  # noqa: ANN202
-    backend = create_backend(
-        "inline", DeploymentSpec(backend="onnxruntime", model=digits_path, options=options)
+def test_a_call_alone_runs_inline_while_every_recent_run_was_under_its_bound() -> None:
+    runs = _measured(InlineRuns(below_s=200e-6, alone_below_s=5e-3, window=4), 2e-3, 3e-3, 2e-3)
+    assert not runs.run_inline(SMALL)  # over the bound for calls that may have company
+    assert runs.run_inline(SMALL, alone=True)
+    runs.record(6e-3)  # one run over the bound: the median is fast, but the loop could stall 6 ms
+    assert not runs.run_inline(SMALL, alone=True)
+    for _ in range(3):
+        runs.record(2e-3)
+    assert not runs.run_inline(SMALL, alone=True)  # still in the window of four
+    runs.record(2e-3)
+    assert runs.run_inline(SMALL, alone=True)
+    assert not runs.run_inline(None, alone=True)  # strings: size unknown
+    assert runs.inline_calls == 2 and runs.worker_calls == 4
+
+
+def test_a_zero_bound_for_calls_alone_turns_that_off() -> None:
+    runs = _measured(InlineRuns(below_s=0, alone_below_s=0), 1e-6, 1e-6, 1e-6)
+    assert not runs.run_inline(SMALL, alone=True)
+
+
+async def _loaded(digits_path: str, batching: dict | None = None, **options: object):  # noqa: ANN202
+    spec = DeploymentSpec(
+        backend="onnxruntime",
+        model=digits_path,
+        options=options,
+        batching=BatchingSpec(**batching) if batching else None,
     )
+    backend = create_backend("inline", spec)
     await backend.load()
     await backend.warmup()
     return backend
@@ -109,7 +134,7 @@ async def test_onnxruntime_runs_the_digits_model_inline_once_measured(digits_onn
     direct = ort.InferenceSession(str(digits_onnx), providers=["CPUExecutionProvider"])
     expected = direct.run(None, {direct.get_inputs()[0].name: rows})
     inline = await _loaded(str(digits_onnx))
-    worker = await _loaded(str(digits_onnx), inline_below_us=0)
+    worker = await _loaded(str(digits_onnx), inline_below_us=0, inline_alone_below_us=0)
     try:
         assert inline.inline.estimate_s is None  # the warm-up ran on a worker, its time not counted
         threads = _spy_threads(inline, monkeypatch)
@@ -128,6 +153,42 @@ async def test_onnxruntime_runs_the_digits_model_inline_once_measured(digits_onn
     finally:
         await inline.close()
         await worker.close()
+
+
+async def test_a_lone_request_of_a_batched_deployment_runs_inline(digits_onnx, monkeypatch) -> None:
+    # only the rule for calls alone can put a run on the loop here (inline_below_us is 0)
+    backend = await _loaded(
+        str(digits_onnx), batching={"max_batch_size": 64, "max_delay_ms": 2}, inline_below_us=0
+    )
+    try:
+        threads = _spy_threads(backend, monkeypatch)
+        await _until_inline(backend)
+        loop_thread = threading.current_thread().name
+        assert threads[-1] == loop_thread
+        rows = np.random.default_rng(1).uniform(0, 16, (1, 64))
+        want = (await backend.infer(_request(backend, rows))).outputs
+        assert threads[-1] == loop_thread  # one caller at a time: each run is alone
+        # requests that arrive together form a batch, which runs on a worker
+        before = len(threads)
+        answers = await asyncio.gather(*(backend.infer(_request(backend, rows)) for _ in range(4)))
+        assert threads[before:] != [] and loop_thread not in threads[before:]
+        for answer in answers:
+            for got, expected in zip(answer.outputs, want, strict=True):
+                np.testing.assert_array_equal(got.data, expected.data)
+    finally:
+        await backend.close()
+
+
+async def test_without_batching_no_call_runs_inline_as_alone(digits_onnx, monkeypatch) -> None:
+    # without a batcher a call cannot tell whether others wait behind it on the loop
+    backend = await _loaded(str(digits_onnx), inline_below_us=0)
+    try:
+        threads = _spy_threads(backend, monkeypatch)
+        for _ in range(8):
+            await backend.infer(_request(backend, np.ones((1, 64))))
+        assert threading.current_thread().name not in threads and backend.inline.inline_calls == 0
+    finally:
+        await backend.close()
 
 
 async def _until_inline(backend, limit: int = 60) -> None:  # noqa: ANN001
@@ -174,7 +235,8 @@ async def test_bad_input_inline_is_a_400_and_the_backend_still_serves(digits_onn
 
 
 async def test_a_model_measured_slower_than_the_bound_runs_on_workers(digits_onnx) -> None:
-    backend = await _loaded(str(digits_onnx), inline_below_us=1)  # ~15 us a run: over 1 us
+    # ~15 us a run: over 1 us (and calls alone never inline)
+    backend = await _loaded(str(digits_onnx), inline_below_us=1, inline_alone_below_us=0)
     try:
         for _ in range(6):
             await backend.infer(_request(backend, np.ones((1, 64))))
@@ -184,18 +246,22 @@ async def test_a_model_measured_slower_than_the_bound_runs_on_workers(digits_onn
         await backend.close()
 
 
-def test_a_negative_bound_is_refused(digits_onnx) -> None:
-    with pytest.raises(ValueError, match="inline_below_us"):
+@pytest.mark.parametrize("option", ["inline_below_us", "inline_alone_below_us"])
+def test_a_negative_bound_is_refused(digits_onnx, option: str) -> None:
+    with pytest.raises(ValueError, match=option):
         create_backend(
-            "inline",
-            DeploymentSpec(backend="onnxruntime", model=str(digits_onnx), options={"inline_below_us": -1}),
+            "inline", DeploymentSpec(backend="onnxruntime", model=str(digits_onnx), options={option: -1})
         )
 
 
-async def _openvino(digits_ir, **options: object):  # noqa: ANN001, ANN202
-    backend = create_backend(
-        "inline-ov", DeploymentSpec(backend="openvino", model=str(digits_ir), options=options)
+async def _openvino(digits_ir, batching: dict | None = None, **options: object):  # noqa: ANN001, ANN202
+    spec = DeploymentSpec(
+        backend="openvino",
+        model=str(digits_ir),
+        options=options,
+        batching=BatchingSpec(**batching) if batching else None,
     )
+    backend = create_backend("inline-ov", spec)
     await backend.load()
     await backend.warmup()
     return backend
@@ -203,7 +269,7 @@ async def _openvino(digits_ir, **options: object):  # noqa: ANN001, ANN202
 
 async def test_openvino_runs_small_calls_inline_once_measured(digits, digits_ir, monkeypatch) -> None:
     inline = await _openvino(digits_ir)
-    queued = await _openvino(digits_ir, inline_below_us=0)
+    queued = await _openvino(digits_ir, inline_below_us=0, inline_alone_below_us=0)
     ran_inline: list[int] = []
     run = inline._infer_inline
     monkeypatch.setattr(inline, "_infer_inline", lambda *a: ran_inline.append(1) or run(*a))
@@ -237,9 +303,34 @@ async def test_openvino_runs_small_calls_inline_once_measured(digits, digits_ir,
     assert len(ran_inline) == calls  # after close the inline path is gone
 
 
-def test_openvino_refuses_a_negative_bound(digits_ir) -> None:
-    with pytest.raises(ValueError, match="inline_below_us"):
+async def test_openvino_runs_a_lone_request_of_a_batched_deployment_inline(
+    digits, digits_ir, monkeypatch
+) -> None:
+    backend = await _openvino(
+        digits_ir, batching={"max_batch_size": 64, "max_delay_ms": 2}, inline_below_us=0
+    )
+    ran_inline: list[int] = []
+    run = backend._infer_inline
+    monkeypatch.setattr(backend, "_infer_inline", lambda *a: ran_inline.append(1) or run(*a))
+    try:
+        await _until_inline(backend)
+        calls = len(ran_inline)
+        answer = await backend.infer(_request(backend, digits.x_test[:1]))
+        assert len(ran_inline) == calls + 1  # one caller at a time: each run is alone
+        together = await asyncio.gather(
+            *(backend.infer(_request(backend, digits.x_test[:1])) for _ in range(4))
+        )
+        assert len(ran_inline) == calls + 1  # requests that arrive together are a batch: the queue
+        for other in together:
+            for got, want in zip(other.outputs, answer.outputs, strict=True):
+                np.testing.assert_array_equal(got.data, want.data)
+    finally:
+        await backend.close()
+
+
+@pytest.mark.parametrize("option", ["inline_below_us", "inline_alone_below_us"])
+def test_openvino_refuses_a_negative_bound(digits_ir, option: str) -> None:
+    with pytest.raises(ValueError, match=option):
         create_backend(
-            "inline-ov",
-            DeploymentSpec(backend="openvino", model=str(digits_ir), options={"inline_below_us": -5}),
+            "inline-ov", DeploymentSpec(backend="openvino", model=str(digits_ir), options={option: -5})
         )
