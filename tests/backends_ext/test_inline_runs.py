@@ -80,7 +80,9 @@ def test_a_call_alone_runs_inline_while_every_recent_run_was_under_its_bound() -
     runs = _measured(InlineRuns(below_s=200e-6, alone_below_s=5e-3, window=4), 2e-3, 3e-3, 2e-3)
     assert not runs.run_inline(SMALL)  # over the bound for calls that may have company
     assert runs.run_inline(SMALL, alone=True)
-    runs.record(6e-3)  # one run over the bound: the median is fast, but the loop could stall 6 ms
+    runs.record(9e-3)  # over the bound but under twice it: the median decides
+    assert runs.run_inline(SMALL, alone=True)
+    runs.record(11e-3)  # over twice the bound: the median is fast, but the loop could stall 11 ms
     assert not runs.run_inline(SMALL, alone=True)
     for _ in range(3):
         runs.record(2e-3)
@@ -88,7 +90,12 @@ def test_a_call_alone_runs_inline_while_every_recent_run_was_under_its_bound() -
     runs.record(2e-3)
     assert runs.run_inline(SMALL, alone=True)
     assert not runs.run_inline(None, alone=True)  # strings: size unknown
-    assert runs.inline_calls == 2 and runs.worker_calls == 4
+    assert runs.inline_calls == 3 and runs.worker_calls == 4
+
+
+def test_a_call_alone_of_a_model_slower_than_its_bound_goes_to_a_worker() -> None:
+    runs = _measured(InlineRuns(below_s=200e-6, alone_below_s=5e-3), *[6e-3] * 5)
+    assert not runs.run_inline(SMALL, alone=True)
 
 
 def test_a_zero_bound_for_calls_alone_turns_that_off() -> None:
