@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import structlog
@@ -26,6 +27,9 @@ from backends.errors import BackendUnavailable
 from backends.spec import BatchingSpec
 
 log = structlog.get_logger(__name__)
+
+#: single-request batches in a row after which a lone request goes through `run_alone`
+SEQUENTIAL_RUNS = 8
 
 Arrays = dict[str, np.ndarray]
 #: runs one (possibly merged) batch: inputs by name, requested output names (None = all)
@@ -105,6 +109,8 @@ class DynamicBatcher:
         self._lone_candidate = False
         #: requests in the last batch started; 1 means callers are not overlapping right now
         self._last_batch_requests = 1
+        #: batches in a row, up to now, that held a single request (callers coming one at a time)
+        self._lone_streak = 0
         #: event-loop time when the last batch finished (its callers come back soon after)
         self._last_finished = float("-inf")
 
@@ -182,11 +188,16 @@ class DynamicBatcher:
     async def _run_direct(self, inputs: Arrays, outputs: tuple[str, ...] | None, rows: int) -> Arrays:
         """Run a lone request as a batch of its own in the caller's task, holding a slot meanwhile.
 
-        It goes through `run_alone` unless callers are returning from a merged batch (possible in
-        the `continuous` mode), which would find the loop held by an inline run."""
-        run = self._run if self._callers_returning() else self._run_alone
+        It goes through `run_alone` only once callers have come one at a time for a while: the
+        last `SEQUENTIAL_RUNS` batches each held a single request. Callers that overlap now and
+        then (8 in flight on a 3 ms model: one run in nine was lone) would otherwise find the loop
+        held by an inline run each time, their own work queued behind it (0.90x requests/s,
+        `bench/bench_lone_inline.py`)."""
+        sequential = self._lone_streak >= SEQUENTIAL_RUNS and not self._callers_returning()
+        run = self._run_alone if sequential else self._run
         self._direct_running += 1
         self._last_batch_requests = 1
+        self._lone_streak += 1
         if self._observer is not None:
             self._observer(1, rows)
         try:
@@ -273,6 +284,7 @@ class DynamicBatcher:
     def _start(self, batch: list[_Pending]) -> None:
         """Run one batch as its own task, holding a slot until it finishes."""
         self._last_batch_requests = len(batch)
+        self._lone_streak = self._lone_streak + 1 if len(batch) == 1 else 0
         if self._observer is not None:
             self._observer(len(batch), sum(p.rows for p in batch))
         task = asyncio.get_running_loop().create_task(self._execute(batch), name="dynamic-batch")
@@ -280,14 +292,18 @@ class DynamicBatcher:
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
-        self._last_finished = asyncio.get_running_loop().time()
-        self._wakeup.set()  # a slot is free
+        self._free_slot(task)  # already done by `_execute` unless the task never started
         if task.cancelled():  # close(): nobody will answer these callers otherwise
             return
         exc = task.exception()
         if exc is not None:  # _execute hands every error to its callers; this is a bug guard
             log.error("batch_task_failed", error=repr(exc))
+
+    def _free_slot(self, task: asyncio.Task[Any] | None) -> None:
+        if task in self._running:
+            self._running.discard(task)
+            self._last_finished = asyncio.get_running_loop().time()
+            self._wakeup.set()  # a slot is free
 
     async def _execute(self, batch: list[_Pending]) -> None:
         try:
@@ -297,6 +313,12 @@ class DynamicBatcher:
                 if not pending.future.done():
                     pending.future.set_exception(BackendUnavailable("the deployment is shutting down"))
             raise
+        finally:
+            # The slot is free before the callers, woken by their results, run again: one that
+            # submits its next request at once must see it free (the task's done callback, the
+            # only release before, came after them, so a sequential caller always found the
+            # only slot taken and queued).
+            self._free_slot(asyncio.current_task())
 
     async def _execute_batch(self, batch: list[_Pending]) -> None:
         if len(batch) == 1:

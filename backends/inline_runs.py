@@ -22,8 +22,9 @@ batcher's lone path, `backends/batcher.py`, so only with batching on) may run in
 larger bound: the median of the window under `alone_below_s` and no run in it over twice that.
 Nothing of the deployment is left to overlap with such a call, so the hand-off to a worker would
 only add its wake-ups to the caller's latency: on the heavy MLP of `bench/bench_tensor_peers.py`
-(about 3 ms a run) one caller's p50 was 0.85x, with 8 in flight 0.99x, against the code without it,
-side by side over 5 rounds. The price: the loop is held for the run, so a request arriving
+(about 3 ms a run), `bench/bench_lone_inline.py` measured one caller's p50 at 0.86x with the rule on
+against off, and 8 in flight at 0.97x the requests/s (rounds 0.92-1.12). The batcher treats a
+request as lone only once callers have come one at a time for a while (`SEQUENTIAL_RUNS`). The price: the loop is held for the run, so a request arriving
 meanwhile, for any deployment, waits up to twice `alone_below_s`; 0 turns it off. (The bound on the
 slowest run is 2x, not `stall_factor`, because this bound is already milliseconds; with "every run
 under the bound" instead, a 3 ms model whose runs here reach 5 ms at p99 went inline only about half

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from backends.batcher import DynamicBatcher
+from backends.batcher import SEQUENTIAL_RUNS, DynamicBatcher
 from backends.errors import BackendUnavailable
 
 
@@ -259,20 +259,34 @@ async def test_delay_mode_does_not_make_a_request_after_a_burst_wait_for_company
 async def test_a_lone_request_runs_in_its_callers_task_through_run_alone() -> None:
     batched, alone = Recorder(), Recorder()
     batcher = DynamicBatcher(batched, max_batch_size=64, max_delay_ms=20, max_queue=100, run_alone=alone)
-    for i in range(3):
+    for i in range(SEQUENTIAL_RUNS + 3):
         result = await batcher.submit({"x": np.full((1, 2), i, np.float32)}, None)
         np.testing.assert_array_equal(result["y"], np.full((1, 2), 2.0 * i))
-    assert alone.batches == [1, 1, 1] and batched.batches == []
+    # callers came one at a time: after SEQUENTIAL_RUNS lone batches, through run_alone
+    assert batched.batches == [1] * SEQUENTIAL_RUNS and alone.batches == [1, 1, 1]
     assert batcher._task is None  # no hand-off to the batcher's task was needed
     # requests that arrive together still merge: the first yields once and finds company
     await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}, None) for _ in range(4)))
-    assert batched.batches == [4] and alone.batches == [1, 1, 1]
+    assert batched.batches[-1] == 4 and alone.batches == [1, 1, 1]
+    # and callers that overlapped take SEQUENTIAL_RUNS lone batches again before run_alone
+    for _ in range(SEQUENTIAL_RUNS):
+        await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
+    assert alone.batches == [1, 1, 1]
+    await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
+    assert alone.batches == [1, 1, 1, 1]
     await batcher.close()
+
+
+async def _sequential(batcher: DynamicBatcher) -> None:
+    """Enough lone requests one after another that the next lone one goes through run_alone."""
+    for _ in range(SEQUENTIAL_RUNS):
+        await batcher.submit({"x": np.zeros((1, 2), np.float32)}, None)
 
 
 async def test_a_lone_run_holds_its_slot_and_what_arrives_meanwhile_merges_after_it() -> None:
     alone, batched = Gated(), Recorder()
     batcher = DynamicBatcher(batched, max_batch_size=64, max_delay_ms=5, max_queue=100, run_alone=alone)
+    await _sequential(batcher)
     lone = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2), np.float32)}, None))
     await asyncio.sleep(0.02)
     assert alone.batches == [1] and batcher.in_flight == 1
@@ -280,10 +294,10 @@ async def test_a_lone_run_holds_its_slot_and_what_arrives_meanwhile_merges_after
         asyncio.ensure_future(batcher.submit({"x": np.full((1, 2), i, np.float32)}, None)) for i in range(3)
     ]
     await asyncio.sleep(0.02)
-    assert batched.batches == [] and batcher.depth == 3  # the only slot is held by the lone run
+    assert len(batched.batches) == SEQUENTIAL_RUNS and batcher.depth == 3  # the slot is held
     alone.gate.set()
     results = await asyncio.wait_for(asyncio.gather(lone, *later), timeout=2.0)
-    assert batched.batches == [3] and batcher.in_flight == 0
+    assert batched.batches[SEQUENTIAL_RUNS:] == [3] and batcher.in_flight == 0
     np.testing.assert_array_equal(results[3]["y"], np.full((1, 2), 4.0))
     await batcher.close()
 
@@ -295,10 +309,25 @@ async def test_callers_returning_from_a_merged_batch_do_not_take_the_lone_path()
     batcher = DynamicBatcher(
         batched, max_batch_size=64, max_delay_ms=300, max_queue=100, wait_for_company=False, run_alone=alone
     )
+    await _sequential(batcher)
     await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}, None) for _ in range(3)))
     await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
-    assert batched.batches == [3, 1] and alone.batches == []
-    await asyncio.sleep(0.4)  # the burst is over
+    assert batched.batches[SEQUENTIAL_RUNS:] == [3, 1] and alone.batches == []
+    await asyncio.sleep(0.4)  # the burst is over; after enough lone requests, run_alone again
+    await _sequential(batcher)
+    assert alone.batches != []
+    await batcher.close()
+
+
+async def test_a_slot_is_free_when_its_callers_resume() -> None:
+    # one slot: a caller that submits again as soon as its answer is in finds the slot free
+    # and runs at once, rather than queueing behind a batch whose task has not ended yet
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=20, max_queue=100, max_in_flight=1)
+    await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}, None) for _ in range(2)))
+    # right after a merged batch company is expected: this one is queued and run by the batcher's
+    # task (after waiting max_delay for company)
     await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
-    assert alone.batches == [1]
+    assert batcher.in_flight == 0 and batcher._runs_at_once()
+    assert run.batches == [2, 1]
     await batcher.close()
