@@ -107,6 +107,7 @@ class DynamicBatcher:
         self._direct_running = 0
         #: a request is yielding once before it runs alone (`submit`); others arriving now queue
         self._lone_candidate = False
+        self._closed = False
         #: requests in the last batch started; 1 means callers are not overlapping right now
         self._last_batch_requests = 1
         #: batches in a row, up to now, that held a single request (callers coming one at a time)
@@ -128,6 +129,9 @@ class DynamicBatcher:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="dynamic-batcher")
 
     async def close(self) -> None:
+        """Answer every queued and batched caller with BackendUnavailable and refuse new ones. A
+        lone request already running in its caller's task finishes its run."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             try:
@@ -146,6 +150,8 @@ class DynamicBatcher:
 
     async def submit(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> Arrays:
         """Queue one request; returns its own slice of the batch's outputs."""
+        if self._closed:
+            raise BackendUnavailable("the deployment is shutting down")
         if len(self._queue) + self._lone_candidate >= self.max_queue:
             raise BackendUnavailable("the batch queue of this deployment is full", retry_after_s=1.0)
         rows = int(next(iter(inputs.values())).shape[0]) if inputs else 1
@@ -158,6 +164,9 @@ class DynamicBatcher:
                 await asyncio.sleep(0)
             finally:
                 self._lone_candidate = False
+                self._wakeup.set()  # the batcher's task waits while a candidate yields
+            if self._closed:
+                raise BackendUnavailable("the deployment is shutting down")
             if self._runs_at_once():
                 return await self._run_direct(inputs, outputs, rows)
             first = True
@@ -193,16 +202,17 @@ class DynamicBatcher:
         then (8 in flight on a 3 ms model: one run in nine was lone) would otherwise find the loop
         held by an inline run each time, their own work queued behind it (0.90x requests/s,
         `bench/bench_lone_inline.py`)."""
-        sequential = self._lone_streak >= SEQUENTIAL_RUNS and not self._callers_returning()
-        run = self._run_alone if sequential else self._run
+        run = self._run_alone if self._lone_streak >= SEQUENTIAL_RUNS else self._run
+        if self._observer is not None:
+            self._observer(1, rows)
         self._direct_running += 1
         self._last_batch_requests = 1
         self._lone_streak += 1
-        if self._observer is not None:
-            self._observer(1, rows)
         try:
             return await run(inputs, outputs)
         finally:
+            # A caller cancelled meanwhile (its deadline) frees the slot at once, though a worker
+            # may still be running its call: the runtime's own threads still bound its runs.
             self._direct_running -= 1
             self._last_finished = asyncio.get_running_loop().time()
             self._wakeup.set()  # a slot is free for what queued meanwhile
@@ -236,7 +246,9 @@ class DynamicBatcher:
 
     async def _loop(self) -> None:
         while True:
-            if not self._queue:
+            # A request yielding before it runs alone (`submit`) is first in line: what queued
+            # meanwhile waits for it to join, so one batch takes them all.
+            if not self._queue or self._lone_candidate:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue

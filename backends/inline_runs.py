@@ -19,13 +19,16 @@ The rule: a call runs inline only when
   row on the strength of a fast median.
 A call that runs alone (nothing else running or queued on its deployment, no batch forming: the
 batcher's lone path, `backends/batcher.py`, so only with batching on) may run inline under a second,
-larger bound: the median of the window under `alone_below_s` and no run in it over twice that.
+larger bound: the median of the window under `alone_below_s`, no run in it over twice that, and the
+call's inputs no larger than the largest measured in it (so a 32-row call after one-row runs, which
+may cost 32 times more, goes to a worker).
 Nothing of the deployment is left to overlap with such a call, so the hand-off to a worker would
 only add its wake-ups to the caller's latency: on the heavy MLP of `bench/bench_tensor_peers.py`
 (about 3 ms a run), `bench/bench_lone_inline.py` measured one caller's p50 at 0.86x with the rule on
 against off, and 8 in flight at 0.97x the requests/s (rounds 0.92-1.12). The batcher treats a
-request as lone only once callers have come one at a time for a while (`SEQUENTIAL_RUNS`). The price: the loop is held for the run, so a request arriving
-meanwhile, for any deployment, waits up to twice `alone_below_s`; 0 turns it off. (The bound on the
+request as lone only once callers have come one at a time for a while (`SEQUENTIAL_RUNS`). The
+price: the loop is held for the run, so a request arriving meanwhile, for any deployment, waits up
+to about twice `alone_below_s`; 0 turns it off. (The bound on the
 slowest run is 2x, not `stall_factor`, because this bound is already milliseconds; with "every run
 under the bound" instead, a 3 ms model whose runs here reach 5 ms at p99 went inline only about half
 the time.)
@@ -89,6 +92,7 @@ class InlineRuns:
         self.inline_calls = 0  # counted for tests and metrics
         self.worker_calls = 0
         self._recent: deque[float] = deque(maxlen=window)
+        self._recent_bytes: deque[int] = deque(maxlen=window)  # the inputs of those runs
         self._first_seen = False
 
     def run_inline(self, input_bytes: int | None, available: bool = True, alone: bool = False) -> bool:
@@ -113,16 +117,20 @@ class InlineRuns:
         slowest = max(recent)
         if 0 < self.below_s and self.estimate_s < self.below_s and slowest < self.stall_factor * self.below_s:
             return True
+        # ...and no larger than the inputs measured: a 64-row call after one-row runs costs more
         return (
             alone
             and self.estimate_s < self.alone_below_s
             and slowest < ALONE_STALL_FACTOR * self.alone_below_s
+            and input_bytes <= max(self._recent_bytes)
         )
 
-    def record(self, seconds: float) -> None:
-        """The cost of one run that succeeded, inline or on a worker (the first one is not counted)."""
+    def record(self, seconds: float, input_bytes: int) -> None:
+        """The cost of one run that succeeded, inline or on a worker, and its inputs' bytes (the
+        first run is not counted)."""
         if not self._first_seen:
             self._first_seen = True
             return
         self._recent.append(seconds)
+        self._recent_bytes.append(input_bytes)
         self.estimate_s = statistics.median(self._recent)

@@ -65,7 +65,8 @@ class OnnxOptions(SpecBase):
     allow_spinning: bool = False
     #: on CPU, run a call with small inputs on the event loop's thread, skipping the hand-off to a
     #: worker, while recent runs took less than this many microseconds (`backends/inline_runs.py`);
-    #: 0 = always a worker thread. Inline runs come on top of `max_parallel_runs`.
+    #: 0 = never by this rule (`inline_alone_below_us` may still run a lone call inline; both 0:
+    #: always a worker thread). Inline runs come on top of `max_parallel_runs`.
     inline_below_us: int = 200
     #: on CPU with batching, also run a lone call inline (nothing else of this deployment running
     #: or queued, no batch forming) while the median of the recent runs is under this many
@@ -205,7 +206,7 @@ class OnnxRuntimeBackend:
         size = call_bytes(inputs)
         if self.inline.run_inline(size, alone=alone):
             result, seconds = self._run_timed(inputs, outputs)
-            self.inline.record(seconds)
+            self.inline.record(seconds, size)
             return result
         loop = asyncio.get_running_loop()
         self._worker_runs += 1
@@ -214,7 +215,7 @@ class OnnxRuntimeBackend:
         finally:
             self._worker_runs -= 1
         if self.inline.is_small(size):
-            self.inline.record(seconds)
+            self.inline.record(seconds, size)
         return result
 
     def _run_timed(self, inputs: Arrays, outputs: tuple[str, ...] | None) -> tuple[Arrays, float]:
@@ -248,7 +249,7 @@ def create(name: str, spec: DeploymentSpec) -> OnnxRuntimeBackend:
     options = decode_options(spec.options, OnnxOptions)
     if options.inline_below_us < 0:
         raise ValueError(
-            f"options.inline_below_us must be >= 0 (0: always a worker thread), got {options.inline_below_us}"
+            f"options.inline_below_us must be >= 0 (0: this rule never runs a call inline), got {options.inline_below_us}"
         )
     if options.inline_alone_below_us < 0:
         raise ValueError(

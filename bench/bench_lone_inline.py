@@ -5,11 +5,16 @@ Two `fleetgate serve` processes serve bench_tensor_peers' heavy MLP (512 -> 4096
 about 3 ms a one-row run on ONNX Runtime here) with `batching: {max_batch_size: 64, max_delay_ms: 2}`,
 one with the default `inline_alone_below_us: 5000` (a request that finds nothing of its deployment
 running or queued runs inline) and one with `0` (every run goes to a worker thread, as before the
-option existed). One-row JSON v2 bodies, bench_gateway's closed-loop keep-alive client at c = 1, 8
-and 32; within a round the two gateways run each point back to back, the first alternating between
+option existed). One-row JSON v2 bodies, bench_gateway's closed-loop keep-alive client at c = 1, 2,
+4, 8 and 32; within a round the two gateways run each point back to back, the first alternating between
 rounds. Reported: medians over rounds of requests/s, p50 and p99, and the ratios inline / worker
-taken within each round (median and per round). c=8 and c=32 show what the rule must not cost:
-callers that overlap form batches, which run on workers in both gateways.
+taken within each round (median and per round). c >= 2 shows what the rule must not cost: callers
+that overlap form batches, which run on workers in both gateways; and at c=2 a request that arrives
+while another runs inline is read only after that run, finds nothing running and may run inline
+too, so two callers can take turns on the loop's thread instead of sharing the runtime's two slots.
+The inline gateway's rule in full: with batching, a request that finds nothing queued and a slot
+free, after 8 single-request batches in a row, runs inline while the median of the last 16 runs is
+under 5 ms, none took over 10 ms and its input is no larger than theirs.
 
 Writes bench/results/lone_inline.json and .png. Run: `.venv/bin/python bench/bench_lone_inline.py
 [--seconds 3 --rounds 5]`.
@@ -37,7 +42,7 @@ from bench_tensor_peers import D_IN, HIDDEN, build_model, raw_request, request_s
 
 RESULTS = ROOT / "bench" / "results"
 MODES = {"inline": 5000, "worker": 0}  # inline_alone_below_us
-CONCURRENCY = (1, 8, 32)
+CONCURRENCY = (1, 2, 4, 8, 32)
 
 CONFIG = """\
 server: {{port: {port}, log_level: warning}}

@@ -236,7 +236,7 @@ class OpenVINOBackend:
         if self.inline.run_inline(size, available=self._inline_request is not None, alone=alone):
             started = time.perf_counter()
             result = self._infer_inline(inputs, outputs)
-            self.inline.record(time.perf_counter() - started)
+            self.inline.record(time.perf_counter() - started, size)
             return result
         try:
             async with asyncio.timeout(self.spec.timeout_s):
@@ -252,9 +252,10 @@ class OpenVINOBackend:
                     # Does not block: _acquire_idle saw an idle request and nothing ran since.
                     # share_inputs: OpenVINO reads the arrays in place instead of copying them into
                     # its own tensors; `feeds` rides in the userdata so they outlive the inference.
-                    small = self.inline.is_small(size)  # its latency informs the inline estimate
+                    # a small call's latency informs the inline estimate
+                    measured = size if self.inline.is_small(size) else None
                     self._queue.start_async(
-                        feeds, (loop, future, names, indices, feeds, small), share_inputs=True
+                        feeds, (loop, future, names, indices, feeds, measured), share_inputs=True
                     )
                 except Exception as exc:
                     self._slots.release()  # type: ignore[union-attr]
@@ -281,7 +282,7 @@ class OpenVINOBackend:
 
     def _on_done(self, request: Any, userdata: tuple[Any, ...]) -> None:
         """OpenVINO's completion callback, on one of its threads: copy outputs, wake the loop."""
-        loop, future, names, indices, _feeds, small = userdata
+        loop, future, names, indices, _feeds, measured = userdata
         result: Arrays | BaseException
         try:
             # Copy: the request's output buffers are reused by the next inference.
@@ -292,14 +293,19 @@ class OpenVINOBackend:
         except Exception as exc:
             result = BackendInternalError(f"OpenVINO failed reading outputs: {one_line(exc)}")
         # the runtime's own figure for this inference (ms), free of any wait for the GIL
-        latency_s = request.latency / 1e3 if small and not isinstance(result, BaseException) else None
-        loop.call_soon_threadsafe(self._resolve, future, result, latency_s)
+        failed = isinstance(result, BaseException)
+        latency_s = request.latency / 1e3 if measured is not None and not failed else None
+        loop.call_soon_threadsafe(self._resolve, future, result, latency_s, measured)
 
     def _resolve(
-        self, future: asyncio.Future, result: Arrays | BaseException, latency_s: float | None = None
+        self,
+        future: asyncio.Future,
+        result: Arrays | BaseException,
+        latency_s: float | None = None,
+        input_bytes: int | None = None,
     ) -> None:
-        if latency_s is not None:
-            self.inline.record(latency_s)
+        if latency_s is not None and input_bytes is not None:
+            self.inline.record(latency_s, input_bytes)
         if not future.done():  # the caller may have timed out or been cancelled
             if isinstance(result, BaseException):
                 future.set_exception(result)

@@ -24,7 +24,8 @@ class OpenVINOOptions(SpecBase):
     num_threads: int | None = None
     #: on CPU, run a call with small inputs on the event loop's thread through an infer request of its
     #: own, skipping the queue's hand-off to OpenVINO's threads and back, while recent runs took less
-    #: than this many microseconds (`backends/inline_runs.py`); 0 = always the queue
+    #: than this many microseconds (`backends/inline_runs.py`); 0 = never by this rule (with
+    #: `inline_alone_below_us` also 0: always the queue)
     inline_below_us: int = 200
     #: on CPU with batching, also run a lone call inline (nothing else of this deployment running
     #: or queued, no batch forming) while the median of the recent runs is under this many
@@ -35,7 +36,7 @@ class OpenVINOOptions(SpecBase):
 
     def __post_init__(self) -> None:
         if self.inline_below_us < 0:
-            raise ValueError("inline_below_us must be >= 0 (0: always the infer-request queue)")
+            raise ValueError("inline_below_us must be >= 0 (0: this rule never runs a call inline)")
         if self.inline_alone_below_us < 0:
             raise ValueError("inline_alone_below_us must be >= 0 (0: a lone call never runs inline)")
         if self.num_requests is not None and self.num_requests < 1:

@@ -304,7 +304,7 @@ async def test_a_lone_run_holds_its_slot_and_what_arrives_meanwhile_merges_after
 
 async def test_callers_returning_from_a_merged_batch_do_not_take_the_lone_path() -> None:
     # the continuous mode starts a request at once when a slot is free, but right after a merged
-    # batch its mates are on their way back: it runs as an ordinary batch, not through run_alone
+    # batch its mates are on their way back: it runs through `run`, not run_alone
     batched, alone = Recorder(), Recorder()
     batcher = DynamicBatcher(
         batched, max_batch_size=64, max_delay_ms=300, max_queue=100, wait_for_company=False, run_alone=alone
@@ -313,9 +313,8 @@ async def test_callers_returning_from_a_merged_batch_do_not_take_the_lone_path()
     await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}, None) for _ in range(3)))
     await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
     assert batched.batches[SEQUENTIAL_RUNS:] == [3, 1] and alone.batches == []
-    await asyncio.sleep(0.4)  # the burst is over; after enough lone requests, run_alone again
-    await _sequential(batcher)
-    assert alone.batches != []
+    await _sequential(batcher)  # callers one at a time again: run_alone after enough of them
+    assert alone.batches == [1]
     await batcher.close()
 
 
@@ -330,4 +329,70 @@ async def test_a_slot_is_free_when_its_callers_resume() -> None:
     await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
     assert batcher.in_flight == 0 and batcher._runs_at_once()
     assert run.batches == [2, 1]
+    await batcher.close()
+
+
+async def test_an_observer_that_raises_does_not_keep_the_slot() -> None:
+    def observer(requests: int, rows: int) -> None:
+        raise RuntimeError("metrics hook failed")
+
+    batcher = DynamicBatcher(Recorder(), max_batch_size=64, max_delay_ms=5, max_queue=100, observer=observer)
+    with pytest.raises(RuntimeError):
+        await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
+    assert batcher.in_flight == 0 and batcher._runs_at_once()
+    await batcher.close()
+
+
+async def test_a_closed_batcher_refuses_new_requests_and_lone_ones_in_flight_finish() -> None:
+    alone = Gated()
+    batcher = DynamicBatcher(Recorder(), max_batch_size=64, max_delay_ms=5, max_queue=100, run_alone=alone)
+    await _sequential(batcher)
+    lone = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2), np.float32)}, None))
+    yielding = asyncio.ensure_future(asyncio.sleep(0.01))
+    await yielding
+    await batcher.close()
+    with pytest.raises(BackendUnavailable, match="shutting down"):
+        await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)
+    alone.gate.set()
+    np.testing.assert_array_equal((await lone)["y"], np.full((1, 2), 2.0))  # its run finished
+
+
+async def test_a_caller_cancelled_while_it_yields_leaves_nothing_behind() -> None:
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=5, max_queue=2)
+    call = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2), np.float32)}, None))
+    await asyncio.sleep(0)  # it runs up to its yield
+    assert batcher._lone_candidate
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert not batcher._lone_candidate and batcher.in_flight == 0 and batcher.depth == 0
+    result = await batcher.submit({"x": np.ones((1, 2), np.float32)}, None)  # still serves
+    np.testing.assert_array_equal(result["y"], np.full((1, 2), 2.0))
+    await batcher.close()
+
+
+async def test_what_queues_while_a_request_yields_joins_it_even_when_the_task_wakes_first() -> None:
+    # A lone run ends (waking the batcher's task) in the same loop pass as two requests arrive:
+    # the first yields, the second queues, and the task, ready before the first resumes, must not
+    # take the second alone.
+    run = Gated()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=2, max_queue=100, wait_for_company=False)
+    batcher.start()
+    held = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 1), np.float32)}, None))
+    await asyncio.sleep(0.01)  # it runs at once, in its own task, and waits on the gate
+    loop = asyncio.get_running_loop()
+    pair: asyncio.Future = loop.create_future()
+
+    def same_pass() -> None:
+        run.gate.set()
+        both = asyncio.gather(
+            *(batcher.submit({"x": np.full((1, 1), 2.0, np.float32)}, None) for _ in range(2))
+        )
+        both.add_done_callback(lambda f: pair.set_result(f.result()))
+
+    loop.call_soon(same_pass)
+    await held
+    await asyncio.wait_for(pair, timeout=2.0)
+    assert run.batches == [1, 2]
     await batcher.close()

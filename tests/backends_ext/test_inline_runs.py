@@ -19,21 +19,21 @@ SMALL = call_bytes({"x": np.zeros((1, 16), np.float32)})  # 64 bytes
 
 
 def _measured(runs: InlineRuns, *seconds: float) -> InlineRuns:
-    runs.record(1.0)  # the first run pays lazy initialisation: not counted
+    runs.record(1.0, SMALL)  # the first run pays lazy initialisation: not counted
     for s in seconds:
-        runs.record(s)
+        runs.record(s, SMALL)
     return runs
 
 
 def test_calls_go_to_workers_until_enough_fast_runs_are_measured() -> None:
     runs = InlineRuns(below_s=200e-6)
     assert not runs.run_inline(SMALL)  # nothing measured: a worker (a slow model never stalls the loop)
-    runs.record(5e-3)  # the first run (lazy initialisation) is not counted
+    runs.record(5e-3, SMALL)  # the first run (lazy initialisation) is not counted
     assert runs.estimate_s is None
     for _ in range(2):
-        runs.record(20e-6)
+        runs.record(20e-6, SMALL)
         assert not runs.run_inline(SMALL)  # fewer than three runs measured
-    runs.record(20e-6)
+    runs.record(20e-6, SMALL)
     assert all(runs.run_inline(SMALL) for _ in range(10))
     assert runs.inline_calls == 10 and runs.worker_calls == 3
 
@@ -41,12 +41,14 @@ def test_calls_go_to_workers_until_enough_fast_runs_are_measured() -> None:
 def test_one_slow_run_keeps_calls_on_workers_until_it_leaves_the_window() -> None:
     runs = _measured(InlineRuns(below_s=200e-6, window=4), 15e-6, 16e-6, 14e-6)
     assert runs.run_inline(SMALL)
-    runs.record(50e-3)  # a larger input, or the machine: the median stays fast, the loop must not stall
+    runs.record(
+        50e-3, SMALL
+    )  # a larger input, or the machine: the median stays fast, the loop must not stall
     assert runs.estimate_s < 200e-6 and not runs.run_inline(SMALL)
     for _ in range(3):
-        runs.record(15e-6)
+        runs.record(15e-6, SMALL)
     assert not runs.run_inline(SMALL)  # still in the window of four
-    runs.record(15e-6)
+    runs.record(15e-6, SMALL)
     assert runs.run_inline(SMALL)
 
 
@@ -76,21 +78,29 @@ def test_zero_turns_it_off() -> None:
     assert runs.worker_calls == 1
 
 
-def test_a_call_alone_runs_inline_while_every_recent_run_was_under_its_bound() -> None:
+def test_a_call_alone_runs_inline_while_recent_runs_are_under_its_bound() -> None:
     runs = _measured(InlineRuns(below_s=200e-6, alone_below_s=5e-3, window=4), 2e-3, 3e-3, 2e-3)
     assert not runs.run_inline(SMALL)  # over the bound for calls that may have company
     assert runs.run_inline(SMALL, alone=True)
-    runs.record(9e-3)  # over the bound but under twice it: the median decides
+    runs.record(9e-3, SMALL)  # over the bound but under twice it: the median decides
     assert runs.run_inline(SMALL, alone=True)
-    runs.record(11e-3)  # over twice the bound: the median is fast, but the loop could stall 11 ms
+    runs.record(11e-3, SMALL)  # over twice the bound: the median is fast, but the loop could stall 11 ms
     assert not runs.run_inline(SMALL, alone=True)
     for _ in range(3):
-        runs.record(2e-3)
+        runs.record(2e-3, SMALL)
     assert not runs.run_inline(SMALL, alone=True)  # still in the window of four
-    runs.record(2e-3)
+    runs.record(2e-3, SMALL)
     assert runs.run_inline(SMALL, alone=True)
     assert not runs.run_inline(None, alone=True)  # strings: size unknown
     assert runs.inline_calls == 3 and runs.worker_calls == 4
+
+
+def test_a_call_alone_larger_than_the_calls_measured_goes_to_a_worker() -> None:
+    runs = _measured(InlineRuns(below_s=200e-6, alone_below_s=5e-3), 2e-3, 2e-3, 2e-3)
+    assert runs.run_inline(SMALL, alone=True)
+    assert not runs.run_inline(SMALL * 32, alone=True)  # 32 rows after one-row runs: 32x the cost
+    runs.record(4e-3, SMALL * 32)  # once a call that large was measured fast, it may run inline
+    assert runs.run_inline(SMALL * 32, alone=True)
 
 
 def test_a_call_alone_of_a_model_slower_than_its_bound_goes_to_a_worker() -> None:
