@@ -197,11 +197,12 @@ class DynamicBatcher:
     async def _run_direct(self, inputs: Arrays, outputs: tuple[str, ...] | None, rows: int) -> Arrays:
         """Run a lone request as a batch of its own in the caller's task, holding a slot meanwhile.
 
-        It goes through `run_alone` only once callers have come one at a time for a while: the
-        last `SEQUENTIAL_RUNS` batches each held a single request. Callers that overlap now and
-        then (8 in flight on a 3 ms model: one run in nine was lone) would otherwise find the loop
-        held by an inline run each time, their own work queued behind it (0.90x requests/s,
-        `bench/bench_lone_inline.py`)."""
+        It goes through `run_alone` only once the last `SEQUENTIAL_RUNS` batches each held a single
+        request (they may have run side by side on several slots: the streak says no batch merged
+        callers lately, not that only one caller exists). Without the streak, callers that overlap
+        now and then (8 in flight on a 3 ms model: one run in nine was lone) found the loop held by
+        an inline run each time, their own work queued behind it: 0.90x requests/s in
+        `bench/bench_lone_inline.py`, 1.04x with it."""
         run = self._run_alone if self._lone_streak >= SEQUENTIAL_RUNS else self._run
         if self._observer is not None:
             self._observer(1, rows)

@@ -24,8 +24,10 @@ call's inputs no larger than the largest measured in it (so a 32-row call after 
 may cost 32 times more, goes to a worker).
 Nothing of the deployment is left to overlap with such a call, so the hand-off to a worker would
 only add its wake-ups to the caller's latency: on the heavy MLP of `bench/bench_tensor_peers.py`
-(about 3 ms a run), `bench/bench_lone_inline.py` measured one caller's p50 at 0.86x with the rule on
-against off, and 8 in flight at 0.97x the requests/s (rounds 0.92-1.12). The batcher treats a
+(about 3 ms a run), `bench/bench_lone_inline.py` measured one caller's p50 at 0.88x with the rule on
+against off (5 rounds, 0.85-0.97x), and 2, 4, 8 and 32 callers at 1.06, 0.98, 1.04 and 1.00x the
+requests/s (one run of a 3 ms model already keeps both cores here, so two callers taking turns on
+the loop lose nothing). The batcher treats a
 request as lone only once callers have come one at a time for a while (`SEQUENTIAL_RUNS`). The
 price: the loop is held for the run, so a request arriving meanwhile, for any deployment, waits up
 to about twice `alone_below_s`; 0 turns it off. (The bound on the
