@@ -8,8 +8,9 @@ identical gateway processes measured side by side on this machine differed by 2-
 layout, which core each landed on), more than the effect measured here. The traced states export
 OTLP/HTTP protobuf to a collector stand-in in its own process (it keeps what it receives and, at the
 end, decodes it with the `opentelemetry-proto` classes to count the spans). Closed-loop v2 `/infer`
-(binary tensors) at c=1 and c=16; each round visits the states in its own shuffled order (seeded
-by the round: a rotation keeps each state's predecessor the same in every round, and at the last
+(binary tensors) at c=1 and c=16; rounds visit the states in the orders of a balanced Latin square
+(Williams design: over every 4 rounds each state takes each position once and follows each other
+state once; a plain rotation keeps each state's predecessor the same in every round, and at the last
 rotated run the two untraced measurements differed by 5-6 %, more than the target allows); medians
 of rounds. Reported: requests/s, p50, and the gateway's CPU per request (user + system from /proc).
 Target (issue 19): tracing on keeps >= 95 % of the throughput.
@@ -24,7 +25,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -81,6 +81,15 @@ def run_collector() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
     print(server.server_port, flush=True)
     server.serve_forever()
+
+
+def williams_order(names: list[str], index: int) -> list[str]:
+    """Round `index`'s order of the states (an even number of them): row `index % n` of a balanced
+    Latin square, whose n rows put each state in each position once and right after each other
+    state once, so neither position nor predecessor favours a state."""
+    n = len(names)
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]  # 0, 1, n-1, 2, ...
+    return [names[(i + index) % n] for i in first]
 
 
 def summarize_rounds(rounds: list[dict], names: list[str]) -> dict:
@@ -163,8 +172,7 @@ tracing: {{{tracing}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/trace
         try:
             for index in range(args.rounds):
                 result: dict[str, dict] = {}
-                # shuffled per round: no state always first, nor always after the same one
-                for name in random.Random(index).sample(names, len(names)):
+                for name in williams_order(names, index):
                     config_path.write_text(config(states[name])(port))
                     reloaded = httpx.post(
                         f"http://127.0.0.1:{port}/admin/reload",

@@ -61,4 +61,9 @@ def test_a_request_past_its_deadline_gets_504_and_releases_its_lease(slow_gatewa
     assert "request_timeout_s" in r.json()["error"]
     delay["s"] = 0.0
     # max_concurrency 1: the timed-out request's lease was released, so the next one is admitted
-    assert httpx.post(f"{url}{path}", json=body, headers=auth, timeout=10).status_code == 200
+    # (a lease still held answers 429). A machine stall past the 0.5 s deadline answers another
+    # 504, which also proves admission (seen once under a full test run: 1.4 s), so try thrice.
+    statuses = []
+    while len(statuses) < 3 and 200 not in statuses:
+        statuses.append(httpx.post(f"{url}{path}", json=body, headers=auth, timeout=10).status_code)
+    assert 200 in statuses and set(statuses) <= {200, 504}, statuses
