@@ -27,13 +27,12 @@ only add its wake-ups to the caller's latency: on the heavy MLP of `bench/bench_
 (about 3 ms a run), `bench/bench_lone_inline.py` measured one caller's p50 at 0.88x with the rule on
 against off (5 rounds, 0.85-0.97x), and 2, 4, 8 and 32 callers at 1.06, 0.98, 1.04 and 1.00x the
 requests/s (one run of a 3 ms model already keeps both cores here, so two callers taking turns on
-the loop lose nothing). The batcher treats a
-request as lone only once callers have come one at a time for a while (`SEQUENTIAL_RUNS`). The
-price: the loop is held for the run, so a request arriving meanwhile, for any deployment, waits up
-to about twice `alone_below_s`; 0 turns it off. (The bound on the
-slowest run is 2x, not `stall_factor`, because this bound is already milliseconds; with "every run
-under the bound" instead, a 3 ms model whose runs here reach 5 ms at p99 went inline only about half
-the time.)
+the loop lose nothing). The batcher treats a request as lone only once callers have come one at a
+time for a while (`SEQUENTIAL_RUNS`). The price: the loop is held for the run, so a request
+arriving meanwhile, for any deployment, waits up to about twice `alone_below_s`; 0 turns it off.
+The bound on the slowest run is 2x, not `stall_factor`, because this bound is already
+milliseconds; with "every run under the bound" instead, a 3 ms model whose runs here reach 5 ms at
+p99 went inline only about half the time.
 
 Every run of a small call counts, wherever it ran: inline runs by their time on the loop; on ONNX
 Runtime, worker runs by their wall time in the worker, which also holds the worker's wait for the
@@ -97,6 +96,15 @@ class InlineRuns:
         self._recent_bytes: deque[int] = deque(maxlen=window)  # the inputs of those runs
         self._first_seen = False
 
+    @classmethod
+    def from_options(cls, inline_below_us: int, inline_alone_below_us: int, on_cpu: bool) -> InlineRuns:
+        """A backend's rule from its `inline_below_us` / `inline_alone_below_us` options: off (both
+        bounds 0) unless the runtime runs on a CPU (a GPU run waits for the device, and a new
+        shape may start a kernel search or compile far longer than any run measured before)."""
+        if not on_cpu:
+            return cls(0)
+        return cls(inline_below_us / 1e6, alone_below_s=inline_alone_below_us / 1e6)
+
     def run_inline(self, input_bytes: int | None, available: bool = True, alone: bool = False) -> bool:
         """Whether the call about to be made, with inputs of `input_bytes` (`call_bytes`), runs on
         the loop's thread (`available`: whether the backend can run it there at all; `alone`:
@@ -119,7 +127,8 @@ class InlineRuns:
         slowest = max(recent)
         if 0 < self.below_s and self.estimate_s < self.below_s and slowest < self.stall_factor * self.below_s:
             return True
-        # ...and no larger than the inputs measured: a 64-row call after one-row runs costs more
+        # a lone call: a larger bound, and inputs no larger than those measured (64 rows after
+        # one-row runs may cost 64 times more)
         return (
             alone
             and self.estimate_s < self.alone_below_s

@@ -70,9 +70,8 @@ class OnnxOptions(SpecBase):
     inline_below_us: int = 200
     #: on CPU with batching, also run a lone call inline (nothing else of this deployment running
     #: or queued, no batch forming) while the median of the recent runs is under this many
-    #: microseconds and none took over twice that:
-    #: it saves the hand-off's wake-ups on a lone request, and holds the loop (every deployment's
-    #: requests) for as long. 0 = never.
+    #: microseconds and none took over twice that: it saves the hand-off's wake-ups on a lone
+    #: request, and holds the loop (every deployment's requests) for as long. 0 = never.
     inline_alone_below_us: int = 5000
 
 
@@ -151,11 +150,8 @@ class OnnxRuntimeBackend:
         device = (
             "cuda" if any(p in got for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")) else "cpu"
         )
-        # inline runs on CPU only: a GPU run waits for the device, and a new shape may start a long search
-        on_cpu = device == "cpu"
-        self.inline = InlineRuns(
-            self.options.inline_below_us / 1e6 if on_cpu else 0,
-            alone_below_s=self.options.inline_alone_below_us / 1e6 if on_cpu else 0,
+        self.inline = InlineRuns.from_options(
+            self.options.inline_below_us, self.options.inline_alone_below_us, on_cpu=device == "cpu"
         )
         self._meta = ModelMetadata(
             name=self.name,

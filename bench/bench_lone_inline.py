@@ -38,22 +38,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench_gateway import start_gateway  # noqa: E402
-from bench_tensor_peers import D_IN, HIDDEN, build_model, raw_request, request_specs, run_point, stop  # noqa: E402
+from bench_tensor_peers import (  # noqa: E402
+    D_IN,
+    GATEWAY_CONFIG,
+    HIDDEN,
+    build_model,
+    raw_request,
+    request_specs,
+    run_point,
+    stop,
+)
 
 RESULTS = ROOT / "bench" / "results"
 MODES = {"inline": 5000, "worker": 0}  # inline_alone_below_us
 CONCURRENCY = (1, 2, 4, 8, 32)
-
-CONFIG = """\
-server: {{port: {port}, log_level: warning}}
-state: {{url: "memory://"}}
-tenants: {{bench: {{}}}}
-deployments:
-  mlp: {{backend: onnxruntime, model: {model}, batching: {{max_batch_size: 64, max_delay_ms: 2}},
-         queue: {{max_concurrency: 64}}, options: {{inline_alone_below_us: {alone}}}}}
-models:
-  mlp: {{routes: [{{deployment: mlp}}]}}
-"""
 
 
 def ratios(rounds: list[dict[str, Any]], key: str, metric: str) -> dict[str, Any]:
@@ -100,7 +98,10 @@ def main() -> None:
             workdir = Path(tmp) / mode
             workdir.mkdir()
             proc, port, key = start_gateway(
-                workdir, lambda p, alone=alone: CONFIG.format(port=p, model=model, alone=alone)
+                workdir,
+                lambda p, alone=alone: GATEWAY_CONFIG.format(
+                    port=p, model=model, options=f", options: {{inline_alone_below_us: {alone}}}"
+                ),
             )
             stack.callback(stop, proc, False)
             targets[mode] = (port, raw_request(port, request_specs(key, row)["fleetgate"]))

@@ -377,7 +377,7 @@ state: {{url: "memory://"}}
 tenants: {{bench: {{}}}}
 deployments:
   mlp: {{backend: onnxruntime, model: {model}, batching: {{max_batch_size: 64, max_delay_ms: 2}},
-         queue: {{max_concurrency: 64}}}}
+         queue: {{max_concurrency: 64}}{options}}}
 models:
   mlp: {{routes: [{{deployment: mlp}}]}}
 """
@@ -387,7 +387,7 @@ def start_servers(
     tmp: Path, model: Path, row: np.ndarray, expected: np.ndarray, stack: ExitStack
 ) -> tuple[dict[str, bytes], dict[str, Any], dict[str, str]]:
     """Starts and checks every server; returns port -> raw request, the checks and the peers skipped."""
-    gateway, port, key = start_gateway(tmp, lambda p: GATEWAY_CONFIG.format(port=p, model=model))
+    gateway, port, key = start_gateway(tmp, lambda p: GATEWAY_CONFIG.format(port=p, model=model, options=""))
     stack.callback(stop, gateway, False)
     ports, skipped = {"fleetgate": port}, {}
     for name in PEERS:
@@ -440,7 +440,7 @@ def main() -> None:
         "servers": servers,
         "skipped": skipped,
         "method": __doc__.split("\n\n", 1)[1],
-        "fleetgate_config": GATEWAY_CONFIG.format(port="P", model="mlp.onnx"),
+        "fleetgate_config": GATEWAY_CONFIG.format(port="P", model="mlp.onnx", options=""),
         "peer_sources": {
             "kserve": KSERVE_SERVER,
             "bentoml": BENTO_SERVICE.format(model="mlp.onnx", latency=BENTO_MAX_LATENCY_MS),

@@ -15,7 +15,7 @@ rotated run the two untraced measurements differed by 5-6 %, more than the targe
 of rounds. Reported: requests/s, p50, and the gateway's CPU per request (user + system from /proc).
 Target (issue 19): tracing on keeps >= 95 % of the throughput.
 
-Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 5]`.
+Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 8]` (a multiple of 4).
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ def summarize_rounds(rounds: list[dict], names: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=5)
+    # a multiple of the 4 orders of the Latin square keeps positions and predecessors balanced
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds of load before each measurement")
     parser.add_argument("--collector", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -111,10 +111,8 @@ class OpenVINOBackend:
         outputs = [port_spec(p) for p in compiled.outputs]
         queue.set_callback(self._on_done)
         self._compiled, self._queue = compiled, queue
-        on_cpu = self._runs_on_cpu()
-        self.inline = InlineRuns(
-            self.options.inline_below_us / 1e6 if on_cpu else 0,
-            alone_below_s=self.options.inline_alone_below_us / 1e6 if on_cpu else 0,
+        self.inline = InlineRuns.from_options(
+            self.options.inline_below_us, self.options.inline_alone_below_us, on_cpu=self._runs_on_cpu()
         )
         if self.inline.below_s > 0 or self.inline.alone_below_s > 0:
             self._inline_request = compiled.create_infer_request()
@@ -304,7 +302,7 @@ class OpenVINOBackend:
         latency_s: float | None = None,
         input_bytes: int | None = None,
     ) -> None:
-        if latency_s is not None and input_bytes is not None:
+        if latency_s is not None and input_bytes is not None:  # a measured call: both are set
             self.inline.record(latency_s, input_bytes)
         if not future.done():  # the caller may have timed out or been cancelled
             if isinstance(result, BaseException):

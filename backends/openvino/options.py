@@ -29,9 +29,8 @@ class OpenVINOOptions(SpecBase):
     inline_below_us: int = 200
     #: on CPU with batching, also run a lone call inline (nothing else of this deployment running
     #: or queued, no batch forming) while the median of the recent runs is under this many
-    #: microseconds and none took over twice that:
-    #: it saves the queue's hand-offs on a lone request, and holds the loop (every deployment's
-    #: requests) for as long. 0 = never.
+    #: microseconds and none took over twice that: it saves the queue's hand-offs on a lone
+    #: request, and holds the loop (every deployment's requests) for as long. 0 = never.
     inline_alone_below_us: int = 5000
 
     def __post_init__(self) -> None:

@@ -351,3 +351,11 @@ def test_openvino_refuses_a_negative_bound(digits_ir, option: str) -> None:
         create_backend(
             "inline-ov", DeploymentSpec(backend="openvino", model=str(digits_ir), options={option: -5})
         )
+
+
+def test_the_options_apply_on_a_cpu_only() -> None:
+    on_cpu = InlineRuns.from_options(200, 5000, on_cpu=True)
+    assert (on_cpu.below_s, on_cpu.alone_below_s) == (200e-6, 5e-3)
+    on_gpu = _measured(InlineRuns.from_options(200, 5000, on_cpu=False), 1e-6, 1e-6, 1e-6)
+    assert (on_gpu.below_s, on_gpu.alone_below_s) == (0, 0)
+    assert not on_gpu.run_inline(SMALL) and not on_gpu.run_inline(SMALL, alone=True)
