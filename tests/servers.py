@@ -11,11 +11,25 @@ from typing import Any
 
 import uvicorn
 
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on, never one this process was handed before.
+
+    The kernel may offer the same free port to two calls in a row while neither is bound yet
+    (a fixture that picks a gRPC port and then an HTTP port did: both got one port, and the second
+    server failed to bind), so ports already handed out are skipped.
+    """
+    with _HANDED_OUT_LOCK:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 @contextmanager

@@ -21,17 +21,12 @@ from backends import tfserving
 from backends.base import Tensor, TensorRequest
 from backends.errors import InvalidInput, ModelNotFound
 from backends.spec import DeploymentSpec
+from tests.servers import free_port
 
 BINARY = shutil.which("tensorflow_model_server")
 pytestmark = pytest.mark.skipif(
     BINARY is None, reason="no tensorflow_model_server on PATH: real TF Serving tests need the binary"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +37,7 @@ def real_server(tf_model_base: Path, tmp_path_factory: pytest.TempPathFactory) -
     config.write_text(
         "model_config_list { config { " + body + " model_version_policy { all {} } " + labels + " } }"
     )
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             str(BINARY),

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from policies.stores import StateStore, open_store
+from tests.servers import free_port
 
 
 class FakeClock:
@@ -38,12 +39,6 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _redis_binary() -> str | None:
@@ -66,7 +61,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     work = tmp_path_factory.mktemp("redis")
     pidfile = work / "redis.pid"
-    port = _free_port()
+    port = free_port()
     subprocess.run(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--daemonize", "yes", "--pidfile", str(pidfile), "--dir", str(work),

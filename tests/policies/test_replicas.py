@@ -17,8 +17,8 @@ from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable
 from policies.stores import open_store
 from policies.stores.redis_store import RedisStore
 from policies.types import Limits, Quotas
-from tests.policies.conftest import _free_port
 from tests.policies.helpers import ACME, ACME_KEY2, admission
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,7 +68,7 @@ async def test_concurrency_limit_holds_across_replicas(replicas, clock) -> None:
 
 
 async def test_unreachable_redis_is_store_unavailable(clock) -> None:
-    url = f"redis://127.0.0.1:{_free_port()}/0"
+    url = f"redis://127.0.0.1:{free_port()}/0"
     with pytest.raises(StoreUnavailable) as err:
         await open_store(url)
     assert err.value.status == 503 and err.value.code == "state_store_unavailable"
@@ -94,7 +94,7 @@ async def test_closed_sqlite_store_is_unavailable(tmp_path, clock) -> None:
 
 
 async def test_fail_open_is_bounded_in_time_and_amount(tmp_path, clock) -> None:
-    url = f"redis://127.0.0.1:{_free_port()}/0"
+    url = f"redis://127.0.0.1:{free_port()}/0"
     import redis.asyncio as aioredis
 
     store = RedisStore(aioredis.from_url(url, socket_connect_timeout=0.5), url)
