@@ -10,6 +10,10 @@ Side by side in one run, in front of one upstream:
   fleetgate_sqlite_thread  the same with `?commit=thread` (store groups commit on the store's thread,
                     not on the event loop): the A/B of where SQLite groups commit;
   fleetgate_redis   the same with state in a redis-server started here on a free loopback port;
+  bare_proxy        the floor of fleetgate's server stack (bench/floor_servers.py): uvicorn, httptools
+                    and uvloop with a plain ASGI app forwarding each body to the upstream with fleetgate's
+                    pooled HTTP/1.1 client, no gateway at all: if it adds over 0.3 ms p50 at c=1, the
+                    "<= 0.3 ms added" target is beyond the stack, not the policy path;
   litellm           LiteLLM proxy (own virtualenv bench/.venvs/litellm, made on first use), one uvicorn
                     worker, model_list `openai/<name>` with `api_base` = the upstream, master key only
                     (its virtual keys and per-key limits need Postgres through Prisma; see notes).
@@ -229,6 +233,18 @@ def start_litellm(work: Path, upstream: int, stack: ExitStack) -> Server:
     return Server("litellm", port, MASTER_KEY, [proc.pid])
 
 
+def start_bare_proxy(work: Path, upstream: int, stack: ExitStack) -> Server:
+    """bench/floor_servers.py's bare proxy in front of the upstream: the server stack's own floor."""
+    port, log = free_port(), work / "bare-proxy.log"
+    script = Path(__file__).resolve().parent / "floor_servers.py"
+    upstream_url = f"http://127.0.0.1:{upstream}"
+    cmd = [sys.executable, str(script), "proxy", "--port", str(port), "--upstream", upstream_url]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    stack.callback(stop, proc)
+    wait_until(lambda: port_open(port), proc, "bare_proxy", 30)
+    return Server("bare_proxy", port, "none", [proc.pid])
+
+
 def check_answer(server: Server) -> None:
     """One request through `server` must come back 200 with the upstream's text."""
     import httpx
@@ -246,7 +262,7 @@ def start_all(work: Path, stack: ExitStack, notes: list[str]) -> list[Server]:
     upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
     stack.callback(stop, upstream)
     wait_until(lambda: port_open(up_port), upstream, "upstream", 10)
-    servers = [Server("upstream", up_port, "none", [upstream.pid])]
+    servers = [Server("upstream", up_port, "none", [upstream.pid]), start_bare_proxy(work, up_port, stack)]
     stores = [
         ("fleetgate_sqlite", f"sqlite:///{work / 'state.db'}", []),
         ("fleetgate_sqlite_thread", f"sqlite:///{work / 'state-thread.db'}?commit=thread", []),
@@ -350,6 +366,8 @@ def summarize(rounds: list[dict[str, dict[str, dict]]]) -> tuple[dict, dict]:
     pairs = [(n, "litellm") for n in rounds[0] if n.startswith("fleetgate")] if "litellm" in rounds[0] else []
     if "fleetgate_sqlite_thread" in rounds[0]:  # where SQLite groups commit: the default over ?commit=thread
         pairs.append(("fleetgate_sqlite", "fleetgate_sqlite_thread"))
+    if "bare_proxy" in rounds[0]:  # each fleetgate over the bare server stack's floor
+        pairs += [(n, "bare_proxy") for n in rounds[0] if n.startswith("fleetgate")]
     for name, base in pairs:
         for c in rounds[0][name]:
             for metric in ("rps", "added_p50_ms", "cpu_ms_per_req"):
@@ -368,7 +386,7 @@ def plot(medians: dict[str, dict[str, dict[str, float]]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
     conc = list(medians["upstream"])
     width = 0.8 / len(medians)
     for i, (name, per_c) in enumerate(medians.items()):

@@ -12,7 +12,13 @@ default), per-request logging off:
     its `max_latency_ms` is a latency budget (requests predicted to miss it get a 503), not a wait
     window, so it is generous (1000 ms). Body: BentoML's own JSON `{"input": [[...]]}`;
   - ONNX Runtime alone, in this process, one thread: 1-row calls (the latency floor) and 64-row calls
-    (rows/s: the ceiling for a batching server on this CPU).
+    (rows/s: the ceiling for a batching server on this CPU);
+  - the floor of fleetgate's own server stack (bench/floor_servers.py: uvicorn, httptools and uvloop
+    with a plain ASGI app and nothing of a gateway): `floor_batching` gathers the requests that
+    arrive during a run into the next one (up to 64 rows) on a worker thread, `floor_inline` runs
+    every call on the event loop's thread. They answer what any gateway on this stack can reach
+    here: if `floor_batching` is under 4x the best peer at c=32, or `floor_inline`'s c=1 p50 is over
+    0.3 ms above ONNX Runtime's, that target is beyond the stack itself (`--no-floor` leaves them out).
 Peers install on first run into bench/.venvs/{kserve,bentoml} (with the project's ONNX Runtime version);
 their server code is written into a temp dir. A peer that cannot be installed, started or answer
 correctly is listed under `skipped` with the reason, and the others run.
@@ -65,6 +71,7 @@ RESULTS = ROOT / "bench" / "results"
 D_IN, HIDDEN, D_OUT = 512, 4096, 10
 CONCURRENCY = (1, 32)
 PEERS = ("kserve", "bentoml")
+FLOORS = {"floor_batching": (), "floor_inline": ("--inline",)}
 BENTO_MAX_LATENCY_MS = 1000
 
 KSERVE_SERVER = """\
@@ -150,6 +157,17 @@ def stop(proc: subprocess.Popen[bytes], group: bool = True) -> None:
         proc.wait()
 
 
+def start_floor(name: str, tmp: Path, model: Path, stack: ExitStack) -> int:
+    """Starts one of bench/floor_servers.py's bare tensor servers; returns its port."""
+    port, log = free_port(), tmp / f"{name}.log"
+    script = Path(__file__).resolve().parent / "floor_servers.py"
+    cmd = [sys.executable, str(script), "tensors", "--port", str(port), "--model", str(model), *FLOORS[name]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
+    stack.callback(stop, proc)
+    wait_ready(proc, f"http://127.0.0.1:{port}/ready", log)
+    return port
+
+
 def start_peer(name: str, tmp: Path, model: Path, stack: ExitStack) -> int:
     """Installs (first run) and starts one peer server; returns its port."""
     # the project's ORT version where a plain wheel of it exists, so the runtime is the same
@@ -195,6 +213,7 @@ def request_specs(key: str, row: np.ndarray) -> dict[str, Spec]:
     return {
         "fleetgate": ("/v2/models/mlp/infer", v2, {**json_type, "Authorization": f"Bearer {key}"}),
         "kserve": ("/v2/models/mlp/infer", v2, json_type),
+        **{name: ("/v2/models/mlp/infer", v2, json_type) for name in FLOORS},
         "bentoml": ("/predict", json.dumps({"input": row.tolist()}).encode(), json_type),
     }
 
@@ -305,6 +324,18 @@ def derive(rounds: list[dict[str, Any]], servers: list[str]) -> dict[str, Any]:
             ]
             for s in servers
         }
+    if "floor_inline" in servers:  # what the bare server stack adds to one call at c=1
+        out["floor_inline_added_p50_ms_c1"] = ratio_series(
+            rounds, lambda r: r["floor_inline"]["c1"]["p50_ms"] - r["ort"]["row_p50_ms"]
+        )
+    if "floor_batching" in servers:
+        out["fleetgate_over_floor_batching_rps_c32"] = ratio_series(
+            rounds, lambda r: r["fleetgate"]["c32"]["rps"] / r["floor_batching"]["c32"]["rps"]
+        )
+        if peers:
+            out["floor_batching_over_best_peer_rps_c32"] = ratio_series(
+                rounds, lambda r: r["floor_batching"]["c32"]["rps"] / max(r[p]["c32"]["rps"] for p in peers)
+            )
     if not peers:
         return out
     for c in CONCURRENCY:
@@ -338,7 +369,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     med, servers = report["median"], report["servers"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
     xs = np.arange(len(servers))
     for i, c in enumerate(CONCURRENCY):
         axes[0].bar(xs + (i - 0.5) * 0.4, [med[s][f"c{c}"]["rps"] for s in servers], 0.4, label=f"c={c}")
@@ -384,12 +415,14 @@ models:
 
 
 def start_servers(
-    tmp: Path, model: Path, row: np.ndarray, expected: np.ndarray, stack: ExitStack
+    tmp: Path, model: Path, row: np.ndarray, expected: np.ndarray, stack: ExitStack, floors: bool = True
 ) -> tuple[dict[str, bytes], dict[str, Any], dict[str, str]]:
     """Starts and checks every server; returns port -> raw request, the checks and the peers skipped."""
     gateway, port, key = start_gateway(tmp, lambda p: GATEWAY_CONFIG.format(port=p, model=model, options=""))
     stack.callback(stop, gateway, False)
     ports, skipped = {"fleetgate": port}, {}
+    for name in FLOORS if floors else ():
+        ports[name] = start_floor(name, tmp, model, stack)
     for name in PEERS:
         try:
             ports[name] = start_peer(name, tmp, model, stack)
@@ -415,6 +448,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per point")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (medians are reported)")
     parser.add_argument("--out", type=Path, default=RESULTS / "tensor_peers.json")
+    parser.add_argument("--no-floor", action="store_true", help="leave out the bare-stack floor servers")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on SIGTERM too
     started, load_before = time.perf_counter(), os.getloadavg()
@@ -426,7 +460,7 @@ def main() -> None:
         session = ort.InferenceSession(str(model), sess_options=opts, providers=["CPUExecutionProvider"])
         row = np.random.default_rng(1).standard_normal((1, D_IN), np.float32)
         targets, checks, skipped = start_servers(
-            Path(tmp), model, row, session.run(None, {"input": row})[0], stack
+            Path(tmp), model, row, session.run(None, {"input": row})[0], stack, floors=not args.no_floor
         )
         rounds = [one_round(r, targets, session, row, args.seconds) for r in range(args.rounds)]
     servers = list(targets)

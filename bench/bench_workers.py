@@ -8,6 +8,12 @@ one-row JSON v2 bodies for `--seconds`; the two gateways alternate within each r
 workers=2 / workers=1 is taken within a round. The load generator shares the machine's cores with the
 gateway: on 2 cores, a second worker competes with wrk for the second core.
 
+Beside them, the floor of the server stack: bench/floor_servers.py's bare batching tensor server
+(uvicorn, httptools, uvloop, a plain ASGI app: msgspec decode, ONNX Runtime with one intra-op thread,
+requests gathered while a run is in flight) started with 1 and 2 uvicorn workers and driven the same
+way. Its 2-over-1 ratio is what a second process buys on this machine with no gateway at all: a
+target above it is beyond the machine and the stack (`--no-floor` leaves it out).
+
 Writes bench/results/workers.json. Run: `.venv/bin/python bench/bench_workers.py [--seconds 5 --rounds 3]`.
 """
 
@@ -20,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +34,7 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from bench_gateway import build_model, start_gateway  # noqa: E402
+from bench_tensor_peers import free_port, stop, wait_ready  # noqa: E402
 
 MODELS = {"light": (256, 1024), "heavy": (512, 4096)}
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -78,38 +86,66 @@ def wrk(port: int, key: str, model: str, d_in: int, seconds: float, tmp: Path) -
     return {"rps": rps, "p50_ms": p50_ms, "non_2xx": int(non2xx.group(1)) if non2xx else 0}
 
 
+def start_floor(tmp: Path, workers: int, stack: ExitStack) -> tuple[int, str]:
+    """bench/floor_servers.py's bare batching server for both models with `workers` processes."""
+    port, log = free_port(), tmp / f"floor-{workers}.log"
+    script = Path(__file__).resolve().parent / "floor_servers.py"
+    models = [f"--model={m}={tmp / m}.onnx" for m in MODELS]
+    cmd = [
+        sys.executable,
+        str(script),
+        "tensors",
+        f"--port={port}",
+        *models,
+        "--threads=1",
+        f"--workers={workers}",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
+    stack.callback(stop, proc)
+    wait_ready(proc, f"http://127.0.0.1:{port}/ready", log)
+    return port, "none"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-floor", action="store_true", help="leave out the bare-stack floor servers")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as name:
+    kinds = ["gateway"] if args.no_floor else ["gateway", "floor"]
+    with tempfile.TemporaryDirectory() as name, ExitStack() as stack:
         tmp = Path(name)
         for model, (d_in, hidden) in MODELS.items():
             build_model(tmp / f"{model}.onnx", d_in, hidden)
-        gateways = {w: start_gateway(tmp, lambda p, w=w: config(p, w, tmp)) for w in (1, 2)}
+        servers: dict[tuple[str, int], tuple[int, str]] = {}
+        for w in (1, 2):
+            proc, port, key = start_gateway(tmp, lambda p, w=w: config(p, w, tmp))
+            stack.callback(stop, proc, False)
+            servers["gateway", w] = (port, key)
+            if not args.no_floor:
+                servers["floor", w] = start_floor(tmp, w, stack)
         rounds = []
-        try:
-            for r in range(args.rounds):
-                point: dict[str, dict] = {}
+        for r in range(args.rounds):
+            point: dict[str, dict] = {}
+            for kind in kinds:
                 for model, (d_in, _) in MODELS.items():
                     order = (1, 2) if r % 2 == 0 else (2, 1)
-                    point[model] = {f"workers_{w}": wrk(gateways[w][1], gateways[w][2], model, d_in, args.seconds, tmp) for w in order}
-                    point[model]["ratio"] = point[model]["workers_2"]["rps"] / point[model]["workers_1"]["rps"]
-                print(json.dumps(point), flush=True)
-                rounds.append(point)
-        finally:
-            for proc, _, _ in gateways.values():
-                proc.terminate()
-                proc.wait(timeout=30)
+                    runs = {
+                        f"workers_{w}": wrk(*servers[kind, w], model, d_in, args.seconds, tmp) for w in order
+                    }
+                    runs["ratio"] = runs["workers_2"]["rps"] / runs["workers_1"]["rps"]
+                    point[model if kind == "gateway" else f"floor_{model}"] = runs
+            print(json.dumps(point), flush=True)
+            rounds.append(point)
     median = {
-        model: {
+        entry: {
             **{
-                f"workers_{w}_rps": statistics.median(p[model][f"workers_{w}"]["rps"] for p in rounds) for w in (1, 2)
+                f"workers_{w}_rps": statistics.median(p[entry][f"workers_{w}"]["rps"] for p in rounds)
+                for w in (1, 2)
             },
-            "ratio_2_over_1": statistics.median(p[model]["ratio"] for p in rounds),
+            "ratio_2_over_1": statistics.median(p[entry]["ratio"] for p in rounds),
         }
-        for model in MODELS
+        for entry in rounds[0]
     }
     RESULTS.mkdir(exist_ok=True)
     report = {"seconds": args.seconds, "rounds": rounds, "median": median, "cores": 2}
