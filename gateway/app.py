@@ -8,6 +8,7 @@ lifespan and closed when the server stops.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ import structlog
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 
-from gateway import liveness, openapi, probes
+from gateway import hot_routes, liveness, openapi, probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
 from gateway.admin_guard import AdminAttempts
 from gateway.batches.routes import ROUTES as BATCH_ROUTES
@@ -176,6 +177,8 @@ def create_app(
         openapi_config=None,
         debug=False,
     )
+    if os.environ.get(hot_routes.SWITCH_ENV, "on") != "off":
+        hot_routes.install(app)  # the inference routes, ahead of Litestar's router (gateway/hot_routes.py)
     app.state.console_traffic = TrafficWindow()  # the console's live traffic window, per process
     app.state.drain = drain  # read by `fleetgate serve`'s DrainingServer (gateway/drain.py)
     return app

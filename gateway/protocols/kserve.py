@@ -86,7 +86,9 @@ async def model_version_ready(core: GatewayCore, call: Call, model: str, version
     return await _ready(core, call, ModelRef(model, version))
 
 
-async def _infer(request: Request, core: GatewayCore, call: Call, model: ModelRef) -> ASGIApp:
+async def infer_model(request: Request, core: GatewayCore, call: Call, model: ModelRef) -> ASGIApp:
+    """v2 `/infer`: Litestar's routes and gateway/hot_routes.py's fast path call this."""
+
     async def load(meta: ModelMetadata) -> DecodedInfer:
         body = await read_body(request, core.config.server.max_body_bytes, headers=call.headers)
         header_len = _parse_header_length(call.headers.get("inference-header-content-length"))
@@ -119,12 +121,12 @@ def _parse_header_length(value: str | None) -> int | None:
 
 @post("/v2/models/{model:str}/infer", status_code=200, opt=V2)
 async def infer(request: Request, core: GatewayCore, call: Call, model: str) -> ASGIApp:
-    return await _infer(request, core, call, ModelRef(model))
+    return await infer_model(request, core, call, ModelRef(model))
 
 
 @post("/v2/models/{model:str}/versions/{version:str}/infer", status_code=200, opt=V2)
 async def infer_version(request: Request, core: GatewayCore, call: Call, model: str, version: str) -> ASGIApp:
-    return await _infer(request, core, call, ModelRef(model, version))
+    return await infer_model(request, core, call, ModelRef(model, version))
 
 
 ROUTES = [

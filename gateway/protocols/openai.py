@@ -153,7 +153,9 @@ def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
     }
 
 
-async def _generate(request: Request, core: GatewayCore, call: Call, chat: bool) -> Response[Any]:
+async def generate_route(request: Request, core: GatewayCore, call: Call, chat: bool) -> Response[Any]:
+    """`/v1/(chat/)completions`: Litestar's routes and gateway/hot_routes.py's fast path call this."""
+
     async def read() -> bytes:
         return await read_body(
             request,
@@ -203,12 +205,12 @@ async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Respons
 
 @post("/v1/completions", status_code=200, opt=OPENAI)
 async def completions(request: Request, core: GatewayCore, call: Call) -> Response[Any]:
-    return await _generate(request, core, call, chat=False)
+    return await generate_route(request, core, call, chat=False)
 
 
 @post("/v1/chat/completions", status_code=200, opt=OPENAI)
 async def chat_completions(request: Request, core: GatewayCore, call: Call) -> Response[Any]:
-    return await _generate(request, core, call, chat=True)
+    return await generate_route(request, core, call, chat=True)
 
 
 ROUTES = [list_models, completions, chat_completions]

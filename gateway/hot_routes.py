@@ -1,0 +1,103 @@
+"""The routes that carry the traffic, answered ahead of the framework's router.
+
+For every request Litestar matches a route, builds the handler's signature model, resolves its
+dependencies (`core`, `call`) and calls it: about a tenth of the event loop's time on a one-row
+tensor request at c=32 (py-spy, bench_tensor_peers' heavy MLP), and more on a proxied chat request.
+The inference routes read their bodies and answer in their protocol's envelope themselves, so they
+use none of that. Here their paths are matched by one regular expression each and the same handler
+code runs with the same `core` and `call`; any other request, or one these patterns do not match
+exactly (another method, a trailing slash), goes to Litestar as before.
+
+`FLEETGATE_HOT_ROUTES=off` in the environment leaves them to Litestar (bench/bench_hot_routes.py
+measures one against the other; a way to rule the fast path out when chasing a problem).
+
+The routes stay registered with Litestar too: the OpenAPI description is built from them, and a
+request the fast path passes on (a GET on an infer path: 405) is answered there as it always was.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from litestar import Litestar, Request
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from gateway.calls import Call, ModelRef
+from gateway.core import GatewayCore
+from gateway.errors import Protocol
+from gateway.http import http_failure, open_call
+from gateway.protocols import kserve, openai
+
+#: set to "off" to leave every route to Litestar's router
+SWITCH_ENV = "FLEETGATE_HOT_ROUTES"
+
+#: what a hot route's handler is given: the request, the core, its call and the path's match
+Handler = Callable[[Request, GatewayCore, Call, re.Match[str]], Awaitable[Any]]
+
+
+async def _v2_infer(request: Request, core: GatewayCore, call: Call, found: re.Match[str]) -> Any:
+    return await kserve.infer_model(request, core, call, ModelRef(found["model"], found["version"]))
+
+
+async def _chat(request: Request, core: GatewayCore, call: Call, found: re.Match[str]) -> Any:
+    return await openai.generate_route(request, core, call, chat=True)
+
+
+async def _completions(request: Request, core: GatewayCore, call: Call, found: re.Match[str]) -> Any:
+    return await openai.generate_route(request, core, call, chat=False)
+
+
+#: POST path pattern -> (protocol of its envelope, handler); a segment is what Litestar's `{x:str}` takes
+_ROUTES: list[tuple[re.Pattern[str], Protocol, Handler]] = [
+    (re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"), "v2", _v2_infer),
+    (re.compile(r"/v1/chat/completions"), "openai", _chat),
+    (re.compile(r"/v1/completions"), "openai", _completions),
+]
+
+
+class HotRoutes:
+    """The app's ASGI handler: hot POST routes answered directly, the rest by `inner` (Litestar's)."""
+
+    __slots__ = ("_app", "_inner")
+
+    def __init__(self, app: Litestar, inner: ASGIApp) -> None:
+        self._app = app
+        self._inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            for pattern, protocol, handler in _ROUTES:
+                found = pattern.fullmatch(path)
+                if found is not None:
+                    await self._answer(scope, receive, send, protocol, handler, found)
+                    return
+        await self._inner(scope, receive, send)
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        protocol: Protocol,
+        handler: Handler,
+        found: re.Match[str],
+    ) -> None:
+        request: Request = Request(scope, receive, send)
+        call = open_call(request, protocol)
+        try:
+            response = await handler(request, self._app.state.core, call, found)
+        except Exception as exc:  # noqa: BLE001 - the handlers answer their own errors; this is a last resort
+            response = http_failure(call, exc)
+        if hasattr(response, "to_asgi_response"):  # a Litestar Response (errors, JSON answers, streams)
+            response = response.to_asgi_response(self._app, request)
+        await response(scope, receive, send)
+
+
+def install(app: Litestar) -> Litestar:
+    """Put the hot routes in front of `app`'s router (inside `Litestar.__call__`, so `app.state`, the
+    lifespan and everything reading the app object are unchanged)."""
+    app.asgi_handler = HotRoutes(app, app.asgi_handler)
+    return app
