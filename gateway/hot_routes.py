@@ -28,7 +28,15 @@ from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore
 from gateway.errors import Protocol
 from gateway.http import http_failure, open_call
-from gateway.protocols import kserve, openai
+from gateway.protocols import kserve, openai, tfserving
+
+
+async def _tfs_predict(request: Request, core: GatewayCore, call: Call, found: re.Match[str]) -> Any:
+    groups = found.groupdict()
+    slot = "version" if groups.get("version_of") else "label" if groups.get("label_of") else "model"
+    model = groups.get("version_of") or groups.get("label_of") or ""
+    return await tfserving.predict_route(request, core, call, model, found["segment"], slot)
+
 
 #: set to "off" to leave every route to Litestar's router
 SWITCH_ENV = "FLEETGATE_HOT_ROUTES"
@@ -54,6 +62,10 @@ _ROUTES: list[tuple[re.Pattern[str], Protocol, Handler]] = [
     (re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"), "v2", _v2_infer),
     (re.compile(r"/v1/chat/completions"), "openai", _chat),
     (re.compile(r"/v1/completions"), "openai", _completions),
+    # TF Serving REST: POST /v1/models/NAME:predict, .../versions/V:predict, .../labels/L:predict
+    (re.compile(r"/v1/models/(?P<segment>[^/]+)"), "tfserving", _tfs_predict),
+    (re.compile(r"/v1/models/(?P<version_of>[^/]+)/versions/(?P<segment>[^/]+)"), "tfserving", _tfs_predict),
+    (re.compile(r"/v1/models/(?P<label_of>[^/]+)/labels/(?P<segment>[^/]+)"), "tfserving", _tfs_predict),
 ]
 
 

@@ -39,10 +39,11 @@ def _split_verb(segment: str) -> tuple[str, str]:
     return name, verb
 
 
-async def _predict(
+async def predict_route(
     request: Request, core: GatewayCore, call: Call, model: str, segment: str, slot: str
 ) -> Response[bytes]:
-    """`segment` is the last path segment (`name:predict`); its name fills `slot` (model/version/label)."""
+    """`segment` is the last path segment (`name:predict`); its name fills `slot` (model/version/label).
+    Litestar's routes and gateway/hot_routes.py's fast path call this."""
     call.model = model
 
     async def load(meta: ModelMetadata) -> PredictRequest:
@@ -70,21 +71,21 @@ async def _predict(
 
 @post("/v1/models/{segment:str}", status_code=200, opt=TFS)
 async def predict(request: Request, core: GatewayCore, call: Call, segment: str) -> Response[bytes]:
-    return await _predict(request, core, call, "", segment, "model")
+    return await predict_route(request, core, call, "", segment, "model")
 
 
 @post("/v1/models/{model:str}/versions/{segment:str}", status_code=200, opt=TFS)
 async def predict_version(
     request: Request, core: GatewayCore, call: Call, model: str, segment: str
 ) -> Response[bytes]:
-    return await _predict(request, core, call, model, segment, "version")
+    return await predict_route(request, core, call, model, segment, "version")
 
 
 @post("/v1/models/{model:str}/labels/{segment:str}", status_code=200, opt=TFS)
 async def predict_label(
     request: Request, core: GatewayCore, call: Call, model: str, segment: str
 ) -> Response[bytes]:
-    return await _predict(request, core, call, model, segment, "label")
+    return await predict_route(request, core, call, model, segment, "label")
 
 
 async def _status(core: GatewayCore, call: Call, model: ModelRef) -> Response[bytes]:

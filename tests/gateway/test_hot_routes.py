@@ -75,6 +75,14 @@ def test_infer_and_generation_routes_are_answered_without_the_router(served: Ser
     r = httpx.post(served.url + "/v1/completions", json=completion, headers=served.headers)
     assert r.status_code == 200, r.text
     assert r.json()["object"] == "text_completion"
+    for path in (
+        "/v1/models/digits:predict",
+        "/v1/models/digits/versions/2:predict",
+        "/v1/models/digits/labels/stable:predict",
+    ):
+        r = httpx.post(served.url + path, json={"instances": rows.tolist()}, headers=served.headers)
+        assert r.status_code == 200, (path, r.text)
+        assert len(r.json()["predictions"]) == 2
     assert served.routed == []
 
 
@@ -88,6 +96,10 @@ def test_errors_on_hot_routes_keep_each_protocols_envelope(served: Served) -> No
     assert r.status_code == 401 and isinstance(r.json()["error"], str)
     r = httpx.post(served.url + "/v1/chat/completions", content=b"{not json", headers=served.headers)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(
+        served.url + "/v1/models/digits:classify", json={"instances": rows.tolist()}, headers=served.headers
+    )
+    assert r.status_code == 400 and "predict" in r.json()["error"]  # TF Serving's envelope: a string
     assert served.routed == []
 
 
