@@ -177,7 +177,7 @@ def create_app(
         openapi_config=None,
         debug=False,
     )
-    if os.environ.get(hot_routes.SWITCH_ENV, "on") != "off":
+    if hot_routes.enabled(os.environ.get(hot_routes.SWITCH_ENV)):
         hot_routes.install(app)  # the inference routes, ahead of Litestar's router (gateway/hot_routes.py)
     app.state.console_traffic = TrafficWindow()  # the console's live traffic window, per process
     app.state.drain = drain  # read by `fleetgate serve`'s DrainingServer (gateway/drain.py)

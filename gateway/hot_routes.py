@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from litestar import Litestar, Request
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar._asgi.utils import is_valid_host  # the router's own Host check, not public API
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore
@@ -69,6 +70,12 @@ _ROUTES: list[tuple[re.Pattern[str], Protocol, Handler]] = [
 ]
 
 
+def _host_is_valid(scope: Scope) -> bool:
+    """Litestar's router refuses a malformed Host header with a 400; such requests are left to it."""
+    host = next((value for name, value in scope["headers"] if name == b"host"), None)
+    return host is None or is_valid_host(host)
+
+
 class HotRoutes:
     """The app's ASGI handler: hot POST routes answered directly, the rest by `inner` (Litestar's)."""
 
@@ -83,7 +90,7 @@ class HotRoutes:
             path = scope["path"]
             for pattern, protocol, handler in _ROUTES:
                 found = pattern.fullmatch(path)
-                if found is not None:
+                if found is not None and _host_is_valid(scope):
                     await self._answer(scope, receive, send, protocol, handler, found)
                     return
         await self._inner(scope, receive, send)
@@ -97,19 +104,65 @@ class HotRoutes:
         handler: Handler,
         found: re.Match[str],
     ) -> None:
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         request: Request = Request(scope, receive, send)
         call = open_call(request, protocol)
         try:
-            response = await handler(request, self._app.state.core, call, found)
-        except Exception as exc:  # noqa: BLE001 - the handlers answer their own errors; this is a last resort
-            response = http_failure(call, exc)
-        if hasattr(response, "to_asgi_response"):  # a Litestar Response (errors, JSON answers, streams)
-            response = response.to_asgi_response(self._app, request)
-        await response(scope, receive, send)
+            await self._respond(request, call, handler, found, tracked_send)
+        except Exception as exc:
+            # the handlers answer their own errors; this is what Litestar's exception middleware
+            # does for the rest: an answer in the protocol's envelope while nothing was sent yet
+            if started:
+                raise
+            await self._asgi(http_failure(call, exc), request)(scope, receive, send)
+
+    async def _respond(
+        self, request: Request, call: Call, handler: Handler, found: re.Match[str], send: Send
+    ) -> None:
+        response = await handler(request, self._app.state.core, call, found)
+        await self._asgi(response, request)(request.scope, request.receive, send)
+
+    @staticmethod
+    def _asgi(response: Any, request: Request) -> ASGIApp:
+        """A handler's answer as an ASGI app: a Litestar `Response` (errors, JSON answers, streams)
+        is converted as Litestar's own handlers convert it; a `RawResponse` already is one."""
+        if hasattr(response, "to_asgi_response"):
+            return response.to_asgi_response(None, request)
+        return response
 
 
 def install(app: Litestar) -> Litestar:
     """Put the hot routes in front of `app`'s router (inside `Litestar.__call__`, so `app.state`, the
-    lifespan and everything reading the app object are unchanged)."""
+    lifespan and everything reading the app object are unchanged).
+
+    The fast path runs none of Litestar's middleware, guards or request hooks: the app has none
+    today, and this refuses to install over any, so adding one cannot be skipped silently.
+    """
+    extras = {
+        "middleware": app.middleware,
+        "cors_config": app.cors_config,
+        "allowed_hosts": app.allowed_hosts,
+        "compression_config": app.compression_config,
+        "before_request": app.before_request,
+        "after_request": app.after_request,
+        "after_response": app.after_response,
+        "guards": app.guards,
+    }
+    present = sorted(name for name, value in extras.items() if value)
+    if present:
+        raise RuntimeError(
+            f"the hot routes would bypass the app's {', '.join(present)}: see gateway/hot_routes.py"
+        )
     app.asgi_handler = HotRoutes(app, app.asgi_handler)
     return app
+
+
+def enabled(value: str | None) -> bool:
+    """Whether `FLEETGATE_HOT_ROUTES` leaves the fast path on (unset: on; off, 0, false, no: off)."""
+    return (value or "on").strip().lower() not in {"off", "0", "false", "no"}

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from backends.demo_models.digits import digits_split
+from gateway import hot_routes
 from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.hot_routes import HotRoutes
@@ -112,3 +113,50 @@ def test_other_requests_still_go_through_the_router(served: Served) -> None:
     r = httpx.post(served.url + "/v2/models/a/b/infer", json={}, headers=served.headers)  # no such route
     assert r.status_code == 404
     assert served.routed == ["/v2/models/digits/infer", "/v2/models/digits", "/v2/models/a/b/infer"]
+
+
+def test_a_stream_is_served_on_the_fast_path(served: Served) -> None:
+    served.routed.clear()
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", served.url + "/v1/chat/completions", json=chat, headers=served.headers) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and len(lines) >= 2
+    assert served.routed == []
+
+
+def test_a_malformed_host_header_is_left_to_the_router(served: Served) -> None:
+    served.routed.clear()
+    rows = digits_split()[1][:1]
+    headers = {**served.headers, "Host": "bad host!"}
+    r = httpx.post(served.url + "/v2/models/digits/infer", json=_v2_body(rows), headers=headers)
+    assert r.status_code == 400  # Litestar's router refuses it, as without the fast path
+    assert served.routed == ["/v2/models/digits/infer"]
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [(None, True), ("on", True), ("off", False), (" OFF ", False), ("0", False)]
+)
+def test_the_switch(value: str | None, on: bool) -> None:
+    assert hot_routes.enabled(value) is on
+
+
+def test_switched_off_every_route_goes_to_litestar(digits, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv(hot_routes.SWITCH_ENV, "off")
+    app = create_app(
+        parse_config(gateway_yaml(digits, "http://127.0.0.1:9", "memory://"), base_dir=Path("."))
+    )
+    assert not isinstance(app.asgi_handler, HotRoutes)
+
+
+def test_it_refuses_to_bypass_middleware() -> None:
+    from litestar import Litestar
+    from litestar.middleware import DefineMiddleware
+
+    async def passthrough(scope: Any, receive: Any, send: Any) -> None:  # never called
+        raise AssertionError
+
+    app = Litestar([], middleware=[DefineMiddleware(lambda app: passthrough)])
+    with pytest.raises(RuntimeError, match="middleware"):
+        hot_routes.install(app)
