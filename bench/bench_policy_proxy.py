@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import floor_servers  # noqa: E402
 from bench_gateway import RESULTS, start_gateway  # noqa: E402
 from peer_venvs import VENVS, PeerInstallError, ensure_peer_venv  # noqa: E402
 
@@ -235,14 +236,9 @@ def start_litellm(work: Path, upstream: int, stack: ExitStack) -> Server:
 
 def start_bare_proxy(work: Path, upstream: int, stack: ExitStack) -> Server:
     """bench/floor_servers.py's bare proxy in front of the upstream: the server stack's own floor."""
-    port, log = free_port(), work / "bare-proxy.log"
-    script = Path(__file__).resolve().parent / "floor_servers.py"
-    upstream_url = f"http://127.0.0.1:{upstream}"
-    cmd = [sys.executable, str(script), "proxy", "--port", str(port), "--upstream", upstream_url]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-    stack.callback(stop, proc)
-    wait_until(lambda: port_open(port), proc, "bare_proxy", 30)
-    return Server("bare_proxy", port, "none", [proc.pid])
+    args = ["proxy", "--upstream", f"http://127.0.0.1:{upstream}"]
+    port, pid = floor_servers.start(args, work / "bare-proxy.log", stack)
+    return Server("bare_proxy", port, "none", [pid])
 
 
 def check_answer(server: Server) -> None:
@@ -402,6 +398,7 @@ def plot(medians: dict[str, dict[str, dict[str, float]]], path: Path) -> None:
     fig.suptitle("OpenAI chat completions through the tenant policy path (wrk, medians over rounds)")
     fig.tight_layout()
     import plotting  # bench/plotting.py: the footer with the date and machine
+
     plotting.save(fig, path)
 
 

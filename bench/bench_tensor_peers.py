@@ -64,6 +64,7 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import floor_servers  # noqa: E402
 from bench_gateway import _load, build_model, pct, start_gateway, summarize  # noqa: E402
 from peer_venvs import VENVS, ensure_peer_venv  # noqa: E402
 
@@ -155,17 +156,6 @@ def stop(proc: subprocess.Popen[bytes], group: bool = True) -> None:
     except subprocess.TimeoutExpired:
         kill(signal.SIGKILL)
         proc.wait()
-
-
-def start_floor(name: str, tmp: Path, model: Path, stack: ExitStack) -> int:
-    """Starts one of bench/floor_servers.py's bare tensor servers; returns its port."""
-    port, log = free_port(), tmp / f"{name}.log"
-    script = Path(__file__).resolve().parent / "floor_servers.py"
-    cmd = [sys.executable, str(script), "tensors", "--port", str(port), "--model", str(model), *FLOORS[name]]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
-    stack.callback(stop, proc)
-    wait_ready(proc, f"http://127.0.0.1:{port}/ready", log)
-    return port
 
 
 def start_peer(name: str, tmp: Path, model: Path, stack: ExitStack) -> int:
@@ -390,6 +380,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     )
     fig.tight_layout()
     import plotting  # bench/plotting.py: the footer with the date and machine
+
     plotting.save(fig, path)
 
 
@@ -422,7 +413,9 @@ def start_servers(
     stack.callback(stop, gateway, False)
     ports, skipped = {"fleetgate": port}, {}
     for name in FLOORS if floors else ():
-        ports[name] = start_floor(name, tmp, model, stack)
+        ports[name], _ = floor_servers.start(
+            ["tensors", "--model", str(model), *FLOORS[name]], tmp / f"{name}.log", stack
+        )
     for name in PEERS:
         try:
             ports[name] = start_peer(name, tmp, model, stack)

@@ -33,8 +33,9 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
+import floor_servers  # noqa: E402
 from bench_gateway import build_model, start_gateway  # noqa: E402
-from bench_tensor_peers import free_port, stop, wait_ready  # noqa: E402
+from bench_tensor_peers import stop  # noqa: E402
 
 MODELS = {"light": (256, 1024), "heavy": (512, 4096)}
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -88,21 +89,9 @@ def wrk(port: int, key: str, model: str, d_in: int, seconds: float, tmp: Path) -
 
 def start_floor(tmp: Path, workers: int, stack: ExitStack) -> tuple[int, str]:
     """bench/floor_servers.py's bare batching server for both models with `workers` processes."""
-    port, log = free_port(), tmp / f"floor-{workers}.log"
-    script = Path(__file__).resolve().parent / "floor_servers.py"
     models = [f"--model={m}={tmp / m}.onnx" for m in MODELS]
-    cmd = [
-        sys.executable,
-        str(script),
-        "tensors",
-        f"--port={port}",
-        *models,
-        "--threads=1",
-        f"--workers={workers}",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
-    stack.callback(stop, proc)
-    wait_ready(proc, f"http://127.0.0.1:{port}/ready", log)
+    args = ["tensors", *models, "--threads=1", f"--workers={workers}"]
+    port, _ = floor_servers.start(args, tmp / f"floor-{workers}.log", stack)
     return port, "none"
 
 

@@ -19,7 +19,7 @@ Run: `python bench/floor_servers.py proxy --port P --upstream http://127.0.0.1:U
      `python bench/floor_servers.py tensors --port P --model [NAME=]model.onnx ... [--inline]
          [--threads T] [--workers N]`: with several models, `/v2/models/NAME/...` picks one; with one,
          any path reaches it. `--threads`: ONNX Runtime's intra-op threads (0: its default).
-Each answers GET /ready with 200 once it can serve.
+Each answers GET /ready with 200 once it can serve. Benches start them with `start(...)`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +213,20 @@ def tensors_app() -> Any:
         await _answer(send, 200, _encode(body))
 
     return app
+
+
+def start(args: list[str], log: Path, stack: ExitStack) -> tuple[int, int]:
+    """Start this script (`args`: the kind and its flags, no port) on a free loopback port, its
+    output in `log`, and wait until it answers GET /ready; `stack` stops it (and its uvicorn
+    workers) when it closes. Returns the port and the process id."""
+    from bench_tensor_peers import free_port, stop, wait_ready  # the peers' start-up helpers
+
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
+    stack.callback(stop, proc)  # the whole process group
+    wait_ready(proc, f"http://127.0.0.1:{port}/ready", log)
+    return port, proc.pid
 
 
 def main() -> None:

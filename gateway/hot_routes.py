@@ -31,14 +31,6 @@ from gateway.errors import Protocol
 from gateway.http import http_failure, open_call
 from gateway.protocols import kserve, openai, tfserving
 
-
-async def _tfs_predict(request: Request, core: GatewayCore, call: Call, found: re.Match[str]) -> Any:
-    groups = found.groupdict()
-    slot = "version" if groups.get("version_of") else "label" if groups.get("label_of") else "model"
-    model = groups.get("version_of") or groups.get("label_of") or ""
-    return await tfserving.predict_route(request, core, call, model, found["segment"], slot)
-
-
 #: set to "off" to leave every route to Litestar's router
 SWITCH_ENV = "FLEETGATE_HOT_ROUTES"
 
@@ -58,15 +50,26 @@ async def _completions(request: Request, core: GatewayCore, call: Call, found: r
     return await openai.generate_route(request, core, call, chat=False)
 
 
+#: TF Serving's path word -> the slot the last segment's name fills
+_TFS_SLOTS = {None: "model", "versions": "version", "labels": "label"}
+
+
+async def _tfs_predict(request: Request, core: GatewayCore, call: Call, found: re.Match[str]) -> Any:
+    model, slot = found["model"] or "", _TFS_SLOTS[found["slot"]]
+    return await tfserving.predict_route(request, core, call, model, found["segment"], slot)
+
+
 #: POST path pattern -> (protocol of its envelope, handler); a segment is what Litestar's `{x:str}` takes
 _ROUTES: list[tuple[re.Pattern[str], Protocol, Handler]] = [
     (re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"), "v2", _v2_infer),
     (re.compile(r"/v1/chat/completions"), "openai", _chat),
     (re.compile(r"/v1/completions"), "openai", _completions),
-    # TF Serving REST: POST /v1/models/NAME:predict, .../versions/V:predict, .../labels/L:predict
-    (re.compile(r"/v1/models/(?P<segment>[^/]+)"), "tfserving", _tfs_predict),
-    (re.compile(r"/v1/models/(?P<version_of>[^/]+)/versions/(?P<segment>[^/]+)"), "tfserving", _tfs_predict),
-    (re.compile(r"/v1/models/(?P<label_of>[^/]+)/labels/(?P<segment>[^/]+)"), "tfserving", _tfs_predict),
+    # TF Serving REST: POST /v1/models/NAME:predict, .../NAME/versions/V:predict, .../NAME/labels/L:predict
+    (
+        re.compile(r"/v1/models/(?:(?P<model>[^/]+)/(?P<slot>versions|labels)/)?(?P<segment>[^/]+)"),
+        "tfserving",
+        _tfs_predict,
+    ),
 ]
 
 
@@ -90,9 +93,11 @@ class HotRoutes:
             path = scope["path"]
             for pattern, protocol, handler in _ROUTES:
                 found = pattern.fullmatch(path)
-                if found is not None and _host_is_valid(scope):
-                    await self._answer(scope, receive, send, protocol, handler, found)
-                    return
+                if found is not None:
+                    if _host_is_valid(scope):
+                        await self._answer(scope, receive, send, protocol, handler, found)
+                        return
+                    break  # the router answers it (400)
         await self._inner(scope, receive, send)
 
     async def _answer(
