@@ -161,25 +161,51 @@ static int put_attribute(Buffer *b, PyObject *key, PyObject *value) {
     return 0;
 }
 
-static int put_span_body(Buffer *b, PyObject *span) {
-    uint64_t trace_low, trace_high, span_id, parent_id, kind, start_ns, end_ns;
+/* What the encoder needs of a span, read from a Python span's attributes (`encode_span`) or from a
+ * native span's struct (`Span` below); the objects are borrowed. */
+typedef struct {
+    uint64_t trace_high, trace_low, span_id, parent_id, kind, start_ns, end_ns;
+    PyObject *name, *tracestate, *attributes;
+} SpanFields;
+
+static int put_span_fields(Buffer *b, const SpanFields *f);
+
+/* reads a Python span's attributes into `f` (new references in *owned, released by the caller) */
+static int read_span(PyObject *span, SpanFields *f, PyObject *owned[3]) {
     PyObject *trace_id = PyObject_GetAttr(span, s_trace_id);
     if (trace_id == NULL) return -1;
-    trace_low = PyLong_AsUnsignedLongLongMask(trace_id);
-    if (trace_low == (uint64_t)-1 && PyErr_Occurred()) {
+    f->trace_low = PyLong_AsUnsignedLongLongMask(trace_id);
+    if (f->trace_low == (uint64_t)-1 && PyErr_Occurred()) {
         Py_DECREF(trace_id);
         return -1;
     }
     PyObject *high = PyNumber_Rshift(trace_id, s_shift64);
     Py_DECREF(trace_id);
     if (high == NULL) return -1;
-    trace_high = PyLong_AsUnsignedLongLongMask(high);
+    f->trace_high = PyLong_AsUnsignedLongLongMask(high);
     Py_DECREF(high);
     if (PyErr_Occurred()) return -1;
-    if (get_u64(span, s_span_id, &span_id) < 0 || get_u64(span, s_parent_id, &parent_id) < 0 ||
-        get_u64(span, s_kind, &kind) < 0 || get_u64(span, s_start_ns, &start_ns) < 0 ||
-        get_u64(span, s_end_ns, &end_ns) < 0)
+    if (get_u64(span, s_span_id, &f->span_id) < 0 || get_u64(span, s_parent_id, &f->parent_id) < 0 ||
+        get_u64(span, s_kind, &f->kind) < 0 || get_u64(span, s_start_ns, &f->start_ns) < 0 ||
+        get_u64(span, s_end_ns, &f->end_ns) < 0)
         return -1;
+    if ((owned[0] = f->name = PyObject_GetAttr(span, s_name)) == NULL) return -1;
+    if ((owned[1] = f->tracestate = PyObject_GetAttr(span, s_tracestate)) == NULL) return -1;
+    if ((owned[2] = f->attributes = PyObject_GetAttr(span, s_attributes)) == NULL) return -1;
+    return 0;
+}
+
+static int put_span_body(Buffer *b, PyObject *span) {
+    SpanFields f;
+    PyObject *owned[3] = {NULL, NULL, NULL};
+    int failed = read_span(span, &f, owned) < 0 || put_span_fields(b, &f) < 0;
+    for (int i = 0; i < 3; i++) Py_XDECREF(owned[i]);
+    return failed ? -1 : 0;
+}
+
+static int put_span_fields(Buffer *b, const SpanFields *f) {
+    uint64_t trace_high = f->trace_high, trace_low = f->trace_low, span_id = f->span_id,
+             parent_id = f->parent_id, kind = f->kind, start_ns = f->start_ns, end_ns = f->end_ns;
     if (kind > 0x7F) {
         PyErr_SetString(PyExc_ValueError, "span kind out of range");
         return -1;
@@ -209,16 +235,12 @@ static int put_span_body(Buffer *b, PyObject *span) {
     put_byte(b, 0x01);
     put_le(b, parent_id && kind == KIND_SERVER ? 0x301 : 0x101, 4);
 
-    PyObject *name = PyObject_GetAttr(span, s_name);
-    if (name == NULL) return -1;
     Py_ssize_t n;
-    const char *utf8 = PyUnicode_AsUTF8AndSize(name, &n);
+    const char *utf8 = PyUnicode_AsUTF8AndSize(f->name, &n);
     int failed = utf8 == NULL || put_len_field(b, 0x2a, utf8, (size_t)n) < 0;  /* 5 name */
-    Py_DECREF(name);
     if (failed) return -1;
 
-    PyObject *tracestate = PyObject_GetAttr(span, s_tracestate);
-    if (tracestate == NULL) return -1;
+    PyObject *tracestate = f->tracestate;
     int has_tracestate = PyObject_IsTrue(tracestate);
     if (has_tracestate < 0) {
         failed = 1;
@@ -226,13 +248,10 @@ static int put_span_body(Buffer *b, PyObject *span) {
         utf8 = PyUnicode_AsUTF8AndSize(tracestate, &n);
         failed = utf8 == NULL || put_len_field(b, 0x1a, utf8, (size_t)n) < 0;
     }
-    Py_DECREF(tracestate);
     if (failed) return -1;
 
-    PyObject *attributes = PyObject_GetAttr(span, s_attributes);
-    if (attributes == NULL) return -1;
+    PyObject *attributes = f->attributes;
     if (!PyDict_CheckExact(attributes)) {
-        Py_DECREF(attributes);
         PyErr_SetString(PyExc_TypeError, "span attributes must be a dict");
         return -1;
     }
@@ -276,17 +295,17 @@ static int put_span_body(Buffer *b, PyObject *span) {
             }
         }
     }
-    Py_DECREF(attributes);
     return failed ? -1 : 0;
 }
 
-static PyObject *encode_span(PyObject *module, PyObject *span) {
+/* the `ScopeSpans.spans` entry of a span: tag 0x12, the length, the body written by `put` */
+static PyObject *encode_with(int (*put)(Buffer *, const void *), const void *source) {
     Buffer b;
     b.data = b.inline_data;
     b.len = 0;
     b.cap = sizeof b.inline_data;
     PyObject *result = NULL;
-    if (put_span_body(&b, span) == 0) {
+    if (put(&b, source) == 0) {
         size_t head = 1 + varint_size(b.len);
         result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(head + b.len));
         if (result != NULL) {
@@ -300,8 +319,15 @@ static PyObject *encode_span(PyObject *module, PyObject *span) {
     return result;
 }
 
+static int put_python_span(Buffer *b, const void *span) { return put_span_body(b, (PyObject *)span); }
+
+static PyObject *encode_span(PyObject *module, PyObject *span) { return encode_with(put_python_span, span); }
+
+#include "span_native.h"
+
 static PyMethodDef methods[] = {
     {"encode_span", encode_span, METH_O, "A span's `ScopeSpans.spans` entry as OTLP protobuf bytes."},
+    SPAN_NATIVE_METHODS
     {NULL, NULL, 0, NULL},
 };
 
@@ -327,5 +353,11 @@ PyMODINIT_FUNC CONCAT(PyInit_, MODULE_SYMBOL)(void) {
     if (!s_name || !s_trace_id || !s_span_id || !s_parent_id || !s_kind || !s_start_ns || !s_end_ns ||
         !s_tracestate || !s_attributes || !s_error_type || !s_shift64)
         return NULL;
-    return PyModule_Create(&module_def);
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    if (span_native_init(module) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -32,6 +32,8 @@ import structlog
 log = structlog.get_logger("fleetgate.tracing")
 
 SOURCE = Path(__file__).with_name("otlp_native.c")
+#: included by SOURCE (one translation unit): the span type (`Span`, `child`) tracing.py uses
+INCLUDED = (Path(__file__).with_name("span_native.h"),)
 _BUILD_TIMEOUT_S = 120
 
 
@@ -55,7 +57,7 @@ def load() -> ModuleType | None:
 
 def library_path() -> tuple[str, Path]:
     """The module's name and its library's path for this source, Python and platform."""
-    source = SOURCE.read_bytes()
+    source = SOURCE.read_bytes() + b"".join(path.read_bytes() for path in INCLUDED)
     key = hashlib.sha256(source + sys.version.encode() + sysconfig.get_platform().encode()).hexdigest()[:12]
     name = f"fleetgate_otlp_{key}"
     return name, cache_dir() / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"

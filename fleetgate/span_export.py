@@ -69,15 +69,33 @@ class BatchSpanExport:
         try:
             encoded = self._encoder.span(span)
         except Exception as exc:  # noqa: BLE001 - a span that cannot be encoded never fails its request
-            self._dropped_unencodable += 1
-            now = time.monotonic()
-            if now - self._last_encode_warning >= 60.0:
-                self._last_encode_warning = now
-                log.warning("trace_span_unencodable", span=span.name, error=type(exc).__name__)
+            self._unencodable(span.name, exc)
             return
         queued.append(encoded)
         if len(queued) == self._batch_size:
             self._wake.set()
+
+    def native_queue(self) -> dict[str, Any]:
+        """What C spans need to do `add`'s work themselves (`tracing.enable(..., queue=...)`): the
+        queue, its limits, and callbacks for the wake-up, a full queue and an unencodable span."""
+        return {
+            "queue": self._queued,
+            "max_queued": self._max_queued,
+            "batch_size": self._batch_size,
+            "wake": self._wake.set,
+            "on_full": self._count_full,
+            "on_unencodable": self._unencodable,
+        }
+
+    def _count_full(self) -> None:
+        self._dropped_full += 1
+
+    def _unencodable(self, name: str, error: BaseException) -> None:
+        self._dropped_unencodable += 1
+        now = time.monotonic()
+        if now - self._last_encode_warning >= 60.0:
+            self._last_encode_warning = now
+            log.warning("trace_span_unencodable", span=name, error=type(error).__name__)
 
     @property
     def dropped(self) -> int:

@@ -4,7 +4,11 @@ fleetgate records its spans itself instead of through the OpenTelemetry Python S
 about 37 us per span on this path (measured, `bench/bench_tracing.py`), which is over a third of a
 tensor request's gateway CPU at six spans a request. A span here is one small object: two clock
 reads, a random id, a context variable set and reset, and an append to the exporter's buffer when it
-ends; encoding and sending happen in batches on the exporter's thread (`fleetgate/span_export.py`).
+ends; sending happens in batches on the exporter's thread (`fleetgate/span_export.py`). Where a C
+compiler built `fleetgate/otlp_native.c`, spans are that module's `Span` type (`span_native.h`),
+with this `Span`'s interface, and an ended span goes into the exporter's queue already encoded,
+without a Python call: the six spans of a request then cost a few microseconds instead of ~10 % of
+its CPU (`bench/bench_tracing.py`). `enable(..., native=...)` chooses.
 The trace model is OpenTelemetry's: W3C `traceparent` in and out, parent-based ratio sampling as
 the SDK's `ParentBased(TraceIdRatioBased)`, OTLP on the wire, so collectors and backends see no
 difference.
@@ -24,6 +28,7 @@ Attributes never carry a key or a prompt.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
 import time
@@ -150,6 +155,11 @@ class Span:
         return f"00-{self.trace_id:032x}-{self.span_id:016x}-{'01' if self.recording else '00'}"
 
 
+#: the type `start_span` makes: `Span`, or the C module's `Span` while `enable` was given one
+_span_type: Callable[..., Any] = Span
+_native: Any = None
+
+
 class _Current:
     """Makes a span the current one for a block without ending it."""
 
@@ -170,17 +180,38 @@ def enabled() -> bool:
     return _sink is not None
 
 
-def enable(sink: Callable[[Span], None], sample_ratio: float = 1.0) -> None:
+def enable(
+    sink: Callable[[Span], None],
+    sample_ratio: float = 1.0,
+    native: Any = None,
+    queue: Mapping[str, Any] | None = None,
+) -> None:
     """Turn tracing on: every ended, sampled span is passed to `sink`; traces the client did not
-    decide are kept with probability `sample_ratio` (by trace id, as OpenTelemetry's samplers)."""
-    global _sink, _ratio_bound
+    decide are kept with probability `sample_ratio` (by trace id, as OpenTelemetry's samplers).
+
+    `native` (the module `otlp_native.load()` returns) makes spans in C; `queue` (a batch exporter's
+    `native_queue()`) then has them put into its queue encoded, instead of passed to `sink`.
+    """
+    global _sink, _ratio_bound, _span_type, _native, child
     _ratio_bound = round(sample_ratio * (1 << 64))
     _sink = sink
+    if native is not None:
+        # seeded from the OS in each process: forked workers must not repeat each other's ids
+        native.bind(_current, _NULL, _python_child, int.from_bytes(os.urandom(8), "little"))
+        native.set_sink(sink, **(queue or {}))
+        _span_type, _native, child = native.Span, native, native.child
+        return
+    if _native is not None:
+        _native.set_sink(sink)  # C spans still open end into the new sink
+    _span_type, child = Span, _python_child
 
 
 def disable() -> None:
-    global _sink
+    global _sink, _span_type, child
     _sink = None
+    if _native is not None:
+        _native.set_sink()  # C spans still open end into nothing, as Python ones do
+    _span_type, child = Span, _python_child
 
 
 def start_span(name: str, context: RemoteParent | None = None, **attributes: Any) -> Span | None:
@@ -191,7 +222,7 @@ def start_span(name: str, context: RemoteParent | None = None, **attributes: Any
     if _sink is None:
         return None
     if context is not None:
-        return Span(
+        return _span_type(
             name,
             context.trace_id,
             context.span_id,
@@ -202,7 +233,7 @@ def start_span(name: str, context: RemoteParent | None = None, **attributes: Any
         )
     trace_id = _random.getrandbits(128) or 1
     sampled = (trace_id & 0xFFFF_FFFF_FFFF_FFFF) < _ratio_bound
-    return Span(name, trace_id, 0, sampled, attributes if sampled else {}, KIND_SERVER, "")
+    return _span_type(name, trace_id, 0, sampled, attributes if sampled else {}, KIND_SERVER, "")
 
 
 def span(name: str, context: RemoteParent | None = None, **attributes: Any) -> Any:
@@ -211,12 +242,17 @@ def span(name: str, context: RemoteParent | None = None, **attributes: Any) -> A
     return _NULL if started is None else started
 
 
-def child(name: str, **attributes: Any) -> Any:
+def _python_child(name: str, **attributes: Any) -> Any:
     """A span under the current one, or a no-op when tracing is off or this trace is not sampled."""
     parent = _current.get()
     if parent is None or not parent.recording:
         return _NULL
     return Span(name, parent.trace_id, parent.span_id, True, attributes, KIND_INTERNAL, parent.tracestate)
+
+
+#: `child(name, **attributes)`: `_python_child`, or the C module's `child` (same behaviour) while
+#: `enable` was given one; a module attribute, looked up at each call, so the switch needs no wrapper
+child: Callable[..., Any] = _python_child
 
 
 def current(started: Span | None) -> Any:

@@ -30,8 +30,16 @@ def setup_tracing(config: TracingConfig, exporter: Any = None) -> Export | None:
     if not config.enabled and exporter is None:
         return None
     export = _make_export(config, exporter)
-    tracing.enable(export.add, config.sample_ratio)
+    _enable(export, config.sample_ratio)
     return export
+
+
+def _enable(export: Export, sample_ratio: float) -> None:
+    """Spans to `export`: made in C where the encoder module built (`otlp_native`), and then, for
+    the batch exporter, queued encoded by the span itself."""
+    native = otlp_native.load()
+    queue = export.native_queue() if native is not None and isinstance(export, BatchSpanExport) else None
+    tracing.enable(export.add, sample_ratio, native=native, queue=queue)
 
 
 def _make_export(config: TracingConfig, exporter: Any) -> Export:
@@ -85,11 +93,11 @@ class TracingSwitch:
             tracing.disable()
             self.export = None
         elif old is not None and (self._exporter is not None or _same_export(old_config, config)):
-            tracing.enable(old.add, config.sample_ratio)  # same destination: only the ratio moves
+            _enable(old, config.sample_ratio)  # same destination: only the ratio moves
             return
         else:
             self.export = _make_export(config, self._exporter)
-            tracing.enable(self.export.add, config.sample_ratio)
+            _enable(self.export, config.sample_ratio)
         if old is not None:
             # on a thread: a slow collector may take seconds to take the last batch
             await asyncio.to_thread(old.close)

@@ -177,3 +177,161 @@ def test_a_cached_library_that_does_not_load_is_built_again(fresh_build, native)
     library.write_bytes(b"")  # failure injection: a file cut short by a crash
     assert otlp_native.load() is not None
     assert library.stat().st_size > 0 and library.stat().st_mode & 0o044 == 0o044  # others may load it
+
+
+# --- the C span type (`fleetgate/span_native.h`) --------------------------------------------------
+
+
+def _observed(native: object) -> list[tuple]:  # noqa: ANN001
+    """What a span exposes after the operations the gateway performs, with `native` spans or (None)
+    Python ones; span ids become their span's position in the list, so two runs compare."""
+    sent: list = []
+    tracing.enable(sent.append, native=native)
+    try:
+        parent = tracing.RemoteParent(TRACE_ID, 0x00F067AA0BA902B7, True, "vendor=a1")
+        with tracing.span("fleetgate.request", parent, **{"fleetgate.protocol": "v2"}) as root:
+            assert tracing.trace_headers() == {"traceparent": root.traceparent, "tracestate": "vendor=a1"}
+            with tracing.child("backend", deployment="d") as backend:
+                backend.set_attribute("status", 200)
+                backend.set_attributes({"rows": 3, "ratio": 0.5})
+                assert tracing.trace_headers()["traceparent"] == backend.traceparent
+                assert backend.is_recording() and not backend.remote_parent
+            with pytest.raises(KeyError), tracing.child("fails"):
+                raise KeyError("never exported")
+            root.fail(ValueError("nor this"))
+        root.end()  # ended already: nothing more is sent
+        started = tracing.start_span("fleetgate.request", None, protocol="openai")
+        with tracing.current(started):
+            with tracing.child("queue"):
+                pass
+        started.end()
+        assert not started.is_recording()
+    finally:
+        tracing.disable()
+    position = {span.span_id: i for i, span in enumerate(sent)}
+    position[0x00F067AA0BA902B7] = "client"
+    position[0] = None
+    return [
+        (
+            s.name, type(s.trace_id), s.trace_id == TRACE_ID, position[s.span_id], position[s.parent_id],
+            s.kind, s.recording, s.remote_parent, s.error, s.attributes, s.tracestate,
+            0 < s.start_ns <= s.end_ns, s.is_recording(),
+            s.traceparent == f"00-{s.trace_id:032x}-{s.span_id:016x}-01",
+        )
+        for s in sent
+    ]  # fmt: skip
+
+
+def test_c_spans_behave_as_python_spans(native) -> None:  # noqa: ANN001
+    c = _observed(native)
+    assert c == _observed(None)
+    assert [row[0] for row in c] == ["backend", "fails", "fleetgate.request", "queue", "fleetgate.request"]
+    assert c[1][8] == "KeyError" and c[2][8] == "ValueError"  # the error's type, never its message
+
+
+def test_c_spans_of_an_unsampled_trace_record_nothing_and_pass_the_decision_on(native) -> None:  # noqa: ANN001
+    sent: list = []
+    tracing.enable(sent.append, sample_ratio=0.0, native=native)
+    try:
+        with (
+            tracing.span("fleetgate.request", None, protocol="v2") as root,
+            tracing.child("backend") as child,
+        ):
+            assert child is None and isinstance(root, native.Span) and not root.is_recording()
+            root.set_attribute("ignored", 1)
+            assert root.attributes == {} and tracing.trace_headers()["traceparent"].endswith("-00")
+    finally:
+        tracing.disable()
+    assert sent == []
+    assert tracing.span("fleetgate.request") is tracing.child("x")  # off again: the shared no-op
+
+
+class _NullSender:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def send(self, body: bytes) -> None:
+        self.bodies.append(body)
+
+    def close(self) -> None:
+        pass
+
+
+def test_c_spans_queue_the_encoders_bytes_themselves(native) -> None:  # noqa: ANN001
+    from fleetgate.span_export import BatchSpanExport
+
+    encoder = SpanEncoder({"service.name": "svc"}, native=native)
+    export = BatchSpanExport(encoder, _NullSender(), interval_s=60, batch_size=3, max_queued=4)
+    tracing.enable(export.add, native=native, queue=export.native_queue())
+    try:
+        spans = []
+        parent = tracing.RemoteParent(TRACE_ID, 0x00F067AA0BA902B7, True, "vendor=a1")
+        with tracing.span("fleetgate.request", parent, text="naïve ✓", big=2**70, flag=True) as root:
+            with tracing.child("backend", deployment="d") as child:
+                spans.append(child)
+            assert list(export._queued) == [native.encode_span(child)] == [encoder.python_span(child)]
+        spans.append(root)
+        assert export._queued[-1] == encoder.python_span(root)
+    finally:
+        tracing.disable()
+    export.close()
+    (body,) = export._sender.bodies
+    decoded = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans
+    assert [s.name for s in decoded] == ["backend", "fleetgate.request"]
+    assert decoded[0].parent_span_id == decoded[1].span_id and decoded[1].flags == 0x301
+
+
+def test_a_full_queue_and_an_unencodable_c_span_are_counted_never_raised(native) -> None:  # noqa: ANN001
+    from fleetgate.span_export import BatchSpanExport
+
+    sender = _NullSender()
+    export = BatchSpanExport(
+        SpanEncoder({"service.name": "svc"}), sender, interval_s=60, batch_size=2, max_queued=3
+    )
+    tracing.enable(export.add, native=native, queue=export.native_queue())
+    try:
+        with structlog.testing.capture_logs() as logs:
+            with tracing.span("fleetgate.request") as bad:
+                bad.attributes = {1: "a non-str key"}  # failure injection: cannot be encoded
+            for _ in range(5):  # the second wakes the exporter (batch size 2), which sends both
+                with tracing.span("fleetgate.request"):
+                    pass
+    finally:
+        tracing.disable()
+    assert [e["event"] for e in logs] == ["trace_span_unencodable"]
+    export.close()
+    assert export.sent + export.dropped == 6 and export.dropped >= 1  # the bad one; others if full
+    assert export.sent == sum(
+        len(ExportTraceServiceRequest.FromString(b).resource_spans[0].scope_spans[0].spans)
+        for b in sender.bodies
+    )
+
+
+def test_a_full_queue_drops_c_spans(native) -> None:  # noqa: ANN001
+    from fleetgate.span_export import BatchSpanExport
+
+    export = BatchSpanExport(
+        SpanEncoder({"service.name": "svc"}), _NullSender(), interval_s=60, batch_size=10, max_queued=10
+    )
+    tracing.enable(export.add, native=native, queue=export.native_queue())
+    try:
+        for _ in range(15):
+            with tracing.span("fleetgate.request"):
+                pass
+    finally:
+        tracing.disable()
+    assert len(export._queued) == 10 and export.dropped == 5
+    export.close()
+    assert export.sent == 10
+
+
+def test_the_c_span_refuses_wrong_arguments(native) -> None:  # noqa: ANN001
+    with pytest.raises(TypeError):
+        native.Span("n", TRACE_ID, 0, True, ["not a dict"], 2, "")
+    with pytest.raises(ValueError, match="kind"):
+        native.Span("n", TRACE_ID, 0, True, {}, 999, "")
+    span = native.Span("n", TRACE_ID, 0, True, {}, 2, "")
+    with pytest.raises(TypeError, match="dict"):
+        span.attributes = None
+    with pytest.raises(TypeError):
+        native.child(b"not a str")

@@ -13,6 +13,7 @@ from openai import OpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from backends.demo_models.digits import digits_split
+from fleetgate import otlp_native, tracing
 from gateway.app import create_app
 from gateway.config import parse_config
 from tests import openai_upstream
@@ -23,8 +24,20 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 
-@pytest.fixture(scope="module")
-def traced(digits, upstream_url: str) -> Iterator[tuple[str, str, InMemorySpanExporter]]:  # noqa: ANN001
+@pytest.fixture(scope="module", params=["c", "python"])
+def traced(request, digits, upstream_url: str) -> Iterator[tuple[str, str, InMemorySpanExporter]]:  # noqa: ANN001
+    """A gateway whose spans are C ones (where the module builds) or Python ones."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "python":
+            patch.setenv("FLEETGATE_OTLP_NATIVE", "0")
+        elif otlp_native.load() is None:
+            pytest.skip("the C module does not build here: the Python spans serve")
+        otlp_native.load.cache_clear()
+        yield from _traced_gateway(digits, upstream_url)
+    otlp_native.load.cache_clear()
+
+
+def _traced_gateway(digits, upstream_url: str) -> Iterator[tuple[str, str, InMemorySpanExporter]]:  # noqa: ANN001
     config = parse_config(
         f"""
 state: {{url: "memory://"}}
@@ -43,8 +56,10 @@ models:
         yield url, create_key(url, "acme"), exporter
 
 
-def test_a_tensor_request_is_one_trace_continuing_the_clients(traced) -> None:  # noqa: ANN001
+def test_a_tensor_request_is_one_trace_continuing_the_clients(traced, request) -> None:  # noqa: ANN001
     url, key, exporter = traced
+    # the gateway makes the spans of the kind this run is for
+    assert (tracing._span_type is tracing.Span) == (request.node.callspec.params["traced"] == "python")
     exporter.clear()
     row = digits_split()[1][0].tolist()
     body = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": row}]}

@@ -23,7 +23,11 @@ from fleetgate.span_export import BatchSpanExport
 from gateway.app import create_app
 from gateway.config import load_config, parse_config
 from tests.conftest import ADMIN_KEY, create_key
+from tests.gateway.span_types import span_type  # noqa: F401 - a fixture
 from tests.servers import free_port, serve_app
+
+# every test here runs with C spans and with Python spans
+pytestmark = pytest.mark.usefixtures("span_type")
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

@@ -1,0 +1,496 @@
+/* The span itself in C: `Span`, `child` and the hand-off of an ended span, for fleetgate/tracing.py.
+ *
+ * Part of the one translation unit of otlp_native.c (included there: it writes spans with that
+ * file's static encoder). Why in C: a traced request makes six spans, and in Python each costs a
+ * constructor, `__enter__`, `__exit__`, a context variable set and reset, a call to the exporter and
+ * an encoding call; under load that was ~10 % of a tensor request's CPU (`bench/bench_tracing.py`).
+ * This type keeps the Python `Span`'s interface and behaviour (tracing.py's docstrings hold), so a
+ * gateway without a C compiler runs the Python one unchanged; the tests run both.
+ *
+ * Module state, set from Python by `bind` (once tracing is on):
+ * - the context variable holding the current span, the shared no-op context manager `child`
+ *   returns when there is nothing to record, and the Python `child` for a parent that is not one
+ *   of these spans (a span begun before tracing switched implementation);
+ * - where an ended, recording span goes (`set_sink`): nowhere (tracing off), a Python callable
+ *   (an SDK exporter), or straight into a batch exporter's queue as encoded bytes, with the
+ *   queue's limits and the exporter's callbacks for a full queue and an unencodable span.
+ * Span ids come from a xorshift generator seeded by `bind` from Python's random source: unique,
+ * not secret, as Python's `random` ids were.
+ */
+#include <time.h>
+
+#define KIND_INTERNAL 1
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;
+    uint64_t trace_high, trace_low, span_id, parent_id;
+    int recording, kind;
+    PyObject *attributes; /* dict */
+    PyObject *tracestate; /* str */
+    uint64_t start_ns, end_ns;
+    PyObject *token; /* the context variable's token while the span is current by `with` */
+} NativeSpan;
+
+static PyTypeObject NativeSpanType;
+#define NativeSpan_Check(o) (Py_TYPE(o) == &NativeSpanType)
+
+static PyObject *g_current;       /* ContextVar */
+static PyObject *g_null;          /* contextlib.nullcontext() */
+static PyObject *g_python_child;  /* tracing._python_child */
+static uint64_t g_rng = 0x9E3779B97F4A7C15ULL;
+/* where ended spans go */
+static PyObject *g_sink;          /* callable(span), or NULL */
+static PyObject *g_queue;         /* the batch exporter's deque, or NULL */
+static PyObject *g_append;        /* g_queue.append */
+static PyObject *g_wake, *g_on_full, *g_on_unencodable;
+static Py_ssize_t g_max_queued, g_batch_size;
+
+static uint64_t next_id(void) {
+    uint64_t x;
+    do { /* xorshift64*; zero is not a valid span id */
+        g_rng ^= g_rng >> 12;
+        g_rng ^= g_rng << 25;
+        g_rng ^= g_rng >> 27;
+        x = g_rng * 0x2545F4914F6CDD1DULL;
+    } while (x == 0);
+    return x;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* time.time_ns()'s clock */
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static NativeSpan *span_new(PyObject *name, uint64_t trace_high, uint64_t trace_low, uint64_t parent_id,
+                            int recording, PyObject *attributes, int kind, PyObject *tracestate) {
+    NativeSpan *self = PyObject_GC_New(NativeSpan, &NativeSpanType);
+    if (self == NULL) return NULL;
+    Py_INCREF(name);
+    self->name = name;
+    self->trace_high = trace_high;
+    self->trace_low = trace_low;
+    self->span_id = next_id();
+    self->parent_id = parent_id;
+    self->recording = recording;
+    Py_INCREF(attributes);
+    self->attributes = attributes;
+    self->kind = kind;
+    Py_INCREF(tracestate);
+    self->tracestate = tracestate;
+    self->start_ns = now_ns();
+    self->end_ns = 0;
+    self->token = NULL;
+    PyObject_GC_Track(self);
+    return self;
+}
+
+/* Span(name, trace_id, parent_id, recording, attributes, kind, tracestate), as the Python Span */
+static PyObject *span_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *name, *trace_id, *parent_id, *attributes, *tracestate;
+    int recording, kind;
+    static char *names[] = {"name", "trace_id", "parent_id", "recording", "attributes", "kind", "tracestate", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UOOpO!iU:Span", names, &name, &trace_id, &parent_id,
+                                     &recording, &PyDict_Type, &attributes, &kind, &tracestate))
+        return NULL;
+    if (kind < 0 || kind > 0x7F) {
+        PyErr_SetString(PyExc_ValueError, "span kind out of range");
+        return NULL;
+    }
+    uint64_t low = PyLong_AsUnsignedLongLongMask(trace_id);
+    if (low == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    PyObject *high_obj = PyNumber_Rshift(trace_id, s_shift64);
+    if (high_obj == NULL) return NULL;
+    uint64_t high = PyLong_AsUnsignedLongLongMask(high_obj);
+    Py_DECREF(high_obj);
+    if (high == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    uint64_t parent = PyLong_AsUnsignedLongLongMask(parent_id);
+    if (parent == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    return (PyObject *)span_new(name, high, low, parent, recording, attributes, kind, tracestate);
+}
+
+static int span_traverse(NativeSpan *self, visitproc visit, void *arg) {
+    Py_VISIT(self->name);
+    Py_VISIT(self->attributes);
+    Py_VISIT(self->tracestate);
+    Py_VISIT(self->token);
+    return 0;
+}
+
+static int span_clear(NativeSpan *self) {
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->attributes);
+    Py_CLEAR(self->tracestate);
+    Py_CLEAR(self->token);
+    return 0;
+}
+
+static void span_dealloc(NativeSpan *self) {
+    PyObject_GC_UnTrack(self);
+    span_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static int put_native_span(Buffer *b, const void *source) {
+    const NativeSpan *s = (const NativeSpan *)source;
+    SpanFields f = {s->trace_high, s->trace_low, s->span_id, s->parent_id, (uint64_t)s->kind,
+                    s->start_ns, s->end_ns, s->name, s->tracestate, s->attributes};
+    return put_span_fields(b, &f);
+}
+
+/* Hands an ended, recording span to where spans go. A failure of the exporter's queue path (an
+ * attribute that cannot be encoded) is the exporter's to count, never the request's. */
+static int deliver(NativeSpan *self) {
+    if (g_queue != NULL) {
+        Py_ssize_t queued = PyObject_Size(g_queue);
+        if (queued < 0) return -1;
+        if (queued >= g_max_queued) {
+            PyObject *r = PyObject_CallNoArgs(g_on_full);
+            Py_XDECREF(r);
+            return r == NULL ? -1 : 0;
+        }
+        /* the attributes may be replaced while str() of a value runs Python code: hold them */
+        PyObject *attributes = self->attributes;
+        Py_INCREF(attributes);
+        PyObject *encoded = encode_with(put_native_span, self);
+        Py_DECREF(attributes);
+        if (encoded == NULL) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *r = PyObject_CallFunctionObjArgs(g_on_unencodable, self->name, value ? value : Py_None, NULL);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            Py_XDECREF(r);
+            return r == NULL ? -1 : 0;
+        }
+        PyObject *r = PyObject_CallOneArg(g_append, encoded);
+        Py_DECREF(encoded);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        if (queued + 1 == g_batch_size) {
+            r = PyObject_CallNoArgs(g_wake);
+            if (r == NULL) return -1;
+            Py_DECREF(r);
+        }
+        return 0;
+    }
+    if (g_sink != NULL) {
+        PyObject *r = PyObject_CallOneArg(g_sink, (PyObject *)self);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+static int span_finish(NativeSpan *self) {
+    if (self->end_ns) return 0;
+    self->end_ns = now_ns();
+    return self->recording ? deliver(self) : 0;
+}
+
+static PyObject *span_end(NativeSpan *self, PyObject *unused) {
+    if (span_finish(self) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *span_enter(NativeSpan *self, PyObject *unused) {
+    PyObject *token = PyContextVar_Set(g_current, (PyObject *)self);
+    if (token == NULL) return NULL;
+    Py_XSETREF(self->token, token);
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static int set_error_type(NativeSpan *self, PyObject *error) {
+    PyObject *type_name = PyObject_GetAttrString((PyObject *)Py_TYPE(error), "__name__");
+    if (type_name == NULL) return -1;
+    int failed = PyDict_SetItem(self->attributes, s_error_type, type_name);
+    Py_DECREF(type_name);
+    return failed;
+}
+
+static PyObject *span_exit(NativeSpan *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__exit__ takes 3 arguments");
+        return NULL;
+    }
+    if (self->token != NULL) {
+        PyObject *token = self->token;
+        self->token = NULL;
+        int failed = PyContextVar_Reset(g_current, token);
+        Py_DECREF(token);
+        if (failed < 0) return NULL;
+    }
+    if (args[1] != Py_None && self->recording && set_error_type(self, args[1]) < 0) return NULL;
+    if (span_finish(self) < 0) return NULL;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *span_set_attribute(NativeSpan *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_attribute takes a key and a value");
+        return NULL;
+    }
+    if (self->recording && PyDict_SetItem(self->attributes, args[0], args[1]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *span_set_attributes(NativeSpan *self, PyObject *attributes) {
+    if (self->recording && PyDict_Update(self->attributes, attributes) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *span_fail(NativeSpan *self, PyObject *error) {
+    if (self->recording && set_error_type(self, error) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *span_is_recording(NativeSpan *self, PyObject *unused) {
+    return PyBool_FromLong(self->recording && !self->end_ns);
+}
+
+static PyObject *get_trace_id(NativeSpan *self, void *closure) {
+    PyObject *high = PyLong_FromUnsignedLongLong(self->trace_high);
+    if (high == NULL) return NULL;
+    PyObject *shifted = PyNumber_Lshift(high, s_shift64);
+    Py_DECREF(high);
+    if (shifted == NULL) return NULL;
+    PyObject *low = PyLong_FromUnsignedLongLong(self->trace_low);
+    if (low == NULL) {
+        Py_DECREF(shifted);
+        return NULL;
+    }
+    PyObject *id = PyNumber_Or(shifted, low);
+    Py_DECREF(shifted);
+    Py_DECREF(low);
+    return id;
+}
+
+static PyObject *get_span_id(NativeSpan *self, void *closure) { return PyLong_FromUnsignedLongLong(self->span_id); }
+
+static PyObject *get_parent_id(NativeSpan *self, void *closure) {
+    return PyLong_FromUnsignedLongLong(self->parent_id);
+}
+
+static PyObject *get_start_ns(NativeSpan *self, void *closure) { return PyLong_FromUnsignedLongLong(self->start_ns); }
+
+static PyObject *get_end_ns(NativeSpan *self, void *closure) { return PyLong_FromUnsignedLongLong(self->end_ns); }
+
+static PyObject *get_recording(NativeSpan *self, void *closure) { return PyBool_FromLong(self->recording); }
+
+static PyObject *get_kind(NativeSpan *self, void *closure) { return PyLong_FromLong(self->kind); }
+
+static PyObject *get_remote_parent(NativeSpan *self, void *closure) {
+    return PyBool_FromLong(self->kind == KIND_SERVER && self->parent_id != 0);
+}
+
+static PyObject *get_error(NativeSpan *self, void *closure) {
+    PyObject *error = PyDict_GetItemWithError(self->attributes, s_error_type);
+    if (error == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(error);
+    return error;
+}
+
+static PyObject *get_traceparent(NativeSpan *self, void *closure) {
+    char text[64];
+    snprintf(text, sizeof text, "00-%016llx%016llx-%016llx-%s", (unsigned long long)self->trace_high,
+             (unsigned long long)self->trace_low, (unsigned long long)self->span_id,
+             self->recording ? "01" : "00");
+    return PyUnicode_FromString(text);
+}
+
+static PyObject *get_object(PyObject **slot) {
+    Py_INCREF(*slot);
+    return *slot;
+}
+
+static PyObject *get_name(NativeSpan *self, void *closure) { return get_object(&self->name); }
+
+static PyObject *get_tracestate(NativeSpan *self, void *closure) { return get_object(&self->tracestate); }
+
+static PyObject *get_attributes(NativeSpan *self, void *closure) { return get_object(&self->attributes); }
+
+static int set_attributes_dict(NativeSpan *self, PyObject *value, void *closure) {
+    if (value == NULL || !PyDict_CheckExact(value)) {
+        PyErr_SetString(PyExc_TypeError, "span attributes must be a dict");
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_SETREF(self->attributes, value);
+    return 0;
+}
+
+static PyGetSetDef span_getset[] = {
+    {"name", (getter)get_name, NULL, NULL, NULL},
+    {"trace_id", (getter)get_trace_id, NULL, NULL, NULL},
+    {"span_id", (getter)get_span_id, NULL, NULL, NULL},
+    {"parent_id", (getter)get_parent_id, NULL, NULL, NULL},
+    {"recording", (getter)get_recording, NULL, NULL, NULL},
+    {"attributes", (getter)get_attributes, (setter)set_attributes_dict, NULL, NULL},
+    {"kind", (getter)get_kind, NULL, NULL, NULL},
+    {"tracestate", (getter)get_tracestate, NULL, NULL, NULL},
+    {"start_ns", (getter)get_start_ns, NULL, NULL, NULL},
+    {"end_ns", (getter)get_end_ns, NULL, NULL, NULL},
+    {"remote_parent", (getter)get_remote_parent, NULL, "Whether the parent is another process's span.", NULL},
+    {"error", (getter)get_error, NULL, NULL, NULL},
+    {"traceparent", (getter)get_traceparent, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyMethodDef span_methods[] = {
+    {"__enter__", (PyCFunction)span_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))span_exit, METH_FASTCALL, NULL},
+    {"end", (PyCFunction)span_end, METH_NOARGS, "End the span (once) and hand it on if sampled."},
+    {"set_attribute", (PyCFunction)(void (*)(void))span_set_attribute, METH_FASTCALL, NULL},
+    {"set_attributes", (PyCFunction)span_set_attributes, METH_O, NULL},
+    {"fail", (PyCFunction)span_fail, METH_O, "Mark the span failed with the error's type."},
+    {"is_recording", (PyCFunction)span_is_recording, METH_NOARGS, NULL},
+    {NULL},
+};
+
+static PyTypeObject NativeSpanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fleetgate_native.Span",
+    .tp_doc = "A span of a trace, in C (the interface of fleetgate.tracing.Span).",
+    .tp_basicsize = sizeof(NativeSpan),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = span_tp_new,
+    .tp_dealloc = (destructor)span_dealloc,
+    .tp_traverse = (traverseproc)span_traverse,
+    .tp_clear = (inquiry)span_clear,
+    .tp_methods = span_methods,
+    .tp_getset = span_getset,
+};
+
+/* child(name, **attributes): a span under the current one, or the no-op when there is none to record */
+static PyObject *native_child(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs != 1 || !PyUnicode_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "child() takes the span's name (a str) and keyword attributes");
+        return NULL;
+    }
+    if (g_current == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "native tracing is not bound");
+        return NULL;
+    }
+    PyObject *parent;
+    if (PyContextVar_Get(g_current, NULL, &parent) < 0) return NULL;
+    if (parent == NULL || parent == Py_None) {
+        Py_XDECREF(parent);
+        Py_INCREF(g_null);
+        return g_null;
+    }
+    if (!NativeSpan_Check(parent)) { /* a Python span, begun before the switch: the Python child */
+        Py_DECREF(parent);
+        return PyObject_Vectorcall(g_python_child, args, nargs, kwnames);
+    }
+    NativeSpan *p = (NativeSpan *)parent;
+    if (!p->recording) {
+        Py_DECREF(parent);
+        Py_INCREF(g_null);
+        return g_null;
+    }
+    PyObject *attributes = PyDict_New();
+    if (attributes == NULL) {
+        Py_DECREF(parent);
+        return NULL;
+    }
+    Py_ssize_t count = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (PyDict_SetItem(attributes, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+            Py_DECREF(attributes);
+            Py_DECREF(parent);
+            return NULL;
+        }
+    }
+    NativeSpan *span = span_new(args[0], p->trace_high, p->trace_low, p->span_id, 1, attributes, KIND_INTERNAL,
+                                p->tracestate);
+    Py_DECREF(attributes);
+    Py_DECREF(parent);
+    return (PyObject *)span;
+}
+
+/* bind(current, null, python_child, seed) */
+static PyObject *native_bind(PyObject *module, PyObject *args) {
+    PyObject *current, *null, *python_child;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "O!OOK:bind", &PyContextVar_Type, &current, &null, &python_child, &seed)) return NULL;
+    Py_INCREF(current);
+    Py_XSETREF(g_current, current);
+    Py_INCREF(null);
+    Py_XSETREF(g_null, null);
+    Py_INCREF(python_child);
+    Py_XSETREF(g_python_child, python_child);
+    g_rng = seed ? seed : 0x9E3779B97F4A7C15ULL;
+    Py_RETURN_NONE;
+}
+
+static void clear_sink(void) {
+    Py_CLEAR(g_sink);
+    Py_CLEAR(g_queue);
+    Py_CLEAR(g_append);
+    Py_CLEAR(g_wake);
+    Py_CLEAR(g_on_full);
+    Py_CLEAR(g_on_unencodable);
+}
+
+/* set_sink(sink=None, queue=None, max_queued=0, batch_size=0, wake=None, on_full=None, on_unencodable=None) */
+static PyObject *native_set_sink(PyObject *module, PyObject *args, PyObject *kwargs) {
+    PyObject *sink = Py_None, *queue = Py_None, *wake = Py_None, *on_full = Py_None, *on_unencodable = Py_None;
+    Py_ssize_t max_queued = 0, batch_size = 0;
+    static char *names[] = {"sink", "queue", "max_queued", "batch_size", "wake", "on_full", "on_unencodable", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OOnnOOO:set_sink", names, &sink, &queue, &max_queued,
+                                     &batch_size, &wake, &on_full, &on_unencodable))
+        return NULL;
+    if (queue != Py_None && (!PyCallable_Check(wake) || !PyCallable_Check(on_full) ||
+                             !PyCallable_Check(on_unencodable) || max_queued < 1 || batch_size < 1)) {
+        PyErr_SetString(PyExc_ValueError, "a queue needs max_queued, batch_size, wake, on_full and on_unencodable");
+        return NULL;
+    }
+    if (sink != Py_None && !PyCallable_Check(sink)) {
+        PyErr_SetString(PyExc_TypeError, "sink must be callable");
+        return NULL;
+    }
+    PyObject *append = NULL;
+    if (queue != Py_None && (append = PyObject_GetAttrString(queue, "append")) == NULL) return NULL;
+    clear_sink();
+    if (queue != Py_None) {
+        Py_INCREF(queue);
+        g_queue = queue;
+        g_append = append;
+        Py_INCREF(wake);
+        g_wake = wake;
+        Py_INCREF(on_full);
+        g_on_full = on_full;
+        Py_INCREF(on_unencodable);
+        g_on_unencodable = on_unencodable;
+        g_max_queued = max_queued;
+        g_batch_size = batch_size;
+    } else if (sink != Py_None) {
+        Py_INCREF(sink);
+        g_sink = sink;
+    }
+    Py_RETURN_NONE;
+}
+
+#define SPAN_NATIVE_METHODS                                                                          \
+    {"child", (PyCFunction)(void (*)(void))native_child, METH_FASTCALL | METH_KEYWORDS,             \
+     "A span under the current one, or a no-op when there is nothing to record."},                  \
+    {"bind", native_bind, METH_VARARGS, "bind(current, null, python_child, seed)"},                   \
+    {"set_sink", (PyCFunction)(void (*)(void))native_set_sink, METH_VARARGS | METH_KEYWORDS,         \
+     "Where ended, sampled spans go: nowhere, a callable, or a batch exporter's queue."},
+
+static int span_native_init(PyObject *module) {
+    if (PyType_Ready(&NativeSpanType) < 0) return -1;
+    Py_INCREF(&NativeSpanType);
+    if (PyModule_AddObject(module, "Span", (PyObject *)&NativeSpanType) < 0) {
+        Py_DECREF(&NativeSpanType);
+        return -1;
+    }
+    return 0;
+}
