@@ -15,7 +15,16 @@ rotated run the two untraced measurements differed by 5-6 %, more than the targe
 of rounds. Reported: requests/s, p50, and the gateway's CPU per request (user + system from /proc).
 Target (issue 19): tracing on keeps >= 95 % of the throughput.
 
-Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 8]` (a multiple of 4).
+`--paired` measures the same question a second way, made for a machine whose speed drifts within
+seconds (the untraced state measured twice in one round differed by up to 40 % on some days): two
+gateways are loaded at the same moment by one client, one traced and one not, then the roles are
+swapped by reloads. Both halves share whatever the machine does meanwhile, and a process's own
+speed (heap and code layout) cancels in the round's estimate sqrt((A_on / B_off) * (B_on / A_off)).
+Competing for the same cores, a gateway that spends more CPU a request answers fewer of them, so the
+estimate is the throughput ratio the target is about. Written under `paired` in the same JSON.
+
+Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 8]` (a multiple of 4)
+`[--paired-rounds 16]` (0: the sequential design only).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
@@ -31,6 +41,7 @@ import sys
 import tempfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -126,12 +137,95 @@ def summarize_rounds(rounds: list[dict], names: list[str]) -> dict:
     return summary
 
 
+def _reload(port: int, config_path: Path, text: str) -> None:
+    config_path.write_text(text)
+    answer = httpx.post(
+        f"http://127.0.0.1:{port}/admin/reload", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
+    )
+    answer.raise_for_status()
+
+
+async def _load_both(requests: list[tuple[int, bytes]], concurrency: int, seconds: float) -> list[tuple]:
+    """Both gateways under the same closed-loop load at the same moment."""
+    return await asyncio.gather(*(_load(port, request, concurrency, seconds) for port, request in requests))
+
+
+def paired_rounds(
+    args: argparse.Namespace, tmp: Path, config: Any, states: dict[str, str], row: np.ndarray
+) -> dict:
+    """The paired design (module docstring): two gateways, one traced, loaded together; roles swapped."""
+    gateways = []  # (process, port, config path, request)
+    for _ in range(2):
+        proc, port, key = start_gateway(tmp, config(states["off"]))
+        gateways.append((proc, port, tmp / f"gateway-{port}.yaml", v2_request("digits", row, key, port)))
+    requests = [(port, request) for _, port, _, request in gateways]
+    rounds: list[dict] = []
+    traced_requests = 0  # answered by a traced gateway: the collector should hold 6 spans for each
+    try:
+        for index in range(args.paired_rounds):
+            result: dict[str, dict] = {}
+            for traced in (0, 1) if index % 2 == 0 else (1, 0):
+                for which, (_, port, path, _) in enumerate(gateways):
+                    _reload(port, path, config(states["on" if which == traced else "off"])(port))
+                for c in (1, 16):
+                    warm = asyncio.run(_load_both(requests, c, args.warmup))
+                    traced_requests += len(warm[traced][0])
+                    cpu0 = [cpu_seconds(g[0].pid) for g in gateways]
+                    loads = asyncio.run(_load_both(requests, c, args.seconds))
+                    cpu1 = [cpu_seconds(g[0].pid) for g in gateways]
+                    half = {}
+                    traced_requests += len(loads[traced][0])
+                    for which, (latencies, errors, elapsed) in enumerate(loads):
+                        half["on" if which == traced else "off"] = summarize(latencies, elapsed) | {
+                            "errors": len(errors),
+                            "gateway": "ab"[which],
+                            "gateway_cpu_ms_per_request": (cpu1[which] - cpu0[which])
+                            * 1000
+                            / max(len(latencies), 1),
+                        }
+                    result.setdefault(f"{'ab'[traced]}_traced", {})[f"c{c}"] = half
+            rounds.append(result)
+            print(
+                json.dumps(
+                    {
+                        "paired": {
+                            h: {c: round(v["on"]["rps"] / v["off"]["rps"], 3) for c, v in r.items()}
+                            for h, r in result.items()
+                        }
+                    }
+                )
+            )
+    finally:
+        for proc, *_ in gateways:
+            proc.terminate()
+            proc.wait(timeout=30)
+    summary: dict = {}
+    for c in ("c1", "c16"):
+
+        def estimate(key: str, r: dict, c: str = c) -> float:
+            a, b = r["a_traced"][c], r["b_traced"][c]
+            return math.sqrt((a["on"][key] / a["off"][key]) * (b["on"][key] / b["off"][key]))
+
+        ratios = [estimate("rps", r) for r in rounds]
+        cpu = [estimate("gateway_cpu_ms_per_request", r) for r in rounds]
+        summary[c] = {
+            "on_over_off_rps": statistics.median(ratios),
+            "rounds_on_over_off_rps": ratios,
+            "cpu_per_request_on_over_off": statistics.median(cpu),
+            "off_rps": statistics.median(r[h][c]["off"]["rps"] for r in rounds for h in r),
+            "on_rps": statistics.median(r[h][c]["on"]["rps"] for r in rounds for h in r),
+            "meets_target_0_95": statistics.median(ratios) >= 0.95,
+        }
+    return {"rounds": rounds, "median": summary, "traced_requests": traced_requests}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     # a multiple of the 4 orders of the Latin square keeps positions and predecessors balanced
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds of load before each measurement")
+    parser.add_argument("--paired-rounds", type=int, default=16, help="rounds of the paired design (0: none)")
     parser.add_argument("--collector", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.collector:
@@ -166,6 +260,7 @@ tracing: {{{tracing}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/trace
 
             return make
 
+        paired = paired_rounds(args, Path(tmp), config, states, row) if args.paired_rounds else None
         proc, port, key = start_gateway(Path(tmp), config(states["off"]))
         config_path = Path(tmp) / f"gateway-{port}.yaml"
         request = v2_request("digits", row, key, port)
@@ -205,9 +300,14 @@ tracing: {{{tracing}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/trace
     out = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "config": vars(args),
-        "collector": exported | {"requests_traced_gateways_served": served},
+        "collector": exported
+        | {
+            "requests_traced_gateways_served": served,
+            "requests_traced_paired": paired["traced_requests"] if paired else 0,
+        },
         "median": summary,
         "rounds": rounds,
+        "paired": paired,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "tracing.json").write_text(json.dumps(out, indent=2))
@@ -215,6 +315,8 @@ tracing: {{{tracing}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/trace
 
     plot_tracing(out, RESULTS / "tracing.png")
     print(json.dumps(summary | {"collector": out["collector"]}, indent=1))
+    if paired is not None:
+        print(json.dumps({"paired": paired["median"]}, indent=1))
 
 
 if __name__ == "__main__":
