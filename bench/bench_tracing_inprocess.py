@@ -1,0 +1,231 @@
+"""The CPU tracing costs a request, measured inside one gateway process without the network.
+
+`bench/bench_tracing.py` measures tracing through the front door, but on a machine whose speed
+drifts by tens of percent within seconds its rounds cannot resolve a 5 % effect. This bench removes
+what tracing does not touch: the gateway app (the one `fleetgate serve` runs, started with its
+lifespan) is called directly as an ASGI app, one request at a time, so no client, socket or HTTP
+parser shares the CPU or the measurement. Tracing is configured as in production (OTLP/HTTP to a
+collector stand-in in its own process, the bench_tracing one) and switched between states the way a
+config reload switches it:
+
+- `off`: tracing off (`tracing.disable()`), measured twice per round (`off_again`, the noise floor);
+- `on`: every request traced, with the spans fleetgate makes where the C module builds (C spans
+  queued encoded, `gateway/telemetry.py`);
+- `on_python`: every request traced with the Python `Span` and encoder (no C compiler, or
+  `FLEETGATE_OTLP_NATIVE=0`).
+
+Rounds visit the states in a balanced Latin square's orders (as bench_tracing); each visit serves
+`--requests` requests of the digits model (v2 JSON, ONNX Runtime, unbatched, as bench_tracing) and
+reads the process's CPU time (every thread: the span exporter's too). Reported: CPU microseconds a
+request per state (median and lowest quartile of rounds) and, per round, each state's CPU over
+`off`'s, medians. Requests/s of a CPU-bound server is the inverse of its CPU a request, and this
+CPU leaves out the HTTP server's own share (which tracing does not change), so the ratio here
+overstates tracing's share of a served request: a conservative reading of the <= 5 % target.
+
+Writes bench/results/tracing_inprocess.json and .png. Run:
+`.venv/bin/python bench/bench_tracing_inprocess.py [--rounds 24 --requests 400]` (rounds: a multiple of 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+os.environ.setdefault("FLEETGATE_GRPC_PORT", "off")
+os.environ["FLEETGATE_ADMIN_KEY"] = "bench-admin-" + "k" * 32
+
+import bench_tracing  # noqa: E402
+from bench_tracing import williams_order  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+STATES = ["off", "on", "on_python", "off_again"]
+
+
+async def call(app: Any, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+    """One POST through the ASGI app, as uvicorn would hand it over."""
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000), "scheme": "http",
+        "method": "POST", "root_path": "", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1:8000"), (b"content-length", str(len(body)).encode()), *headers],
+        "state": {},
+    }  # fmt: skip
+    delivered = False
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+async def measure(args: argparse.Namespace, tmp: Path, collector_port: int) -> dict:
+    from backends.demo_models.digits import digits_split, write_all
+    from fleetgate import otlp_native, tracing
+    from gateway.app import create_app
+    from gateway.config import parse_config
+    from gateway.logs import configure_logging
+
+    configure_logging("warning")
+    models = write_all(tmp / "models", savedmodel=False, llama=False)
+    config = parse_config(
+        f"""
+state: {{url: "memory://"}}
+tenants: {{bench: {{}}}}
+deployments: {{ort: {{backend: onnxruntime, model: {models["digits.onnx"]}}}}}
+models: {{digits: {{routes: [{{deployment: ort}}]}}}}
+tracing: {{enabled: true, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/traces"}}
+""",
+        base_dir=tmp,
+    )
+    app = create_app(config)
+    startup: asyncio.Queue = asyncio.Queue()
+    answers: asyncio.Queue = asyncio.Queue()
+    await startup.put({"type": "lifespan.startup"})
+    lifespan = asyncio.ensure_future(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, startup.get, answers.put)
+    )
+    started = await answers.get()
+    if started["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"the gateway did not start: {started}")
+    admin = [
+        (b"authorization", f"Bearer {os.environ['FLEETGATE_ADMIN_KEY']}".encode()),
+        (b"content-type", b"application/json"),
+    ]
+    status, answer = await call(app, "/admin/keys", b'{"tenant": "bench"}', admin)
+    if status != 201 and status != 200:
+        raise RuntimeError(f"no key: {status} {answer[:200]!r}")
+    headers = [
+        (b"authorization", f"Bearer {json.loads(answer)['key']}".encode()),
+        (b"content-type", b"application/json"),
+    ]
+    row = digits_split()[1][0].astype("float32").tolist()
+    body = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": row}]}
+    ).encode()
+    path = "/v2/models/digits/infer"
+
+    export = app.state.tracing.export  # the configured batch exporter
+    native = otlp_native.load()
+
+    def switch(state: str) -> None:
+        if state.startswith("off"):
+            tracing.disable()
+        elif state == "on":
+            tracing.enable(export.add, 1.0, native=native, queue=export.native_queue() if native else None)
+        else:
+            tracing.enable(export.add, 1.0)
+
+    for _ in range(300):  # warm: caches, the runtime, the key's record
+        status, answer = await call(app, path, body, headers)
+        if status != 200:
+            raise RuntimeError(f"the model did not answer: {status} {answer[:200]!r}")
+    rounds = []
+    for index in range(args.rounds):
+        result = {}
+        for state in williams_order(STATES, index):
+            switch(state)
+            for _ in range(50):
+                await call(app, path, body, headers)
+            cpu0, loop0 = time.process_time(), time.thread_time()
+            for _ in range(args.requests):
+                await call(app, path, body, headers)
+            result[state] = {
+                "cpu_us_per_request": (time.process_time() - cpu0) / args.requests * 1e6,
+                "loop_thread_us_per_request": (time.thread_time() - loop0) / args.requests * 1e6,
+            }
+        rounds.append(result)
+        print(json.dumps({s: round(v["cpu_us_per_request"], 1) for s, v in result.items()}), flush=True)
+    switch("on")
+    await startup.put({"type": "lifespan.shutdown"})
+    await asyncio.wait_for(lifespan, 60)
+    return {"rounds": rounds, "c_spans": native is not None}
+
+
+def summarize(rounds: list[dict]) -> dict:
+    out: dict = {}
+    for state in STATES:
+        cpu = sorted(r[state]["cpu_us_per_request"] for r in rounds)
+        out[state] = {
+            "cpu_us_per_request": statistics.median(cpu),
+            "cpu_us_per_request_q1": cpu[len(cpu) // 4],
+            "loop_thread_us_per_request": statistics.median(
+                r[state]["loop_thread_us_per_request"] for r in rounds
+            ),
+        }
+        if state != "off":
+            ratios = [r[state]["cpu_us_per_request"] / r["off"]["cpu_us_per_request"] for r in rounds]
+            out[state]["cpu_over_off"] = statistics.median(ratios)
+            out[state]["cpu_over_off_rounds_q1_q3"] = statistics.quantiles(ratios, n=4)[::2]
+            out[state]["added_us_per_request"] = (
+                out[state]["cpu_us_per_request"] - out["off"]["cpu_us_per_request"]
+            )
+            # throughput of a CPU-bound server follows CPU a request
+            out[state]["throughput_over_off"] = 1 / out[state]["cpu_over_off"]
+            out[state]["meets_target_0_95"] = out[state]["throughput_over_off"] >= 0.95
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--requests", type=int, default=400, help="requests a state serves per round")
+    args = parser.parse_args()
+    collector = subprocess.Popen(
+        [sys.executable, bench_tracing.__file__, "--collector"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        collector_port = int(collector.stdout.readline())
+        with tempfile.TemporaryDirectory() as tmp:
+            measured = asyncio.run(measure(args, Path(tmp), collector_port))
+        import httpx
+
+        exported = httpx.get(f"http://127.0.0.1:{collector_port}/", timeout=120).json()
+    finally:
+        collector.kill()
+    out = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "config": vars(args),
+        "c_spans": measured["c_spans"],
+        "collector": exported,
+        "median": summarize(measured["rounds"]),
+        "rounds": measured["rounds"],
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "tracing_inprocess.json").write_text(json.dumps(out, indent=2))
+    from plotting import figure, save
+
+    fig, ax = figure(size=(7, 4))
+    median = out["median"]
+    ax.bar(
+        STATES, [median[s]["cpu_us_per_request"] for s in STATES], color=["#888", "#2a7", "#e9a23b", "#aaa"]
+    )
+    ax.set_ylabel("gateway CPU a request (us, median of rounds)")
+    ax.set_title("Tracing's CPU a request, in process (digits, v2 JSON)")
+    save(fig, RESULTS / "tracing_inprocess.png")
+    print(json.dumps(out["median"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
