@@ -118,10 +118,10 @@ static int span_traverse(NativeSpan *self, visitproc visit, void *arg) {
     return 0;
 }
 
+/* only the attributes and the token can hold a cycle; name and tracestate are str, kept so the
+ * getters never meet NULL (the attributes' users check for it) */
 static int span_clear(NativeSpan *self) {
-    Py_CLEAR(self->name);
     Py_CLEAR(self->attributes);
-    Py_CLEAR(self->tracestate);
     Py_CLEAR(self->token);
     return 0;
 }
@@ -129,6 +129,8 @@ static int span_clear(NativeSpan *self) {
 static void span_dealloc(NativeSpan *self) {
     PyObject_GC_UnTrack(self);
     span_clear(self);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->tracestate);
     PyObject_GC_Del(self);
 }
 
@@ -141,44 +143,61 @@ static int put_native_span(Buffer *b, const void *source) {
 
 /* Hands an ended, recording span to where spans go. A failure of the exporter's queue path (an
  * attribute that cannot be encoded) is the exporter's to count, never the request's. */
-static int deliver(NativeSpan *self) {
-    if (g_queue != NULL) {
-        Py_ssize_t queued = PyObject_Size(g_queue);
-        if (queued < 0) return -1;
-        if (queued >= g_max_queued) {
-            PyObject *r = PyObject_CallNoArgs(g_on_full);
-            Py_XDECREF(r);
-            return r == NULL ? -1 : 0;
-        }
-        /* the attributes may be replaced while str() of a value runs Python code: hold them */
-        PyObject *attributes = self->attributes;
-        Py_INCREF(attributes);
-        PyObject *encoded = encode_with(put_native_span, self);
-        Py_DECREF(attributes);
-        if (encoded == NULL) {
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyErr_NormalizeException(&type, &value, &tb);
-            PyObject *r = PyObject_CallFunctionObjArgs(g_on_unencodable, self->name, value ? value : Py_None, NULL);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
-            Py_XDECREF(r);
-            return r == NULL ? -1 : 0;
-        }
-        PyObject *r = PyObject_CallOneArg(g_append, encoded);
-        Py_DECREF(encoded);
+/* The queue path of `deliver`, on strong references taken at its start: encoding runs Python code
+ * (str() of a value) that may switch tracing, which releases the module's own references. */
+static int deliver_queued(NativeSpan *self, PyObject *queue, PyObject *append, PyObject *wake, PyObject *on_full,
+                          PyObject *on_unencodable, Py_ssize_t max_queued, Py_ssize_t batch_size) {
+    Py_ssize_t queued = PyObject_Size(queue);
+    if (queued < 0) return -1;
+    if (queued >= max_queued) {
+        PyObject *r = PyObject_CallNoArgs(on_full);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    if (self->attributes == NULL) return 0; /* cleared by the collector: nothing left to send */
+    /* the attributes may be replaced while str() of a value runs Python code: hold them */
+    PyObject *attributes = Py_NewRef(self->attributes);
+    PyObject *encoded = encode_with(put_native_span, self);
+    Py_DECREF(attributes);
+    if (encoded == NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *r = PyObject_CallFunctionObjArgs(on_unencodable, self->name, value ? value : Py_None, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *r = PyObject_CallOneArg(append, encoded);
+    Py_DECREF(encoded);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    if (queued + 1 == batch_size) {
+        r = PyObject_CallNoArgs(wake);
         if (r == NULL) return -1;
         Py_DECREF(r);
-        if (queued + 1 == g_batch_size) {
-            r = PyObject_CallNoArgs(g_wake);
-            if (r == NULL) return -1;
-            Py_DECREF(r);
-        }
-        return 0;
+    }
+    return 0;
+}
+
+static int deliver(NativeSpan *self) {
+    if (g_queue != NULL) {
+        PyObject *queue = Py_NewRef(g_queue), *append = Py_NewRef(g_append), *wake = Py_NewRef(g_wake),
+                 *on_full = Py_NewRef(g_on_full), *on_unencodable = Py_NewRef(g_on_unencodable);
+        int failed = deliver_queued(self, queue, append, wake, on_full, on_unencodable, g_max_queued, g_batch_size);
+        Py_DECREF(queue);
+        Py_DECREF(append);
+        Py_DECREF(wake);
+        Py_DECREF(on_full);
+        Py_DECREF(on_unencodable);
+        return failed;
     }
     if (g_sink != NULL) {
-        PyObject *r = PyObject_CallOneArg(g_sink, (PyObject *)self);
+        PyObject *sink = Py_NewRef(g_sink);
+        PyObject *r = PyObject_CallOneArg(sink, (PyObject *)self);
+        Py_DECREF(sink);
         if (r == NULL) return -1;
         Py_DECREF(r);
     }
@@ -197,6 +216,10 @@ static PyObject *span_end(NativeSpan *self, PyObject *unused) {
 }
 
 static PyObject *span_enter(NativeSpan *self, PyObject *unused) {
+    if (self->token != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "this span is already current in a `with` block");
+        return NULL;
+    }
     PyObject *token = PyContextVar_Set(g_current, (PyObject *)self);
     if (token == NULL) return NULL;
     Py_XSETREF(self->token, token);
@@ -204,11 +227,17 @@ static PyObject *span_enter(NativeSpan *self, PyObject *unused) {
     return (PyObject *)self;
 }
 
+/* the span's attributes as a new reference: Python code run by a dict operation (a key's __eq__, a
+ * mapping's keys()) may replace them meanwhile; NULL (no error set) once the collector cleared them */
+static PyObject *held_attributes(NativeSpan *self) { return Py_XNewRef(self->attributes); }
+
 static int set_error_type(NativeSpan *self, PyObject *error) {
+    PyObject *attributes = held_attributes(self);
+    if (attributes == NULL) return 0;
     PyObject *type_name = PyObject_GetAttrString((PyObject *)Py_TYPE(error), "__name__");
-    if (type_name == NULL) return -1;
-    int failed = PyDict_SetItem(self->attributes, s_error_type, type_name);
-    Py_DECREF(type_name);
+    int failed = type_name == NULL ? -1 : PyDict_SetItem(attributes, s_error_type, type_name);
+    Py_XDECREF(type_name);
+    Py_DECREF(attributes);
     return failed;
 }
 
@@ -234,12 +263,25 @@ static PyObject *span_set_attribute(NativeSpan *self, PyObject *const *args, Py_
         PyErr_SetString(PyExc_TypeError, "set_attribute takes a key and a value");
         return NULL;
     }
-    if (self->recording && PyDict_SetItem(self->attributes, args[0], args[1]) < 0) return NULL;
+    PyObject *attributes = self->recording ? held_attributes(self) : NULL;
+    if (attributes != NULL) {
+        int failed = PyDict_SetItem(attributes, args[0], args[1]);
+        Py_DECREF(attributes);
+        if (failed < 0) return NULL;
+    }
     Py_RETURN_NONE;
 }
 
-static PyObject *span_set_attributes(NativeSpan *self, PyObject *attributes) {
-    if (self->recording && PyDict_Update(self->attributes, attributes) < 0) return NULL;
+static PyObject *span_set_attributes(NativeSpan *self, PyObject *update) {
+    PyObject *attributes = self->recording ? held_attributes(self) : NULL;
+    if (attributes != NULL) {
+        /* dict.update's rules: a dict merged at once, any other mapping or pairs as dict.update takes them */
+        PyObject *r = PyDict_CheckExact(update) ? (PyDict_Update(attributes, update) < 0 ? NULL : Py_NewRef(Py_None))
+                                                : PyObject_CallMethod(attributes, "update", "O", update);
+        Py_DECREF(attributes);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
     Py_RETURN_NONE;
 }
 
@@ -288,12 +330,15 @@ static PyObject *get_remote_parent(NativeSpan *self, void *closure) {
 }
 
 static PyObject *get_error(NativeSpan *self, void *closure) {
-    PyObject *error = PyDict_GetItemWithError(self->attributes, s_error_type);
+    PyObject *attributes = held_attributes(self);
+    if (attributes == NULL) Py_RETURN_NONE;
+    PyObject *error = PyDict_GetItemWithError(attributes, s_error_type);
+    Py_XINCREF(error);
+    Py_DECREF(attributes);
     if (error == NULL) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
     }
-    Py_INCREF(error);
     return error;
 }
 
@@ -314,7 +359,9 @@ static PyObject *get_name(NativeSpan *self, void *closure) { return get_object(&
 
 static PyObject *get_tracestate(NativeSpan *self, void *closure) { return get_object(&self->tracestate); }
 
-static PyObject *get_attributes(NativeSpan *self, void *closure) { return get_object(&self->attributes); }
+static PyObject *get_attributes(NativeSpan *self, void *closure) {
+    return self->attributes != NULL ? get_object(&self->attributes) : PyDict_New();
+}
 
 static int set_attributes_dict(NativeSpan *self, PyObject *value, void *closure) {
     if (value == NULL || !PyDict_CheckExact(value)) {

@@ -193,17 +193,17 @@ def enable(
     `native_queue()`) then has them put into its queue encoded, instead of passed to `sink`.
     """
     global _sink, _ratio_bound, _span_type, _native, child
-    _ratio_bound = round(sample_ratio * (1 << 64))
-    _sink = sink
     if native is not None:
         # seeded from the OS in each process: forked workers must not repeat each other's ids
         native.bind(_current, _NULL, _python_child, int.from_bytes(os.urandom(8), "little"))
-        native.set_sink(sink, **(queue or {}))
+        native.set_sink(sink, **(queue or {}))  # refuses bad arguments before anything switched
         _span_type, _native, child = native.Span, native, native.child
-        return
-    if _native is not None:
-        _native.set_sink(sink)  # C spans still open end into the new sink
-    _span_type, child = Span, _python_child
+    else:
+        if _native is not None:
+            _native.set_sink(sink)  # C spans still open end into the new sink
+        _span_type, child = Span, _python_child
+    _ratio_bound = round(sample_ratio * (1 << 64))
+    _sink = sink  # last: `enabled()` is true only once everything above took
 
 
 def disable() -> None:

@@ -3,6 +3,7 @@ for every kind of span and attribute, and a gateway that cannot build it keeps t
 
 from __future__ import annotations
 
+import gc
 import math
 import shutil
 import sysconfig
@@ -335,3 +336,51 @@ def test_the_c_span_refuses_wrong_arguments(native) -> None:  # noqa: ANN001
         span.attributes = None
     with pytest.raises(TypeError):
         native.child(b"not a str")
+
+
+def test_switching_tracing_while_a_c_span_is_encoded_is_safe(native) -> None:  # noqa: ANN001
+    """str() of an attribute runs Python code as the span is encoded: turning tracing off there must
+    not pull the exporter's queue from under the span (it crashed the process once)."""
+    from fleetgate.span_export import BatchSpanExport
+
+    export = BatchSpanExport(SpanEncoder({"service.name": "svc"}), _NullSender(), interval_s=60)
+
+    class SwitchesTracingOff:
+        def __str__(self) -> str:
+            tracing.disable()
+            gc.collect()
+            return "value"
+
+    tracing.enable(export.add, native=native, queue=export.native_queue())
+    try:
+        with tracing.span("fleetgate.request", None, odd=SwitchesTracingOff()):
+            pass
+    finally:
+        tracing.disable()
+    assert len(export._queued) == 1  # encoded and queued where it was headed
+    export.close()
+
+
+def test_c_span_attributes_replaced_by_python_code_midway_are_safe(native) -> None:  # noqa: ANN001
+    span = native.Span("n", TRACE_ID, 0, True, {"a": 1}, 2, "")
+
+    class ReplacesThem:  # hashing it replaces the dict the call is writing into
+        def __hash__(self) -> int:
+            span.attributes = {}
+            return 1
+
+    span.set_attribute(ReplacesThem(), 1)
+    assert span.attributes == {}
+    span.set_attributes([("pairs", 2)])  # whatever dict.update takes
+    assert span.attributes == {"pairs": 2}
+
+
+def test_a_c_span_cannot_be_entered_twice(native) -> None:  # noqa: ANN001
+    tracing.enable(lambda span: None, native=native)
+    try:
+        with tracing.span("fleetgate.request") as root:
+            with pytest.raises(RuntimeError, match="already current"), root:
+                pass
+            assert tracing.trace_headers()["traceparent"] == root.traceparent
+    finally:
+        tracing.disable()
