@@ -138,6 +138,7 @@ def summarize_rounds(rounds: list[dict], names: list[str]) -> dict:
 
 
 def _reload(port: int, config_path: Path, text: str) -> None:
+    """Serve `text` as the gateway's config, through its admin reload (as an operator would)."""
     config_path.write_text(text)
     answer = httpx.post(
         f"http://127.0.0.1:{port}/admin/reload", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
@@ -269,13 +270,7 @@ tracing: {{{tracing}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/trace
             for index in range(args.rounds):
                 result: dict[str, dict] = {}
                 for name in williams_order(names, index):
-                    config_path.write_text(config(states[name])(port))
-                    reloaded = httpx.post(
-                        f"http://127.0.0.1:{port}/admin/reload",
-                        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                        timeout=60,
-                    )
-                    reloaded.raise_for_status()
+                    _reload(port, config_path, config(states[name])(port))
                     for c in (1, 16):
                         # a reload that turns tracing on starts an exporter (thread, connection):
                         # warmed up past that, the rounds measure tracing, not the switch

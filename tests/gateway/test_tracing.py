@@ -13,11 +13,12 @@ from openai import OpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from backends.demo_models.digits import digits_split
-from fleetgate import otlp_native, tracing
+from fleetgate import tracing
 from gateway.app import create_app
 from gateway.config import parse_config
 from tests import openai_upstream
 from tests.conftest import create_key
+from tests.gateway.span_types import spans_of
 from tests.servers import serve_app
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -27,14 +28,8 @@ TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 @pytest.fixture(scope="module", params=["c", "python"])
 def traced(request, digits, upstream_url: str) -> Iterator[tuple[str, str, InMemorySpanExporter]]:  # noqa: ANN001
     """A gateway whose spans are C ones (where the module builds) or Python ones."""
-    with pytest.MonkeyPatch.context() as patch:
-        if request.param == "python":
-            patch.setenv("FLEETGATE_OTLP_NATIVE", "0")
-        elif otlp_native.load() is None:
-            pytest.skip("the C module does not build here: the Python spans serve")
-        otlp_native.load.cache_clear()
+    with pytest.MonkeyPatch.context() as patch, spans_of(request.param, patch):
         yield from _traced_gateway(digits, upstream_url)
-    otlp_native.load.cache_clear()
 
 
 def _traced_gateway(digits, upstream_url: str) -> Iterator[tuple[str, str, InMemorySpanExporter]]:  # noqa: ANN001
