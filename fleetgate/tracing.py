@@ -6,9 +6,10 @@ tensor request's gateway CPU at six spans a request. A span here is one small ob
 reads, a random id, a context variable set and reset, and an append to the exporter's buffer when it
 ends; sending happens in batches on the exporter's thread (`fleetgate/span_export.py`). Where a C
 compiler built `fleetgate/otlp_native.c`, spans are that module's `Span` type (`span_native.h`),
-with this `Span`'s interface, and an ended span goes into the exporter's queue already encoded,
-without a Python call: in process, tracing then added 8 % to a digits request's CPU instead of 14 %
-(`bench/bench_tracing_inprocess.py`, the rounds' lowest quartiles). `enable(..., native=...)` chooses.
+with this `Span`'s interface, root spans are started there too, and an ended span goes into the
+exporter's queue already encoded, without a Python call: in process, tracing then adds about 21 us
+(3.6 %) to a digits request's ~575 us of CPU instead of 50 us (8.6 %) (`bench/bench_tracing_inprocess.py`,
+medians of paired rounds). `enable(..., native=...)` chooses.
 The trace model is OpenTelemetry's: W3C `traceparent` in and out, parent-based ratio sampling as
 the SDK's `ParentBased(TraceIdRatioBased)`, OTLP on the wire, so collectors and backends see no
 difference.
@@ -192,29 +193,32 @@ def enable(
     `native` (the module `otlp_native.load()` returns) makes spans in C; `queue` (a batch exporter's
     `native_queue()`) then has them put into its queue encoded, instead of passed to `sink`.
     """
-    global _sink, _ratio_bound, _span_type, _native, child
+    global _sink, _ratio_bound, _span_type, _native, child, start_span, span
+    ratio_bound = round(sample_ratio * (1 << 64))
     if native is not None:
         # seeded from the OS in each process: forked workers must not repeat each other's ids
         native.bind(_current, _NULL, _python_child, int.from_bytes(os.urandom(8), "little"))
         native.set_sink(sink, **(queue or {}))  # refuses bad arguments before anything switched
-        _span_type, _native, child = native.Span, native, native.child
+        native.set_sample_bound(ratio_bound)
+        _span_type, _native = native.Span, native
+        child, start_span, span = native.child, native.start_span, native.span
     else:
         if _native is not None:
             _native.set_sink(sink)  # C spans still open end into the new sink
-        _span_type, child = Span, _python_child
-    _ratio_bound = round(sample_ratio * (1 << 64))
+        _span_type, child, start_span, span = Span, _python_child, _python_start_span, _python_span
+    _ratio_bound = ratio_bound
     _sink = sink  # last: `enabled()` is true only once everything above took
 
 
 def disable() -> None:
-    global _sink, _span_type, child
+    global _sink, _span_type, child, start_span, span
     _sink = None
     if _native is not None:
         _native.set_sink()  # C spans still open end into nothing, as Python ones do
-    _span_type, child = Span, _python_child
+    _span_type, child, start_span, span = Span, _python_child, _python_start_span, _python_span
 
 
-def start_span(name: str, context: RemoteParent | None = None, **attributes: Any) -> Span | None:
+def _python_start_span(name: str, context: RemoteParent | None = None, **attributes: Any) -> Span | None:
     """A request's root span, started; the caller ends it (None while tracing is off).
 
     Sampling is parent-based: a client's `traceparent` decides; otherwise `sample_ratio` does.
@@ -236,10 +240,16 @@ def start_span(name: str, context: RemoteParent | None = None, **attributes: Any
     return _span_type(name, trace_id, 0, sampled, attributes if sampled else {}, KIND_SERVER, "")
 
 
-def span(name: str, context: RemoteParent | None = None, **attributes: Any) -> Any:
+def _python_span(name: str, context: RemoteParent | None = None, **attributes: Any) -> Any:
     """A request's root span as a context manager yielding it (a no-op yielding None while off)."""
-    started = start_span(name, context, **attributes)
+    started = _python_start_span(name, context, **attributes)
     return _NULL if started is None else started
+
+
+#: `start_span(name, context=None, **attributes)` and `span(...)`: the functions above, or the C
+#: module's (same rules, the trace id from its generator) while `enable` was given one
+start_span: Callable[..., Any] = _python_start_span
+span: Callable[..., Any] = _python_span
 
 
 def _python_child(name: str, **attributes: Any) -> Any:

@@ -384,3 +384,55 @@ def test_a_c_span_cannot_be_entered_twice(native) -> None:  # noqa: ANN001
             assert tracing.trace_headers()["traceparent"] == root.traceparent
     finally:
         tracing.disable()
+
+
+def test_c_root_spans_sample_new_traces_by_the_ratio(native) -> None:  # noqa: ANN001
+    sent: list = []
+    for ratio, low, high in ((1.0, 2000, 2000), (0.5, 850, 1150), (1e-12, 0, 0)):
+        sent.clear()
+        tracing.enable(sent.append, sample_ratio=ratio, native=native)
+        try:
+            roots = [tracing.start_span("fleetgate.request", None, protocol="v2") for _ in range(2000)]
+            for root in roots:
+                root.end()
+        finally:
+            tracing.disable()
+        assert low <= len(sent) <= high, (ratio, len(sent))
+        assert len({s.trace_id for s in roots}) == 2000  # a new trace each, 128-bit ids
+        assert all(s.attributes == {"protocol": "v2"} for s in sent)
+        # the decision is the trace id's low 64 bits against the ratio, as the Python sampler's
+        assert all(((s.trace_id & (2**64 - 1)) < round(ratio * 2**64)) == s.recording for s in roots)
+
+
+def test_a_c_root_span_under_an_unsampled_client_trace_passes_the_decision_on(native) -> None:  # noqa: ANN001
+    sent: list = []
+    tracing.enable(sent.append, native=native)
+    try:
+        parent = tracing.RemoteParent(TRACE_ID, 0x00F067AA0BA902B7, False, "vendor=a1")
+        with tracing.span("fleetgate.request", parent, protocol="v2") as root:
+            assert isinstance(root, native.Span) and not root.is_recording()
+            assert root.trace_id == TRACE_ID and root.parent_id == 0x00F067AA0BA902B7
+            assert tracing.trace_headers() == {"traceparent": f"00-{TRACE_ID:032x}-{root.span_id:016x}-00",
+                                               "tracestate": "vendor=a1"}  # fmt: skip
+            assert tracing.child("backend") is tracing.child("queue")  # the shared no-op
+    finally:
+        tracing.disable()
+    assert sent == []
+
+
+def test_c_root_spans_refuse_wrong_arguments(native) -> None:  # noqa: ANN001
+    tracing.enable(lambda span: None, native=native)
+    try:
+        with pytest.raises(TypeError, match="RemoteParent"):
+            native.start_span("fleetgate.request", (1, 2))
+        with pytest.raises(TypeError, match="name"):
+            native.span(b"fleetgate.request")
+        with pytest.raises(TypeError, match="tracestate"):
+            native.start_span("fleetgate.request", (TRACE_ID, 7, True, None))
+        with pytest.raises(ValueError, match="negative"):
+            native.set_sample_bound(-1)
+        with pytest.raises(TypeError):
+            native.set_sample_bound(0.5)
+    finally:
+        tracing.disable()
+    assert native.start_span("fleetgate.request") is None  # no sink: tracing is off
