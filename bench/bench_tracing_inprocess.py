@@ -39,14 +39,11 @@ import asyncio
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
@@ -54,59 +51,10 @@ os.environ.setdefault("FLEETGATE_GRPC_PORT", "off")
 os.environ["FLEETGATE_ADMIN_KEY"] = "bench-admin-" + "k" * 32
 
 import bench_tracing  # noqa: E402
-from bench_tracing import williams_order  # noqa: E402
+from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 STATES = ["off", "on", "on_python", "off_again"]
-
-
-async def call(app: Any, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
-    """One POST through the ASGI app, as uvicorn would hand it over."""
-    scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000), "scheme": "http",
-        "method": "POST", "root_path": "", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "headers": [(b"host", b"127.0.0.1:8000"), (b"content-length", str(len(body)).encode()), *headers],
-        "state": {},
-    }  # fmt: skip
-    delivered = False
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the client stays connected
-        raise AssertionError("unreachable")
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    await app(scope, receive, send)
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
-
-
-async def run_rounds(args: argparse.Namespace, request: Any, switch: Any) -> list[dict]:
-    """Every round visits every state (`switch`) and serves `args.requests` requests in each."""
-    rounds = []
-    for index in range(args.rounds):
-        result = {}
-        for state in williams_order(STATES, index):
-            switch(state)
-            for _ in range(3):  # the switch's own first requests (new exporter state) stay out
-                await request()
-            cpu0, loop0 = time.process_time(), time.thread_time()
-            for _ in range(args.requests):
-                await request()
-            result[state] = {
-                "cpu_us_per_request": (time.process_time() - cpu0) / args.requests * 1e6,
-                "loop_thread_us_per_request": (time.thread_time() - loop0) / args.requests * 1e6,
-            }
-        rounds.append(result)
-        if index % 50 == 49:
-            print(f"round {index + 1}/{args.rounds}", flush=True)
-    return rounds
 
 
 async def measure(args: argparse.Namespace, tmp: Path, collector_port: int) -> dict:
@@ -129,15 +77,7 @@ tracing: {{enabled: true, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/t
         base_dir=tmp,
     )
     app = create_app(config)
-    startup: asyncio.Queue = asyncio.Queue()
-    answers: asyncio.Queue = asyncio.Queue()
-    await startup.put({"type": "lifespan.startup"})
-    lifespan = asyncio.ensure_future(
-        app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, startup.get, answers.put)
-    )
-    started = await answers.get()
-    if started["type"] != "lifespan.startup.complete":
-        raise RuntimeError(f"the gateway did not start: {started}")
+    shutdown = await start_app(app)
     admin = [
         (b"authorization", f"Bearer {os.environ['FLEETGATE_ADMIN_KEY']}".encode()),
         (b"content-type", b"application/json"),
@@ -173,25 +113,16 @@ tracing: {{enabled: true, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/t
         status, answer = await call(app, path, body, headers)
         if status != 200:
             raise RuntimeError(f"the model did not answer: {status} {answer[:200]!r}")
-    rounds = await run_rounds(args, request, switch)
+    rounds = await run_rounds(STATES, switch, request, args.rounds, args.requests)
     switch("on")
-    await startup.put({"type": "lifespan.shutdown"})
-    await asyncio.wait_for(lifespan, 60)
+    await shutdown()
     return {"rounds": rounds, "c_spans": native is not None}
-
-
-def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
-    """A bootstrap 95 % interval of the median of `values` (resampled with a fixed seed)."""
-    rng = random.Random(1)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
-    return medians[int(0.025 * draws)], medians[int(0.975 * draws)]
 
 
 def summarize(rounds: list[dict]) -> dict:
     """Per state: medians over rounds, and against `off` the median of the rounds' paired
     differences (CPU a request, process and loop thread), its interval and its ratio."""
     out: dict = {}
-    off_cpu = statistics.median(r["off"]["cpu_us_per_request"] for r in rounds)
     for state in STATES:
         out[state] = {
             key: statistics.median(r[state][key] for r in rounds)
@@ -199,22 +130,18 @@ def summarize(rounds: list[dict]) -> dict:
         }
         if state == "off":
             continue
-        added = [r[state]["cpu_us_per_request"] - r["off"]["cpu_us_per_request"] for r in rounds]
-        added_loop = [
-            r[state]["loop_thread_us_per_request"] - r["off"]["loop_thread_us_per_request"] for r in rounds
-        ]
-        low, high = median_interval(added)
-        ratio = 1 + statistics.median(added) / off_cpu
+        cpu = paired(rounds, state, "off")
+        loop = paired(rounds, state, "off", "loop_thread_us_per_request")
         out[state].update(
-            added_us_per_request=statistics.median(added),
-            added_us_per_request_95=[low, high],
-            added_loop_thread_us_per_request=statistics.median(added_loop),
-            exporter_thread_us_per_request=statistics.median(added) - statistics.median(added_loop),
-            cpu_over_off=ratio,
-            cpu_over_off_95=[1 + low / off_cpu, 1 + high / off_cpu],
+            added_us_per_request=cpu["difference_us"],
+            added_us_per_request_95=cpu["difference_us_95"],
+            added_loop_thread_us_per_request=loop["difference_us"],
+            exporter_thread_us_per_request=cpu["difference_us"] - loop["difference_us"],
+            cpu_over_off=cpu["ratio"],
+            cpu_over_off_95=cpu["ratio_95"],
             # throughput of a CPU-bound server follows CPU a request
-            throughput_over_off=1 / ratio,
-            meets_target_0_95=1 / ratio >= 0.95,
+            throughput_over_off=1 / cpu["ratio"],
+            meets_target_0_95=1 / cpu["ratio"] >= 0.95,
         )
     return out
 
