@@ -473,12 +473,35 @@ static PyObject *native_child(PyObject *module, PyObject *const *args, Py_ssize_
  * RemoteParent (its ids, decision and tracestate), else a new trace sampled by the bound. Returns
  * `when_off` while no sink is set. */
 static PyObject *start_root(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject *when_off) {
-    if (nargs < 1 || nargs > 2 || !PyUnicode_Check(args[0])) {
+    PyObject *name = nargs >= 1 ? args[0] : NULL, *context = nargs >= 2 ? args[1] : NULL;
+    Py_ssize_t count = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    /* `name` and `context` bind by keyword too, as in the Python start_span(name, context=None,
+     * **attributes): a client's context passed so must not become an attribute of a new trace */
+    Py_ssize_t name_at = -1, context_at = -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i);
+        Py_ssize_t length = PyUnicode_GET_LENGTH(key);
+        if (length != 4 && length != 7) continue; /* an attribute's dotted name: one length check */
+        int is_name = PyUnicode_CompareWithASCIIString(key, "name") == 0;
+        if (!is_name && PyUnicode_CompareWithASCIIString(key, "context") != 0) continue;
+        if ((is_name ? name : context) != NULL) {
+            PyErr_Format(PyExc_TypeError, "start_span() got multiple values for argument '%U'", key);
+            return NULL;
+        }
+        if (is_name) {
+            name = args[nargs + i];
+            name_at = i;
+        } else {
+            context = args[nargs + i];
+            context_at = i;
+        }
+    }
+    if (nargs > 2 || name == NULL || !PyUnicode_Check(name)) {
         PyErr_SetString(PyExc_TypeError, "start_span() takes the span's name (a str), a context and keyword attributes");
         return NULL;
     }
     if (g_sink == NULL && g_queue == NULL) return Py_NewRef(when_off);
-    PyObject *context = nargs == 2 ? args[1] : Py_None;
+    if (context == NULL) context = Py_None;
     if (context != Py_None && (!PyTuple_Check(context) || PyTuple_GET_SIZE(context) != 4)) {
         PyErr_SetString(PyExc_TypeError, "the context must be a RemoteParent or None");
         return NULL;
@@ -512,14 +535,15 @@ static PyObject *start_root(PyObject *const *args, Py_ssize_t nargs, PyObject *k
     PyObject *attributes = PyDict_New();
     if (attributes == NULL) return NULL;
     /* an unsampled new trace keeps no attributes (as the Python start_span) */
-    Py_ssize_t count = kwnames == NULL || (context == Py_None && !sampled) ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (context == Py_None && !sampled) count = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
+        if (i == name_at || i == context_at) continue;
         if (PyDict_SetItem(attributes, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
             Py_DECREF(attributes);
             return NULL;
         }
     }
-    NativeSpan *span = span_new(args[0], high, low, parent, sampled, attributes, KIND_SERVER, tracestate);
+    NativeSpan *span = span_new(name, high, low, parent, sampled, attributes, KIND_SERVER, tracestate);
     Py_DECREF(attributes);
     return (PyObject *)span;
 }

@@ -199,7 +199,9 @@ def enable(
         # seeded from the OS in each process: forked workers must not repeat each other's ids
         native.bind(_current, _NULL, _python_child, int.from_bytes(os.urandom(8), "little"))
         native.set_sink(sink, **(queue or {}))  # refuses bad arguments before anything switched
-        native.set_sample_bound(ratio_bound)
+        # a negative ratio keeps nothing, as in `_python_start_span`; the C module refuses a negative
+        # bound, which here, after its sink switched, would leave C spans on behind `disable`
+        native.set_sample_bound(max(ratio_bound, 0))
         _span_type, _native = native.Span, native
         child, start_span, span = native.child, native.start_span, native.span
     else:

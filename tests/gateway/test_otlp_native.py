@@ -436,3 +436,40 @@ def test_c_root_spans_refuse_wrong_arguments(native) -> None:  # noqa: ANN001
     finally:
         tracing.disable()
     assert native.start_span("fleetgate.request") is None  # no sink: tracing is off
+
+
+def test_c_root_spans_take_name_and_context_as_keywords(native) -> None:  # noqa: ANN001
+    """`start_span(name, context=None, **attributes)` as the Python one binds it: a client's context
+    passed by keyword was once an attribute, and the request started a new, sampled trace."""
+    parent = tracing.RemoteParent(TRACE_ID, 0x00F067AA0BA902B7, False, "vendor=a1")
+    tracing.enable(lambda span: None, native=native)
+    try:
+        for start, span in ((native.start_span, native.span), (tracing._python_start_span, tracing._python_span)):  # fmt: skip
+            roots = [
+                start(name="fleetgate.request", context=parent, protocol="v2"),
+                span("fleetgate.request", context=parent, protocol="v2"),
+            ]
+            for root in roots:
+                assert (root.name, root.trace_id, root.parent_id, root.recording, root.tracestate) == (
+                    "fleetgate.request", TRACE_ID, 0x00F067AA0BA902B7, False, "vendor=a1")  # fmt: skip
+                assert root.attributes == {"protocol": "v2"}
+            assert start(name="fleetgate.request", protocol="v2").attributes == {"protocol": "v2"}
+            for given in ({"name": "other"}, {"context": parent}):
+                with pytest.raises(TypeError, match="multiple values"):
+                    start("fleetgate.request", None, **given)
+            with pytest.raises(TypeError):
+                start(context=parent)  # no name
+    finally:
+        tracing.disable()
+
+
+def test_a_negative_sample_ratio_with_c_spans_keeps_nothing_as_python_spans_do(native) -> None:  # noqa: ANN001
+    """A bound below zero was refused by the C module after its sink had switched: `enable` raised,
+    and C spans kept going to a sink that `disable` no longer knew of."""
+    for module in (None, native):
+        tracing.enable(lambda span: None, sample_ratio=-0.5, native=module)
+        try:
+            assert tracing.enabled() and not tracing.start_span("fleetgate.request").recording
+        finally:
+            tracing.disable()
+    assert native.start_span("fleetgate.request") is None  # off in C too
