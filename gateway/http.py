@@ -120,6 +120,16 @@ class RawResponse:
             *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
         ]
 
+    @property
+    def status_code(self) -> int:
+        """The status, named as a Litestar `Response` names it (a batch line reads either)."""
+        return self.status
+
+    @property
+    def content(self) -> bytes:
+        """The body, named as a Litestar `Response` names it (a batch line reads either)."""
+        return self.body
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         body = b"" if scope.get("method") == "HEAD" else self.body
@@ -196,6 +206,14 @@ async def answer_json(call: Call, work: Callable[[], Awaitable[tuple[Any, int]]]
         return http_failure(call, exc)
     call.done(status)
     return json_response(body, status)
+
+
+def raw_json_response(
+    payload: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> RawResponse:
+    """A JSON answer encoded by msgspec, sent as a bare ASGI app (`RawResponse`): the hot routes'
+    successful answers, which skip Litestar's response conversion."""
+    return RawResponse(_encoder.encode(payload), status, "application/json", headers or {})
 
 
 def json_response(

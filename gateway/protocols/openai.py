@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
+from litestar.types import ASGIApp
 
 from backends.base import TokenLogprob, Usage
 from gateway.calls import Call, ModelRef
@@ -153,7 +154,7 @@ def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
     }
 
 
-async def generate_route(request: Request, core: GatewayCore, call: Call, chat: bool) -> Response[Any]:
+async def generate_route(request: Request, core: GatewayCore, call: Call, chat: bool) -> ASGIApp:
     """`/v1/(chat/)completions`: Litestar's routes and gateway/hot_routes.py's fast path call this."""
 
     async def read() -> bytes:
@@ -169,7 +170,7 @@ async def generate_route(request: Request, core: GatewayCore, call: Call, chat: 
 
 async def generate(
     core: GatewayCore, call: Call, chat: bool, read: Callable[[], Awaitable[bytes]]
-) -> Response[Any]:
+) -> ASGIApp:
     """Serve a (chat) completion whose JSON body `read` returns: the HTTP route, and a batch job's
     line (gateway/batches) with the body from its input file. Every failure is answered in
     OpenAI's envelope."""
@@ -197,19 +198,19 @@ async def generate(
         return http_failure(call, exc)
 
 
-async def _answer(started: StartedGeneration, call: Call, chat: bool) -> Response[Any]:
+async def _answer(started: StartedGeneration, call: Call, chat: bool) -> ASGIApp:
     """The response for a started generation (gateway/protocols/openai_choices.py, any `n`)."""
     shape = _Shape(chat, started.body.model, call.request_id)
     return await answer_choices(started, shape, call, started.served.response_headers(call))
 
 
 @post("/v1/completions", status_code=200, opt=OPENAI)
-async def completions(request: Request, core: GatewayCore, call: Call) -> Response[Any]:
+async def completions(request: Request, core: GatewayCore, call: Call) -> ASGIApp:
     return await generate_route(request, core, call, chat=False)
 
 
 @post("/v1/chat/completions", status_code=200, opt=OPENAI)
-async def chat_completions(request: Request, core: GatewayCore, call: Call) -> Response[Any]:
+async def chat_completions(request: Request, core: GatewayCore, call: Call) -> ASGIApp:
     return await generate_route(request, core, call, chat=True)
 
 

@@ -15,16 +15,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from litestar import Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
+from litestar.types import ASGIApp
 
 from backends.base import TokenEvent, TokenLogprob, Usage
 from gateway import metrics
 from gateway.calls import Call
 from gateway.core import StartedGeneration
 from gateway.errors import describe
-from gateway.http import json_response
+from gateway.http import raw_json_response
 from gateway.streams import GenerationStream
 
 _encoder = msgspec.json.Encoder()
@@ -40,9 +40,7 @@ def finish_reason(reason: str | None) -> str:
     return reason if reason in _KEPT_REASONS else "stop"
 
 
-def merge_tool_calls(
-    calls: list[dict[str, Any]] | None, new: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def merge_tool_calls(calls: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`calls` with `new` added: whole calls are appended; stream deltas (by `index`) are joined
     into the call of their index, their argument pieces concatenated."""
     merged = list(calls or [])
@@ -76,6 +74,14 @@ class WholeChoice(msgspec.Struct):
     logprobs: list[TokenLogprob] | None
     usage: Usage
     tool_calls: list[dict[str, Any]] | None
+
+
+async def collect_choices(streams: list[GenerationStream]) -> list[WholeChoice]:
+    """Every choice, whole, in order: read side by side, each in a task of `gather`'s, when there
+    are several; the usual single choice is read in the caller's task (a task a request saved)."""
+    if len(streams) == 1:
+        return [await collect_choice(streams[0])]
+    return list(await asyncio.gather(*(collect_choice(s) for s in streams)))
 
 
 async def collect_choice(stream: GenerationStream) -> WholeChoice:
@@ -134,7 +140,7 @@ async def _merged(streams: list[GenerationStream]) -> AsyncIterator[tuple[int, T
 
 async def answer_choices(
     started: StartedGeneration, shape: Any, call: Call, headers: dict[str, str]
-) -> Response[Any]:
+) -> ASGIApp:
     """The response for the started choices: SSE when the body asks for a stream, else whole.
 
     Every path ends with every choice iterated to its end or closed, so the queue and the reservation
@@ -152,7 +158,7 @@ async def answer_choices(
         )
     try:
         async with started.deadline.scope():
-            answers = await asyncio.gather(*(collect_choice(s) for s in streams))
+            answers = await collect_choices(streams)
     finally:
         await _close(None, streams)
     whole = shape.whole("", "stop", _total([a.usage for a in answers]))
@@ -163,7 +169,7 @@ async def answer_choices(
         choices.append(choice)
     whole["choices"] = choices
     call.done(200)
-    return json_response(whole, headers=headers)
+    return raw_json_response(whole, headers=headers)
 
 
 async def _sse(

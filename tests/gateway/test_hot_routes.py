@@ -142,12 +142,22 @@ def test_the_switch(value: str | None, on: bool) -> None:
     assert hot_routes.enabled(value) is on
 
 
-def test_switched_off_every_route_goes_to_litestar(digits, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_switched_off_every_route_goes_to_litestar(
+    digits, upstream_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
     monkeypatch.setenv(hot_routes.SWITCH_ENV, "off")
-    app = create_app(
-        parse_config(gateway_yaml(digits, "http://127.0.0.1:9", "memory://"), base_dir=Path("."))
-    )
+    app = create_app(parse_config(gateway_yaml(digits, upstream_url, "memory://"), base_dir=Path(".")))
     assert not isinstance(app.asgi_handler, HotRoutes)
+    # the handlers' bare ASGI answers (RawResponse) are served by Litestar's routes alike
+    with serve_app(app) as url:
+        headers = {"Authorization": f"Bearer {create_key(url, 'acme')}"}
+        chat = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        r = httpx.post(url + "/v1/chat/completions", json=chat, headers=headers)
+        assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text
+        assert r.headers["content-type"] == "application/json" and r.headers["x-request-id"]
+        rows = digits_split()[1][:2].astype(np.float32)
+        r = httpx.post(url + "/v2/models/digits/infer", json=_v2_body(rows), headers=headers)
+        assert r.status_code == 200 and r.json()["outputs"], r.text
 
 
 def test_it_refuses_to_bypass_middleware() -> None:

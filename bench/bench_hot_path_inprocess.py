@@ -1,13 +1,19 @@
-"""What a request's deadline scopes cost, in process: the gateway's `Deadline.scope()` against the
-`asyncio.timeout_at` inside an `asynccontextmanager` it replaced.
+"""What the hot path's recent changes save, in process: each against the code it replaced.
 
-Every request runs its waits under `server.request_timeout_s` (`gateway/deadline.py`): four to six
-scopes a request, and a stream one per event. The gateway app is called in process on uvloop (as
-`fleetgate serve` runs it; `bench/inprocess.py`), and `Deadline.scope` is switched between:
+The gateway app is called in process on uvloop (as `fleetgate serve` runs it; `bench/inprocess.py`),
+and each change can be switched back to what it replaced, kept here as the reference:
 
-- `timeout_at`: the former implementation, kept here as the reference (`_timeout_at_scope`);
-- `scope`: the one the gateway runs now (a small class with timeout_at's rules);
-- `timeout_at_again`, `scope_again`: each measured twice a round, the noise floor.
+- `deadline`: `Deadline.scope()` (a small class with asyncio.timeout_at's rules) against
+  `asyncio.timeout_at` inside an `asynccontextmanager` (`_timeout_at_scope`). A request runs four
+  to six scopes, a stream one per event.
+- `response`: a whole chat answer sent as a bare ASGI app (`raw_json_response`) against a Litestar
+  `Response` converted on every call (`json_response`, still what other routes return).
+- `one_choice`: a single choice (`n` = 1, nearly every request) read in the request's own task
+  (`collect_choices`) against a task of `asyncio.gather`'s for it (`_gather_choices`).
+
+States, visited in every round in a balanced order: `before` (every change switched back), `after`
+(the code as it is), `only_<change>` (that change alone), and `after_again` (`after` measured twice
+a round: the noise floor).
 
 Two request paths, each its own series of rounds:
 - `chat`: OpenAI chat completions proxied to a minimal upstream in its own process (the one
@@ -15,12 +21,12 @@ Two request paths, each its own series of rounds:
   per-key limits, state in SQLite: the policy proxy path of issue #14;
 - `tensors`: the digits model on ONNX Runtime, v2 JSON, a tenant without limits.
 
-Reported per path: CPU a request (every thread) per state, and `scope` against `timeout_at` as the
-median of the rounds' paired differences with a bootstrap 95 % interval (the A/A pair alike).
+Reported per path: CPU a request (every thread) per state, and each state against `before` as the
+median of the rounds' paired differences with a bootstrap 95 % interval.
 
-    .venv/bin/python bench/bench_deadline_inprocess.py [--rounds 200 --requests 20]
+    .venv/bin/python bench/bench_hot_path_inprocess.py [--rounds 200 --requests 20]
 
-Writes bench/results/deadline_inprocess.json and .png.
+Writes bench/results/hot_path_inprocess.json and .png.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ import bench_policy_proxy  # noqa: E402
 from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-STATES = ["timeout_at", "scope", "timeout_at_again", "scope_again"]
+CHANGES = ["deadline", "response", "one_choice"]
+STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
 HUGE = 10**15
 
 
@@ -61,6 +68,13 @@ async def _timeout_at_scope(self: Any) -> AsyncIterator[None]:
             yield
     except TimeoutError:
         raise timeout_error(self.timeout_s) from None
+
+
+async def _gather_choices(streams: list) -> list:
+    """The reference: every choice read in a task of `gather`'s, even a single one (as before)."""
+    from gateway.protocols.openai_choices import collect_choice
+
+    return list(await asyncio.gather(*(collect_choice(s) for s in streams)))
 
 
 def config_text(upstream: int, models: dict[str, Path], state: str) -> str:
@@ -118,10 +132,24 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
             await new_key(app, "free"),
         ),
     }
-    current = deadline.Deadline.scope
+    from gateway import http
+    from gateway.protocols import openai_choices
+
+    # change -> (where, attribute, as it is now, what it replaced)
+    changes = {
+        "deadline": (deadline.Deadline, "scope", deadline.Deadline.scope, _timeout_at_scope),
+        "response": (
+            openai_choices,
+            "raw_json_response",
+            openai_choices.raw_json_response,
+            http.json_response,
+        ),
+    }
 
     def switch(state: str) -> None:
-        deadline.Deadline.scope = _timeout_at_scope if state.startswith("timeout_at") else current
+        for name, (where, attribute, now, replaced) in changes.items():
+            keep = state.startswith("after") or state == f"only_{name}"
+            setattr(where, attribute, now if keep else replaced)
 
     measured = {}
     try:
@@ -137,7 +165,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
             print(name, flush=True)
             measured[name] = await run_rounds(STATES, switch, request, args.rounds, args.requests)
     finally:
-        deadline.Deadline.scope = current
+        switch("after")
         await shutdown()
     return measured
 
@@ -149,9 +177,7 @@ def summarize(rounds: list[dict]) -> dict:
         "cpu_us_per_request": {
             s: statistics.median(r[s]["cpu_us_per_request"] for r in rounds) for s in STATES
         },
-        "scope_vs_timeout_at": paired(rounds, "scope", "timeout_at"),
-        "scope_again_vs_timeout_at_again": paired(rounds, "scope_again", "timeout_at_again"),
-        "a_a_timeout_at_again_vs_timeout_at": paired(rounds, "timeout_at_again", "timeout_at"),
+        "against_before": {s: paired(rounds, s, "before") for s in STATES if s != "before"},
     }
 
 
@@ -181,38 +207,29 @@ def main() -> None:
         "rounds": measured,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "deadline_inprocess.json").write_text(json.dumps(out, indent=2))
+    (RESULTS / "hot_path_inprocess.json").write_text(json.dumps(out, indent=2))
     from plotting import figure, save
 
-    fig, ax = figure(size=(7, 4))
+    fig, ax = figure(size=(9, 4))
     names = list(out["median"])
-    for offset, (key, label, color) in enumerate(
-        [
-            ("scope_vs_timeout_at", "scope - timeout_at", "#2a7"),
-            ("a_a_timeout_at_again_vs_timeout_at", "A/A", "#aaa"),
-        ]
-    ):
-        found = [out["median"][n][key] for n in names]
+    shown = STATES[1:]
+    width = 0.8 / len(shown)
+    for offset, state in enumerate(shown):
+        found = [out["median"][n]["against_before"][state] for n in names]
         diff = [f["difference_us"] for f in found]
         errors = [
             [d - f["difference_us_95"][0] for d, f in zip(diff, found, strict=True)],
             [f["difference_us_95"][1] - d for d, f in zip(diff, found, strict=True)],
         ]
         ax.bar(
-            [i + 0.4 * offset for i in range(len(names))],
-            diff,
-            0.4,
-            yerr=errors,
-            capsize=4,
-            color=color,
-            label=label,
+            [i + width * offset for i in range(len(names))], diff, width, yerr=errors, capsize=3, label=state
         )
-    ax.set_xticks([i + 0.2 for i in range(len(names))], names)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
     ax.axhline(0, color="#333", linewidth=0.8)
-    ax.set_ylabel("CPU a request, difference (us; median of paired rounds, 95 %)")
-    ax.set_title("Deadline scopes: the gateway's class vs asyncio.timeout_at, in process")
-    ax.legend()
-    save(fig, RESULTS / "deadline_inprocess.png")
+    ax.set_ylabel("CPU a request against before (us; median of paired rounds, 95 %)")
+    ax.set_title("The hot path's changes, in process")
+    ax.legend(fontsize=8)
+    save(fig, RESULTS / "hot_path_inprocess.png")
     print(json.dumps(out["median"], indent=1))
 
 
