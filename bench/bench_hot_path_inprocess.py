@@ -10,10 +10,13 @@ and each change can be switched back to what it replaced, kept here as the refer
   `Response` converted on every call (`json_response`, still what other routes return).
 - `one_choice`: a single choice (`n` = 1, nearly every request) read in the request's own task
   (`collect_choices`) against a task of `asyncio.gather`'s for it (`_gather_choices`).
+- `queue`: a request that finds its deployment's fair queue empty with a free slot passes straight
+  through (`FairQueue._pass_through`) against queueing, dispatching and granting it through the
+  backlog (`_never_pass_through`).
 
 States, visited in every round in a balanced order: `before` (every change switched back), `after`
-(the code as it is), `only_<change>` (that change alone), and `after_again` (`after` measured twice
-a round: the noise floor).
+(the code as it is), `only_<change>` (that change alone), and `before_again` / `after_again` (each
+measured twice a round: the noise floor).
 
 Two request paths, each its own series of rounds:
 - `chat`: OpenAI chat completions proxied to a minimal upstream in its own process (the one
@@ -53,8 +56,8 @@ import bench_policy_proxy  # noqa: E402
 from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-CHANGES = ["deadline", "response", "one_choice"]
-STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
+CHANGES = ["deadline", "response", "one_choice", "queue"]
+STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "before_again", "after_again"]
 HUGE = 10**15
 
 
@@ -75,6 +78,11 @@ async def _gather_choices(streams: list) -> list:
     from gateway.protocols.openai_choices import collect_choice
 
     return list(await asyncio.gather(*(collect_choice(s) for s in streams)))
+
+
+def _never_pass_through(self: Any) -> bool:
+    """The reference: every request queued, dispatched and granted through the backlog (as before)."""
+    return False
 
 
 def config_text(upstream: int, models: dict[str, Path], state: str) -> str:
@@ -134,6 +142,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
     }
     from gateway import http
     from gateway.protocols import openai_choices
+    from policies.fair_queue import FairQueue
 
     # change -> (where, attribute, as it is now, what it replaced)
     changes = {
@@ -144,7 +153,12 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
             openai_choices.raw_json_response,
             http.json_response,
         ),
+        "one_choice": (openai_choices, "collect_choices", openai_choices.collect_choices, _gather_choices),
+        "queue": (FairQueue, "_can_pass_through", FairQueue._can_pass_through, _never_pass_through),
     }
+    missing = set(CHANGES) ^ changes.keys()
+    if missing:
+        raise RuntimeError(f"CHANGES and the switch table disagree on {sorted(missing)}")
 
     def switch(state: str) -> None:
         for name, (where, attribute, now, replaced) in changes.items():

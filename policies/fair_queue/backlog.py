@@ -96,6 +96,15 @@ class Backlog:
         self._depth += 1
         self.stats_of(entry.tenant).admitted += 1
 
+    def pass_through(self, tenant: str) -> None:
+        """A request that found nobody waiting and a free slot joins and leaves its tenant's queue at
+        once: the policy sees the arrival (VTC's lift) and the departure, as `push` then `pop_next`
+        would show them."""
+        assert not self._queues, "only when nobody waits"
+        self._policy.on_backlogged(tenant, ())
+        self.stats_of(tenant).admitted += 1
+        self._policy.on_idle(tenant)
+
     def remove(self, entry: Entry, state: EntryState) -> None:
         """Take a waiting entry out of its queue (cancellation, deadline)."""
         queue = self._queues[entry.tenant]

@@ -159,6 +159,8 @@ class FairQueue:
             raise QueueDeadlineExceeded("request deadline passed before it was queued")
         if not continuing:
             self.check_room(tenant)
+        if self._can_pass_through():
+            return self._pass_through(tenant, float(cost), priority, now)
         entry = self._entry(tenant, cost, priority, deadline, now)
         self._backlog.push(entry)
         if entry.deadline is not None:
@@ -169,6 +171,30 @@ class FairQueue:
         except asyncio.CancelledError:
             self._abandon(entry)
             raise
+
+    def _can_pass_through(self) -> bool:
+        """Nobody waits and a slot is free: a request is dispatched the moment it arrives."""
+        return not self._backlog and not self._dispatching and self._has_capacity()
+
+    def _pass_through(self, tenant: str, cost: float, priority: int, now: float) -> Ticket:
+        """What queueing, dispatching and granting a request do when nobody waits and a slot is free,
+        without the waiting machinery (an entry and its future, a deadline timer, the policy's
+        choice among one head): the policy still sees the tenant arrive and leave, and the counters
+        and the charge are the same. Most requests of a deployment that is not saturated take this."""
+        self._backlog.pass_through(tenant)
+        ticket = Ticket(
+            id=next(self._seq),
+            tenant=tenant,
+            cost=cost,
+            priority=priority,
+            enqueued_at=now,
+            dispatched_at=now,
+            dispatch_seq=next(self._dispatch_seq),
+        )
+        self._in_flight += 1
+        self._backlog.granted(ticket)
+        self._charge(ticket, cost)
+        return ticket
 
     def _entry(self, tenant: str, cost: float, priority: int, deadline: float | None, now: float) -> Entry:
         """A waiter's entry, with the future its dispatch resolves (on the running loop)."""

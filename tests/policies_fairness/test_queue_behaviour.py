@@ -304,3 +304,48 @@ async def test_vtc_tie_after_lift_goes_to_tenant_with_less_in_service(clock: Fak
     await settle()
     assert quiet.done() and not noisy_next.done()
     noisy_next.cancel()
+
+
+@pytest.mark.parametrize("policy", ["vtc", "drr", "fcfs"])
+async def test_passing_through_an_idle_queue_leaves_what_queueing_would(policy: str) -> None:
+    """A request that finds nobody waiting and a free slot skips the waiting machinery; the same
+    random load run with that fast path switched off must grant, count and charge alike."""
+
+    async def run(pass_through: bool) -> tuple[list, dict, int, int]:
+        spec = QueueSpec(policy=policy, max_concurrency=3, drr_quantum=2.0)
+        fq = FairQueue(spec, weights={"a": 1.0, "b": 2.0}, clock=FakeClock())
+        passed = 0
+        fast_path = fq._pass_through
+
+        def counted(*args: object) -> object:
+            nonlocal passed
+            passed += 1
+            return fast_path(*args)  # type: ignore[arg-type]
+
+        fq._pass_through = counted  # type: ignore[method-assign]
+        if not pass_through:
+            fq._can_pass_through = lambda: False  # type: ignore[method-assign]
+        rng = random.Random(11)
+        held: list = []
+        waiting: list[asyncio.Future] = []
+        granted = []
+        for _ in range(400):
+            if held and rng.random() < 0.5:
+                fq.release(held.pop(rng.randrange(len(held))), actual_cost=float(rng.randint(0, 4)))
+            else:
+                waiting.append(asyncio.ensure_future(fq.acquire(rng.choice("abc"), float(rng.randint(1, 5)))))
+            await settle()
+            for task in [t for t in waiting if t.done()]:
+                waiting.remove(task)
+                ticket = task.result()
+                held.append(ticket)
+                granted.append((ticket.id, ticket.tenant, ticket.cost, ticket.dispatch_seq, ticket.charged))
+        stats = {
+            t: (s.admitted, s.dispatched, s.in_flight, s.service, s.virtual)
+            for t, s in fq.stats().tenants.items()
+        }
+        return granted, stats, fq.in_flight, passed
+
+    fast, slow = await run(True), await run(False)
+    assert fast[:3] == slow[:3]
+    assert len(fast[0]) > 100 and fast[3] > 20 and slow[3] == 0  # both paths were taken
