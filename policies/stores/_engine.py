@@ -33,9 +33,12 @@ class Txn(Protocol):
 
     def get_buckets(self, keys: list[str]) -> list[tuple[float, float] | None]: ...  # (level, ts) per key
     def set_buckets(self, rows: list[tuple[str, float, float]]) -> None: ...  # (key, level, ts)
-    def lease_count(self, key: str, now: float) -> int: ...  # drops expired leases first
+    #: per op, in order: the bucket drained to `now`, then `cost` added (never below zero), at
+    #: max(now, ts); a bucket not there starts empty at `now` (`adjust` below: the rule itself)
+    def adjust_buckets(self, ops: list[BucketOp], now: float) -> None: ...
+    def lease_count(self, key: str, now: float) -> int: ...  # leases of `key` not expired at `now`
     def add_lease(self, key: str, lease_id: str, expires_at: float) -> None: ...
-    def remove_lease(self, key: str, lease_id: str) -> None: ...
+    def remove_lease(self, key: str, lease_id: str, now: float) -> None: ...  # and key's expired ones
     def get_counters(self, keys: list[str]) -> list[int]: ...
     #: used = max(0, used + delta) per (key, delta, expires_at), in order
     def add_counters(self, rows: list[tuple[str, int, float]]) -> None: ...
@@ -135,13 +138,9 @@ def settle(
         return False
     txn.drop_journal(settle_id)
     if buckets:
-        rows = []
-        for op, state in zip(buckets, txn.get_buckets([op.key for op in buckets]), strict=True):
-            level = token_bucket.drain(state[0], state[1], op.rate_per_s, now) if state else 0.0
-            rows.append((op.key, max(0.0, level + op.cost), max(now, state[1]) if state else now))
-        txn.set_buckets(rows)
+        txn.adjust_buckets(buckets, now)
     for key in release:
-        txn.remove_lease(key, lease_id)
+        txn.remove_lease(key, lease_id, now)
     if counters:
         txn.add_counters([(c.key, c.cost, c.expires_at) for c in counters])
     if usage:
@@ -149,6 +148,16 @@ def settle(
     for mark in marks or ():
         txn.put_mark(mark.key, mark.field, mark.value)
     return True
+
+
+def adjust(state: tuple[float, float] | None, op: BucketOp, now: float) -> tuple[float, float]:
+    """A bucket's (level, ts) after a settle's correction `op.cost` (a refund when negative): its
+    level drained to `now` plus the cost, never below zero. SQLite's `adjust_buckets` writes the
+    same arithmetic in SQL, operation for operation, so both stores answer alike."""
+    if state is None:
+        return max(0.0, 0.0 + op.cost), now
+    level = token_bucket.drain(state[0], state[1], op.rate_per_s, now)
+    return max(0.0, level + op.cost), max(now, state[1])
 
 
 def _view(level: float, op: BucketOp) -> BucketView:

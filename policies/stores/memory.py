@@ -37,6 +37,10 @@ class _MemoryTxn:
         for key, level, ts in rows:
             self.s.buckets[key] = (level, ts)
 
+    def adjust_buckets(self, ops: list[BucketOp], now: float) -> None:
+        for op in ops:
+            self.s.buckets[op.key] = _engine.adjust(self.s.buckets.get(op.key), op, now)
+
     def lease_count(self, key: str, now: float) -> int:
         held = self.s.leases.get(key, {})
         for lease_id in [lid for lid, exp in held.items() if exp <= now]:
@@ -46,7 +50,8 @@ class _MemoryTxn:
     def add_lease(self, key: str, lease_id: str, expires_at: float) -> None:
         self.s.leases.setdefault(key, {})[lease_id] = expires_at
 
-    def remove_lease(self, key: str, lease_id: str) -> None:
+    def remove_lease(self, key: str, lease_id: str, now: float) -> None:
+        # expired leases need no sweep here: `lease_count` drops them as it counts
         self.s.leases.get(key, {}).pop(lease_id, None)
 
     def get_counters(self, keys: list[str]) -> list[int]:

@@ -112,15 +112,31 @@ class _SqliteTxn:
             rows,
         )
 
+    def adjust_buckets(self, ops: list[BucketOp], now: float) -> None:
+        # `_engine.adjust` in one statement instead of a read and a write: the same IEEE operations
+        # in the same order (elapsed clamped at 0, times the rate, off the level, clamped, plus cost)
+        self.c.executemany(
+            "INSERT INTO buckets (key, level, ts) VALUES (?1, max(0.0, 0.0 + ?2), ?3) "
+            "ON CONFLICT (key) DO UPDATE SET "
+            "level = max(0.0, max(0.0, level - max(0.0, ?3 - ts) * ?4) + ?2), ts = max(?3, ts)",
+            [(op.key, op.cost, now, op.rate_per_s) for op in ops],
+        )
+
     def lease_count(self, key: str, now: float) -> int:
-        self.c.execute("DELETE FROM leases WHERE key = ? AND expires_at <= ?", (key, now))
-        return self.c.execute("SELECT count(*) FROM leases WHERE key = ?", (key,)).fetchone()[0]
+        # expired leases (a crashed process's) are not counted; `remove_lease` deletes them when a
+        # request of the same key settles
+        return self.c.execute(
+            "SELECT count(*) FROM leases WHERE key = ? AND expires_at > ?", (key, now)
+        ).fetchone()[0]
 
     def add_lease(self, key: str, lease_id: str, expires_at: float) -> None:
         self.c.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?)", (key, lease_id, expires_at))
 
-    def remove_lease(self, key: str, lease_id: str) -> None:
-        self.c.execute("DELETE FROM leases WHERE key = ? AND lease_id = ?", (key, lease_id))
+    def remove_lease(self, key: str, lease_id: str, now: float) -> None:
+        # the key's expired leases go too: `lease_count` skips them, this keeps the table small
+        self.c.execute(
+            "DELETE FROM leases WHERE key = ? AND (lease_id = ? OR expires_at <= ?)", (key, lease_id, now)
+        )
 
     def get_counters(self, keys: list[str]) -> list[int]:
         found = dict(self.c.execute(_select_in("key, used", "counters", len(keys)), keys).fetchall())
