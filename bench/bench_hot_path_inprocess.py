@@ -13,10 +13,13 @@ and each change can be switched back to what it replaced, kept here as the refer
 - `queue`: a request that finds its deployment's fair queue empty with a free slot passes straight
   through (`FairQueue._pass_through`) against queueing, dispatching and granting it through the
   backlog (`_never_pass_through`).
+- `store`: SQLite's settle corrects its buckets in one UPSERT and counts leases in one SELECT,
+  against a read and a write (`_read_then_write_buckets`) and a DELETE and a SELECT
+  (`_delete_then_count_leases`, `_remove_one_lease`).
 
 States, visited in every round in a balanced order: `before` (every change switched back), `after`
-(the code as it is), `only_<change>` (that change alone), and `before_again` / `after_again` (each
-measured twice a round: the noise floor).
+(the code as it is), `only_<change>` (that change alone), and `after_again` (`after` measured twice
+a round: the noise floor).
 
 Two request paths, each its own series of rounds:
 - `chat`: OpenAI chat completions proxied to a minimal upstream in its own process (the one
@@ -56,8 +59,8 @@ import bench_policy_proxy  # noqa: E402
 from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-CHANGES = ["deadline", "response", "one_choice", "queue"]
-STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "before_again", "after_again"]
+CHANGES = ["deadline", "response", "one_choice", "queue", "store"]
+STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
 HUGE = 10**15
 
 
@@ -83,6 +86,27 @@ async def _gather_choices(streams: list) -> list:
 def _never_pass_through(self: Any) -> bool:
     """The reference: every request queued, dispatched and granted through the backlog (as before)."""
     return False
+
+
+def _read_then_write_buckets(self: Any, ops: list, now: float) -> None:
+    """The reference: a settle's bucket correction as a read, Python arithmetic and a write (as before)."""
+    from policies.stores import _engine
+
+    states = self.get_buckets([op.key for op in ops])
+    self.set_buckets(
+        [(op.key, *_engine.adjust(state, op, now)) for op, state in zip(ops, states, strict=True)]
+    )
+
+
+def _delete_then_count_leases(self: Any, key: str, now: float) -> int:
+    """The reference: expired leases deleted, then the rest counted, two statements (as before)."""
+    self.c.execute("DELETE FROM leases WHERE key = ? AND expires_at <= ?", (key, now))
+    return self.c.execute("SELECT count(*) FROM leases WHERE key = ?", (key,)).fetchone()[0]
+
+
+def _remove_one_lease(self: Any, key: str, lease_id: str, now: float) -> None:
+    """The reference: a settle deletes its own lease only (as before)."""
+    self.c.execute("DELETE FROM leases WHERE key = ? AND lease_id = ?", (key, lease_id))
 
 
 def config_text(upstream: int, models: dict[str, Path], state: str) -> str:
@@ -143,27 +167,34 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
     from gateway import http
     from gateway.protocols import openai_choices
     from policies.fair_queue import FairQueue
+    from policies.stores.sqlite_store import _SqliteTxn
 
-    # change -> (where, attribute, as it is now, what it replaced)
+    # change -> [(where, attribute, as it is now, what it replaced), ...]
     changes = {
-        "deadline": (deadline.Deadline, "scope", deadline.Deadline.scope, _timeout_at_scope),
-        "response": (
-            openai_choices,
-            "raw_json_response",
-            openai_choices.raw_json_response,
-            http.json_response,
-        ),
-        "one_choice": (openai_choices, "collect_choices", openai_choices.collect_choices, _gather_choices),
-        "queue": (FairQueue, "_can_pass_through", FairQueue._can_pass_through, _never_pass_through),
+        "deadline": [(deadline.Deadline, "scope", deadline.Deadline.scope, _timeout_at_scope)],
+        "response": [
+            (openai_choices, "raw_json_response", openai_choices.raw_json_response, http.json_response)
+        ],
+        "one_choice": [(openai_choices, "collect_choices", openai_choices.collect_choices, _gather_choices)],
+        "queue": [(FairQueue, "_can_pass_through", FairQueue._can_pass_through, _never_pass_through)],
+        "store": [
+            (_SqliteTxn, name, getattr(_SqliteTxn, name), replaced)
+            for name, replaced in (
+                ("adjust_buckets", _read_then_write_buckets),
+                ("lease_count", _delete_then_count_leases),
+                ("remove_lease", _remove_one_lease),
+            )
+        ],
     }
     missing = set(CHANGES) ^ changes.keys()
     if missing:
         raise RuntimeError(f"CHANGES and the switch table disagree on {sorted(missing)}")
 
     def switch(state: str) -> None:
-        for name, (where, attribute, now, replaced) in changes.items():
+        for name, swaps in changes.items():
             keep = state.startswith("after") or state == f"only_{name}"
-            setattr(where, attribute, now if keep else replaced)
+            for where, attribute, now, replaced in swaps:
+                setattr(where, attribute, now if keep else replaced)
 
     measured = {}
     try:
