@@ -16,15 +16,19 @@ and each change can be switched back to what it replaced, kept here as the refer
 - `store`: SQLite's settle corrects its buckets in one UPSERT and counts leases in one SELECT,
   against a read and a write (`_read_then_write_buckets`) and a DELETE and a SELECT
   (`_delete_then_count_leases`, `_remove_one_lease`).
+- `redis`: the Redis store's pipeline sender on a connection of its own (`RedisStore._round_trip`)
+  against redis-py's `Pipeline` (`_redis_py_pipeline_send`).
 
 States, visited in every round in a balanced order: `before` (every change switched back), `after`
-(the code as it is), `only_<change>` (that change alone), and `after_again` (`after` measured twice
-a round: the noise floor).
+(the code as it is), `only_<change>` (that change alone), and `before_again` / `after_again` (each
+measured twice a round: the noise floor).
 
-Two request paths, each its own series of rounds:
+Three request paths, each its own series of rounds:
 - `chat`: OpenAI chat completions proxied to a minimal upstream in its own process (the one
   `bench_policy_proxy.py` runs), tenant with request, token and concurrency limits, quotas and
   per-key limits, state in SQLite: the policy proxy path of issue #14;
+- `chat_redis`: the same on a second app whose state is a redis-server started here (its own
+  process: the server's CPU is not in the figures, the client's is);
 - `tensors`: the digits model on ONNX Runtime, v2 JSON, a tenant without limits.
 
 Reported per path: CPU a request (every thread) per state, and each state against `before` as the
@@ -46,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +63,8 @@ import bench_policy_proxy  # noqa: E402
 from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-CHANGES = ["deadline", "response", "one_choice", "queue", "store"]
-STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
+CHANGES = ["deadline", "response", "one_choice", "queue", "store", "redis"]
+STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "before_again", "after_again"]
 HUGE = 10**15
 
 
@@ -109,6 +113,20 @@ def _remove_one_lease(self: Any, key: str, lease_id: str, now: float) -> None:
     self.c.execute("DELETE FROM leases WHERE key = ? AND lease_id = ?", (key, lease_id))
 
 
+async def _redis_py_pipeline_send(self: Any, group: list) -> list:
+    """The reference: a group of scripts sent through redis-py's Pipeline (as before)."""
+    pipe = self._client.pipeline(transaction=False)
+    for script, keys, args, _ in group:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    try:
+        results = await pipe.execute(raise_on_error=False)
+    except Exception as exc:  # noqa: BLE001 - every caller of the group gets the failure
+        results = [self._failure(exc)] * len(group)
+    self.pipelines += 1
+    self.pipelined_ops += len(group)
+    return results
+
+
 def config_text(upstream: int, models: dict[str, Path], state: str) -> str:
     return f"""
 state: {{url: "{state}"}}
@@ -141,7 +159,7 @@ async def new_key(app: Any, tenant: str) -> list[tuple[bytes, bytes]]:
     ]
 
 
-async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
+async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url: str) -> dict:
     from backends.demo_models.digits import digits_split, write_all
     from gateway import deadline
     from gateway.app import create_app
@@ -152,11 +170,15 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
     models = write_all(tmp / "models", savedmodel=False, llama=False)
     config = parse_config(config_text(upstream, models, f"sqlite:///{tmp}/state.db"), base_dir=tmp)
     app = create_app(config)
-    shutdown = await start_app(app)
+    on_redis = create_app(parse_config(config_text(upstream, models, redis_url), base_dir=tmp))
+    shutdowns = [await start_app(app), await start_app(on_redis)]
     row = digits_split()[1][0].astype("float32").tolist()
+    chat = bench_policy_proxy.BODY.encode()
     paths = {
-        "chat": ("/v1/chat/completions", bench_policy_proxy.BODY.encode(), await new_key(app, "bench")),
+        "chat": (app, "/v1/chat/completions", chat, await new_key(app, "bench")),
+        "chat_redis": (on_redis, "/v1/chat/completions", chat, await new_key(on_redis, "bench")),
         "tensors": (
+            app,
             "/v2/models/digits/infer",
             json.dumps(
                 {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": row}]}
@@ -167,6 +189,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
     from gateway import http
     from gateway.protocols import openai_choices
     from policies.fair_queue import FairQueue
+    from policies.stores.redis_store import RedisStore
     from policies.stores.sqlite_store import _SqliteTxn
 
     # change -> [(where, attribute, as it is now, what it replaced), ...]
@@ -185,6 +208,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
                 ("remove_lease", _remove_one_lease),
             )
         ],
+        "redis": [(RedisStore, "_send", RedisStore._send, _redis_py_pipeline_send)],
     }
     missing = set(CHANGES) ^ changes.keys()
     if missing:
@@ -198,20 +222,23 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int) -> dict:
 
     measured = {}
     try:
-        for name, (path, body, headers) in paths.items():
+        for name, (target, path, body, headers) in paths.items():
             for _ in range(300):  # warm: caches, the runtime, the key's record, the store
-                status, answer = await call(app, path, body, headers)
+                status, answer = await call(target, path, body, headers)
                 if status != 200:
                     raise RuntimeError(f"{name} did not answer: {status} {answer[:200]!r}")
 
-            async def request(path: str = path, body: bytes = body, headers: list = headers) -> None:
-                await call(app, path, body, headers)
+            async def request(
+                target: Any = target, path: str = path, body: bytes = body, headers: list = headers
+            ) -> None:
+                await call(target, path, body, headers)
 
             print(name, flush=True)
             measured[name] = await run_rounds(STATES, switch, request, args.rounds, args.requests)
     finally:
         switch("after")
-        await shutdown()
+        for shutdown in shutdowns:
+            await shutdown()
     return measured
 
 
@@ -241,8 +268,9 @@ def main() -> None:
         )
         import uvloop
 
-        with tempfile.TemporaryDirectory() as tmp:
-            measured = uvloop.run(measure(args, Path(tmp), upstream_port))
+        with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+            redis_url, _ = bench_policy_proxy.start_redis(Path(tmp), stack)
+            measured = uvloop.run(measure(args, Path(tmp), upstream_port, redis_url))
     finally:
         bench_policy_proxy.stop(upstream)
     out = {
