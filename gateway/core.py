@@ -793,7 +793,7 @@ class GatewayCore:
             work.close()  # never awaited: close it so Python does not warn
             raise
         granted = time.perf_counter()
-        metrics.QUEUE_TIME.labels(dep.name, principal.tenant).observe(granted - queued_at)
+        metrics.child(metrics.QUEUE_TIME, dep.name, principal.tenant).observe(granted - queued_at)
         try:
             with tracing.child(
                 "backend", **{"fleetgate.deployment": dep.name, "fleetgate.backend": dep.spec.backend}

@@ -152,8 +152,8 @@ async def _open_one(dep: Deployment) -> bool:
         name = dep.name
 
         def observe(requests: int, rows: int) -> None:
-            metrics.BATCH_SIZE.labels(name).observe(rows)
-            metrics.BATCH_REQUESTS.labels(name).observe(requests)
+            metrics.child(metrics.BATCH_SIZE, name).observe(rows)
+            metrics.child(metrics.BATCH_REQUESTS, name).observe(requests)
 
         as_tensor(dep.backend).batch_observer = observe
     metrics.BACKEND_READY.labels(dep.name, dep.spec.backend, dep.device, dep.hardware).set(1)

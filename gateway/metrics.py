@@ -6,7 +6,25 @@ which is not used as a label at all to keep cardinality bounded.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
+
+#: the labelled children the request path asks for, by (metric name, label values)
+_children: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+
+def child(metric: Any, *labels: str) -> Any:
+    """`metric.labels(*labels)`, kept for the next call: `labels()` validates its arguments and
+    takes the metric's lock each time, and a request's path asks for the same few children (a
+    deployment, a tenant) over and over. Label values are config names, so the cache is bounded;
+    metrics whose children are cleared (`ROUTE_WEIGHT`) must not be read through it."""
+    key = (metric._name, labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found
+
 
 _LATENCY_BUCKETS = (
     0.0005,

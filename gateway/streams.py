@@ -276,8 +276,8 @@ class GenerationStream:
             usage = self.used()
             job.dep.queue.release(job.ticket, float(usage.prompt_tokens + 2 * usage.completion_tokens))
             tenant, model = job.principal.tenant, job.plan.model
-            metrics.TOKENS.labels(tenant, model, "prompt").inc(usage.prompt_tokens)
-            metrics.TOKENS.labels(tenant, model, "completion").inc(usage.completion_tokens)
+            metrics.child(metrics.TOKENS, tenant, model, "prompt").inc(usage.prompt_tokens)
+            metrics.child(metrics.TOKENS, tenant, model, "completion").inc(usage.completion_tokens)
             completed = self._final is not None and self._final.finish_reason in ("stop", "length")
             if completed and self._texts is not None:
                 settlement.shadows.mirror_text(
