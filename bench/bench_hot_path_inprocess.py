@@ -18,10 +18,12 @@ and each change can be switched back to what it replaced, kept here as the refer
   (`_delete_then_count_leases`, `_remove_one_lease`).
 - `redis`: the Redis store's pipeline sender on a connection of its own (`RedisStore._round_trip`)
   against redis-py's `Pipeline` (`_redis_py_pipeline_send`).
+- `metrics`: the request path's labelled metric children kept (`gateway.metrics.child`) against
+  `labels()` asked each time (`_labels_each_time`).
 
 States, visited in every round in a balanced order: `before` (every change switched back), `after`
-(the code as it is), `only_<change>` (that change alone), and `before_again` / `after_again` (each
-measured twice a round: the noise floor).
+(the code as it is), `only_<change>` (that change alone), and `after_again` (`after` measured twice
+a round: the noise floor).
 
 Three request paths, each its own series of rounds:
 - `chat`: OpenAI chat completions proxied to a minimal upstream in its own process (the one
@@ -63,8 +65,8 @@ import bench_policy_proxy  # noqa: E402
 from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-CHANGES = ["deadline", "response", "one_choice", "queue", "store", "redis"]
-STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "before_again", "after_again"]
+CHANGES = ["deadline", "response", "one_choice", "queue", "store", "redis", "metrics"]
+STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
 HUGE = 10**15
 
 
@@ -127,6 +129,11 @@ async def _redis_py_pipeline_send(self: Any, group: list) -> list:
     return results
 
 
+def _labels_each_time(metric: Any, *labels: str) -> Any:
+    """The reference: prometheus_client's `labels()` asked on every request (as before)."""
+    return metric.labels(*labels)
+
+
 def config_text(upstream: int, models: dict[str, Path], state: str) -> str:
     return f"""
 state: {{url: "{state}"}}
@@ -186,7 +193,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
             await new_key(app, "free"),
         ),
     }
-    from gateway import http
+    from gateway import http, metrics
     from gateway.protocols import openai_choices
     from policies.fair_queue import FairQueue
     from policies.stores.redis_store import RedisStore
@@ -209,6 +216,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
             )
         ],
         "redis": [(RedisStore, "_send", RedisStore._send, _redis_py_pipeline_send)],
+        "metrics": [(metrics, "child", metrics.child, _labels_each_time)],
     }
     missing = set(CHANGES) ^ changes.keys()
     if missing:
