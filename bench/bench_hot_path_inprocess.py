@@ -67,7 +67,6 @@ from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 CHANGES = ["deadline", "response", "one_choice", "queue", "store", "redis", "metrics"]
 STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
-HUGE = 10**15
 
 
 @asynccontextmanager
@@ -138,11 +137,7 @@ def config_text(upstream: int, models: dict[str, Path], state: str) -> str:
     return f"""
 state: {{url: "{state}"}}
 tenants:
-  bench:
-    limits: {{requests_per_minute: 10000000, tokens_per_minute: 1000000000, max_concurrency: 100000}}
-    quotas: {{tokens_per_day: {HUGE}, tokens_per_month: {HUGE}, requests_per_day: {HUGE}, requests_per_month: {HUGE}}}
-    key_limits: {{requests_per_minute: 10000000, tokens_per_minute: 1000000000}}
-  free: {{}}
+{bench_policy_proxy.POLICY_TENANT_YAML}  free: {{}}
 deployments:
   upstream: {{backend: remote, protocol: openai, url: "http://127.0.0.1:{upstream}", model_name: {bench_policy_proxy.MODEL}}}
   ort: {{backend: onnxruntime, model: {models["digits.onnx"]}}}

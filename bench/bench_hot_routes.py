@@ -58,7 +58,7 @@ def start_chat_pair(tmp: Path, stack: ExitStack) -> tuple[dict[str, chat.Server]
     chat.wait_until(lambda: chat.port_open(upstream_port), upstream, "upstream", 10)
     pair = {}
     for name, env in SWITCH.items():
-        fill = dict(state=f"sqlite:///{tmp / name}.db", upstream=upstream_port, model=chat.MODEL, huge=10**12)
+        fill = dict(state=f"sqlite:///{tmp / name}.db", upstream=upstream_port, model=chat.MODEL)
         proc, port, key = start_gateway(
             tmp, lambda p, fill=fill: chat.GATEWAY_YAML.format(port=p, **fill), env=env
         )

@@ -64,21 +64,30 @@ BODY = json.dumps({"model": MODEL, "max_tokens": 16, "messages": [{"role": "user
 TEXT = "Hello from the bench upstream."
 USAGE = {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16}
 HEAD = {"id": "chatcmpl-bench", "created": 1700000000, "model": MODEL}
-GATEWAY_YAML = """
+#: the tenant `bench` of the policy path (YAML under `tenants:`): request, token and concurrency
+#: limits, day and month quotas and per-key limits all on, each too high ever to refuse, so every
+#: request takes the whole path (bench_hot_routes and bench_hot_path_inprocess use it too)
+POLICY_TENANT_YAML = """  bench:
+    limits: {requests_per_minute: 10000000, tokens_per_minute: 1000000000, max_concurrency: 100000}
+    quotas: {tokens_per_day: 1000000000000, tokens_per_month: 1000000000000,
+             requests_per_day: 1000000000000, requests_per_month: 1000000000000}
+    key_limits: {requests_per_minute: 10000000, tokens_per_minute: 1000000000}
+"""
+GATEWAY_YAML = (
+    """
 server: {{port: {port}, log_level: warning}}
 state: {{url: "{state}"}}
 tenants:
-  bench:
-    limits: {{requests_per_minute: 10000000, tokens_per_minute: 1000000000, max_concurrency: 100000}}
-    quotas: {{tokens_per_day: {huge}, tokens_per_month: {huge}, requests_per_day: {huge}, requests_per_month: {huge}}}
-    key_limits: {{requests_per_minute: 10000000, tokens_per_minute: 1000000000}}
-deployments:
+"""
+    + POLICY_TENANT_YAML.replace("{", "{{").replace("}", "}}")
+    + """deployments:
   upstream:
     {{backend: remote, protocol: openai, url: "http://127.0.0.1:{upstream}", model_name: {model},
      queue: {{max_concurrency: 64}}}}
 models:
   {model}: {{routes: [{{deployment: upstream}}]}}
 """
+)
 LITELLM_YAML = """
 model_list:
   - model_name: {model}
@@ -269,7 +278,7 @@ def start_all(work: Path, stack: ExitStack, notes: list[str]) -> list[Server]:
     else:
         notes.append("fleetgate_redis skipped: redis-server not on PATH")
     for name, url, extra in stores:
-        fill = dict(state=url, upstream=up_port, model=MODEL, huge=10**12)
+        fill = dict(state=url, upstream=up_port, model=MODEL)
         proc, port, key = start_gateway(work, lambda p, fill=fill: GATEWAY_YAML.format(port=p, **fill))
         stack.callback(stop, proc)
         servers.append(Server(name, port, key, [proc.pid, *extra]))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
@@ -46,25 +45,6 @@ def register_metric_models(names: Iterable[str]) -> None:
 
 def _model_label(model: str) -> str:
     return model if not model or model in _metric_models else "unknown"
-
-
-#: metric children by label values: `labels()` validates and locks on every call
-_request_counters: dict[tuple[str, ...], Any] = {}
-_latency_histograms: dict[tuple[str, ...], Any] = {}
-
-
-def _count(labels: tuple[str, str, str, str, str]) -> Any:
-    child = _request_counters.get(labels)
-    if child is None:
-        child = _request_counters[labels] = metrics.REQUESTS.labels(*labels)
-    return child
-
-
-def _latency(labels: tuple[str, str, str]) -> Any:
-    child = _latency_histograms.get(labels)
-    if child is None:
-        child = _latency_histograms[labels] = metrics.REQUEST_LATENCY.labels(*labels)
-    return child
 
 
 class Call:
@@ -113,9 +93,9 @@ class Call:
     def done(self, status: int, error: str | None = None) -> None:
         elapsed = time.perf_counter() - self.started
         model = _model_label(self.model)
-        _count((self.protocol, model, self.deployment, self.tenant, str(status))).inc()
+        metrics.child(metrics.REQUESTS, self.protocol, model, self.deployment, self.tenant, str(status)).inc()
         if model:
-            _latency((self.protocol, model, self.deployment)).observe(elapsed)
+            metrics.child(metrics.REQUEST_LATENCY, self.protocol, model, self.deployment).observe(elapsed)
         log.info(
             "request",
             request_id=self.request_id,

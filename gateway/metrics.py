@@ -10,8 +10,9 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-#: the labelled children the request path asks for, by (metric name, label values)
-_children: dict[tuple[str, tuple[str, ...]], Any] = {}
+#: the labelled children the request path asks for, by (metric, label values); keyed by the metric
+#: object itself, not its name: a metric of the same name in another registry (tests) is another
+_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
 
 def child(metric: Any, *labels: str) -> Any:
@@ -19,7 +20,7 @@ def child(metric: Any, *labels: str) -> Any:
     takes the metric's lock each time, and a request's path asks for the same few children (a
     deployment, a tenant) over and over. Label values are config names, so the cache is bounded;
     metrics whose children are cleared (`ROUTE_WEIGHT`) must not be read through it."""
-    key = (metric._name, labels)
+    key = (metric, labels)
     found = _children.get(key)
     if found is None:
         found = _children[key] = metric.labels(*labels)

@@ -182,19 +182,7 @@ class FairQueue:
         choice among one head): the policy still sees the tenant arrive and leave, and the counters
         and the charge are the same. Most requests of a deployment that is not saturated take this."""
         self._backlog.pass_through(tenant)
-        ticket = Ticket(
-            id=next(self._seq),
-            tenant=tenant,
-            cost=cost,
-            priority=priority,
-            enqueued_at=now,
-            dispatched_at=now,
-            dispatch_seq=next(self._dispatch_seq),
-        )
-        self._in_flight += 1
-        self._backlog.granted(ticket)
-        self._charge(ticket, cost)
-        return ticket
+        return self._dispatch_ticket(next(self._seq), tenant, cost, priority, now, now)
 
     def _entry(self, tenant: str, cost: float, priority: int, deadline: float | None, now: float) -> Entry:
         """A waiter's entry, with the future its dispatch resolves (on the running loop)."""
@@ -340,14 +328,29 @@ class FairQueue:
         return self.spec.background_limit(interactive > 0 or recent)
 
     def _grant(self, entry: Entry, background: bool = False) -> None:
-        now = self._clock()
         entry.state = EntryState.DISPATCHED
+        ticket = self._dispatch_ticket(
+            entry.seq, entry.tenant, entry.cost, entry.priority, entry.enqueued_at, self._clock(), background
+        )
+        entry.future.set_result(ticket)
+
+    def _dispatch_ticket(
+        self,
+        seq: int,
+        tenant: str,
+        cost: float,
+        priority: int,
+        enqueued_at: float,
+        now: float,
+        background: bool = False,
+    ) -> Ticket:
+        """A request leaves for the backend: its ticket, a slot taken, counted and charged."""
         ticket = Ticket(
-            id=entry.seq,
-            tenant=entry.tenant,
-            cost=entry.cost,
-            priority=entry.priority,
-            enqueued_at=entry.enqueued_at,
+            id=seq,
+            tenant=tenant,
+            cost=cost,
+            priority=priority,
+            enqueued_at=enqueued_at,
             dispatched_at=now,
             dispatch_seq=next(self._dispatch_seq),
             background=background,
@@ -357,8 +360,8 @@ class FairQueue:
             self._background.in_flight += 1
         else:
             self._backlog.granted(ticket)
-        self._charge(ticket, entry.cost)
-        entry.future.set_result(ticket)
+        self._charge(ticket, cost)
+        return ticket
 
     def _charge(self, ticket: Ticket, delta: float) -> None:
         if ticket.background:  # not against the tenant's fair share (see background.py)
