@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -315,6 +316,33 @@ async def test_callers_returning_from_a_merged_batch_do_not_take_the_lone_path()
     assert batched.batches[SEQUENTIAL_RUNS:] == [3, 1] and alone.batches == []
     await _sequential(batcher)  # callers one at a time again: run_alone after enough of them
     assert alone.batches == [1]
+    await batcher.close()
+
+
+async def test_callers_that_answer_slowly_after_a_merged_batch_still_come_back_as_one() -> None:
+    # A merged batch's callers resume one after another, each answering its client (here 8 ms of
+    # blocking work) before the next runs, and their clients' next requests arrive one by one after
+    # the last answer, longer than max_delay after the run ended. Counted from the run's end, the
+    # first request back found the runtime idle and ran alone, and so did each after it: [4, 1, 1, 1, 1]
+    # (on a large model a run of one row costs nearly what a full batch does). Counted from the last
+    # caller's resumption, they merge again.
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_ms=20, max_queue=100, max_in_flight=1)
+    loop = asyncio.get_running_loop()
+    answering_s, arrival_gap_s = 0.008, 0.002
+    first_resumed: list[float] = []
+
+    async def caller(i: int) -> None:
+        result = await batcher.submit({"x": np.full((1, 2), i, np.float32)}, None)
+        first_resumed.append(loop.time())
+        time.sleep(answering_s)  # encoding and writing the answer hold the loop
+        # the clients' next requests arrive after all four answered, a little apart
+        await asyncio.sleep(first_resumed[0] + 4 * answering_s + i * arrival_gap_s - loop.time())
+        result = await batcher.submit({"x": np.full((1, 2), i, np.float32)}, None)
+        np.testing.assert_array_equal(result["y"], np.full((1, 2), 2.0 * i))
+
+    await asyncio.wait_for(asyncio.gather(*(caller(i) for i in range(4))), timeout=2.0)
+    assert run.batches == [4, 4]
     await batcher.close()
 
 
