@@ -51,14 +51,15 @@ from bench_gateway import ADMIN_KEY, _load, start_gateway, summarize, v2_request
 
 from backends.demo_models.digits import write_digits  # noqa: E402
 from backends.demo_models.exports import write_openvino_ir  # noqa: E402
+from backends.onnxruntime import OnnxOptions, available_cores, parallel_runs  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)
 BATCH_SIZES = (1, 8, 64)
 RUNTIMES = ("onnxruntime", "openvino_latency", "openvino_throughput")
 MODES = ("direct", "gateway_unbatched", "gateway_batched", "direct_at_effective_batch")
-#: ORT runs (and batches) in flight in the gateway: OnnxOptions.max_parallel_runs' default
-ORT_PARALLEL_RUNS = 2
+#: ORT runs (and batches) in flight in the gateway on this machine: OnnxOptions.max_parallel_runs' default
+ORT_PARALLEL_RUNS = parallel_runs(OnnxOptions(), "cpu", available_cores())
 MAX_BATCH_ROWS = 256
 #: channels of the CNN's three stages: ~0.85 GFLOP per 3x64x64 row, so that compute, not per-request
 #: overhead, dominates (the digits MLP is the other extreme: microseconds per row)
