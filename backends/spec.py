@@ -40,8 +40,8 @@ class BatchingSpec(SpecBase):
     max_queue: int = 1024
     #: `delay` (the default): a request that finds the runtime idle runs at once; the first request
     #: of a batch waits up to `max_delay_ms` for company only while callers overlap (several queued,
-    #: or the last batch merged several and ended less than `max_delay_ms` ago), and no longer than
-    #: until as many are back as the last batch held. `continuous`: never waits on a timer; requests
+    #: or the last batch merged several and its last caller resumed less than `max_delay_ms` ago),
+    #: and no longer than until as many are back as the last batch held. `continuous`: never waits on a timer; requests
     #: arriving while every slot is busy are merged into the next batch. bench_batching_modes.py on
     #: a 2-core CPU: the two within noise at c=1 (no wait either way), delay 1.1-1.2x at c=8.
     mode: Literal["continuous", "delay"] = "delay"
