@@ -20,6 +20,9 @@ and each change can be switched back to what it replaced, kept here as the refer
   against redis-py's `Pipeline` (`_redis_py_pipeline_send`).
 - `metrics`: the request path's labelled metric children kept (`gateway.metrics.child`) against
   `labels()` asked each time (`_labels_each_time`).
+- `admit_at_once`: a tenant with no limits, key limits or quotas admitted at once
+  (`Admission.admit_at_once`) against `admit` in a task of its own guarded by `shield`, as every
+  request was (`_always_through_the_store`). Only the `tensors` path's tenant has nothing to check.
 
 States, visited in every round in a balanced order: `before` (every change switched back), `after`
 (the code as it is), `only_<change>` (that change alone), and `after_again` (`after` measured twice
@@ -65,7 +68,7 @@ import bench_policy_proxy  # noqa: E402
 from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-CHANGES = ["deadline", "response", "one_choice", "queue", "store", "redis", "metrics"]
+CHANGES = ["deadline", "response", "one_choice", "queue", "store", "redis", "metrics", "admit_at_once"]
 STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
 
 
@@ -133,6 +136,11 @@ def _labels_each_time(metric: Any, *labels: str) -> Any:
     return metric.labels(*labels)
 
 
+def _always_through_the_store(self: Any, principal: Any, model: str, cost_tokens: int) -> None:
+    """The reference: every request admitted through `admit`, in a task of its own (as before)."""
+    return None
+
+
 def config_text(upstream: int, models: dict[str, Path], state: str) -> str:
     return f"""
 state: {{url: "{state}"}}
@@ -190,6 +198,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
     }
     from gateway import http, metrics
     from gateway.protocols import openai_choices
+    from policies.admission import Admission
     from policies.fair_queue import FairQueue
     from policies.stores.redis_store import RedisStore
     from policies.stores.sqlite_store import _SqliteTxn
@@ -212,6 +221,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
         ],
         "redis": [(RedisStore, "_send", RedisStore._send, _redis_py_pipeline_send)],
         "metrics": [(metrics, "child", metrics.child, _labels_each_time)],
+        "admit_at_once": [(Admission, "admit_at_once", Admission.admit_at_once, _always_through_the_store)],
     }
     missing = set(CHANGES) ^ changes.keys()
     if missing:

@@ -27,7 +27,7 @@ from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable, Unauth
 from policies.principal import Principal
 from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
-from policies.types import TenantSpec, UsageRow
+from policies.types import Limits, Quotas, TenantSpec, UsageRow
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +63,15 @@ class Reservation(msgspec.Struct, kw_only=True):
     renewed_at: float = 0.0
     #: a background request's HeldSettle: `reconcile` hands it the settlement instead of applying it
     held: Any = None
+
+
+_NO_LIMITS, _NO_QUOTAS = Limits(), Quotas()
+
+
+def _checks_nothing(spec: TenantSpec) -> bool:
+    """No limit, per-key limit or quota is configured for the tenant."""
+    no_limits = spec.limits == _NO_LIMITS and (spec.key_limits is None or spec.key_limits == _NO_LIMITS)
+    return no_limits and spec.quotas == _NO_QUOTAS
 
 
 class Admission:
@@ -126,13 +135,10 @@ class Admission:
             QuotaExceeded: a day/month quota is spent (message names it and when it resets).
             StoreUnavailable: the store is down and fail-open is off or its window has passed.
         """
-        spec = self._tenants.get(principal.tenant)
-        if spec is None:
-            raise Unauthenticated(
-                f"API key {principal.key_id} belongs to a tenant that is no longer configured"
-            )
-        if isinstance(cost_tokens, bool) or not isinstance(cost_tokens, int) or cost_tokens < 0:
-            raise ValueError(f"cost_tokens must be a non-negative int, got {cost_tokens!r}")
+        granted = self.admit_at_once(principal, model, cost_tokens)
+        if granted is not None:
+            return granted
+        spec = self._tenants[principal.tenant]  # admit_at_once refused a tenant not configured
         now = self._clock()
         held = principal.background
         # a batch job's requests count against quotas (the bill) but not per-minute limits: those
@@ -163,7 +169,58 @@ class Admission:
         headers = rl.ratelimit_headers(buckets, result.buckets)
         if not result.ok:
             self._refuse(principal.tenant, result, buckets, leases, quota_checks, headers, now)
+        return self._granted(
+            principal,
+            model,
+            cost_tokens,
+            now,
+            lease_id,
+            token_buckets=[b for b in buckets if b.unit == "tokens"],
+            token_quotas=[op for op, c in zip(counters, quota_checks, strict=True) if c.unit == "tokens"],
+            request_quotas=[op for op, c in zip(counters, quota_checks, strict=True) if c.unit == "requests"],
+            lease_keys=[c.op.key for c in leases],
+            headers=headers,
+            degraded=degraded,
+        )
+
+    def admit_at_once(self, principal: Principal, model: str, cost_tokens: int) -> Reservation | None:
+        """`admit` without waiting, where admission needs nothing of the store: the tenant has no
+        limits, key limits or quotas. None where it does: call `admit`. Raises as `admit` does.
+
+        Such a request cannot be refused or wait, so the gateway admits it without the task that
+        guards a store round trip against its caller's cancellation.
+        """
+        spec = self._tenants.get(principal.tenant)
+        if spec is None:
+            raise Unauthenticated(
+                f"API key {principal.key_id} belongs to a tenant that is no longer configured"
+            )
+        if isinstance(cost_tokens, bool) or not isinstance(cost_tokens, int) or cost_tokens < 0:
+            raise ValueError(f"cost_tokens must be a non-negative int, got {cost_tokens!r}")
+        if not _checks_nothing(spec):
+            return None
+        return self._granted(
+            principal, model, cost_tokens, self._clock(), f"{self.instance}.{random_hex(12)}"
+        )
+
+    def _granted(
+        self,
+        principal: Principal,
+        model: str,
+        cost_tokens: int,
+        now: float,
+        lease_id: str,
+        *,
+        token_buckets: list[rl.RateCheck] | None = None,
+        token_quotas: list[CounterOp] | None = None,
+        request_quotas: list[CounterOp] | None = None,
+        lease_keys: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        degraded: bool = False,
+    ) -> Reservation:
+        """The reservation of an admitted request (counted; a batch line's hold marked reserved)."""
         self.stats["admitted"] += 1
+        held = principal.background
         if held is not None:
             held.reserved = True
         return Reservation(
@@ -175,11 +232,11 @@ class Admission:
             admitted_at=now,
             day=q.day_name(now),
             month=q.month_name(now),
-            token_buckets=[b for b in buckets if b.unit == "tokens"],
-            token_quotas=[op for op, c in zip(counters, quota_checks, strict=True) if c.unit == "tokens"],
-            request_quotas=[op for op, c in zip(counters, quota_checks, strict=True) if c.unit == "requests"],
-            lease_keys=[c.op.key for c in leases],
-            headers=headers,
+            token_buckets=token_buckets or [],
+            token_quotas=token_quotas or [],
+            request_quotas=request_quotas or [],
+            lease_keys=lease_keys or [],
+            headers=headers or {},
             degraded=degraded,
             renewed_at=now,
             held=held,
