@@ -182,10 +182,10 @@ class DynamicBatcher:
         else:
             self._queue.append(pending)
         self._wakeup.set()
-        try:
-            return await pending.future
-        finally:
-            self._last_resumed = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        result = await pending.future
+        self._last_resumed = loop.time()  # a caller answered (not one cancelled or failed)
+        return result
 
     def _runs_at_once(self) -> bool:
         """Whether a request would start alone at once if queued: nothing waits, a slot is

@@ -57,8 +57,8 @@ class OnnxOptions(SpecBase):
     #: runs that may execute at the same time (ONNX Runtime sessions are thread-safe); with
     #: batching, also the number of batches in flight. 0 = as many as the cores hold without
     #: oversubscribing them (`parallel_runs`): on CPU one per `intra_op_threads` cores, so 1 with
-    #: ONNX Runtime's default threads, which already use every core; on a GPU 2, so one run's
-    #: copies overlap another's kernels
+    #: ONNX Runtime's default threads, which already use every core; on an accelerator provider 2,
+    #: so one run's copies overlap another's kernels
     max_parallel_runs: int = 0
     #: ORT_ENABLE_ALL unless disabled
     graph_optimization: bool = True
@@ -84,7 +84,7 @@ class OnnxOptions(SpecBase):
             raise ValueError("max_parallel_runs must be >= 0 (0: one per intra_op_threads cores)")
 
 
-#: runs in flight on a GPU when `max_parallel_runs` is 0
+#: runs in flight on an accelerator provider (GPU) when `max_parallel_runs` is 0
 GPU_PARALLEL_RUNS = 2
 
 
@@ -96,7 +96,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def parallel_runs(options: OnnxOptions, device: str, cores: int) -> int:
+def parallel_runs(options: OnnxOptions, on_cpu: bool, cores: int) -> int:
     """Runs (batches) a deployment lets execute at once: the configured number, else what `cores`
     hold without oversubscribing them.
 
@@ -106,7 +106,7 @@ def parallel_runs(options: OnnxOptions, device: str, cores: int) -> int:
     """
     if options.max_parallel_runs:
         return options.max_parallel_runs
-    if device != "cpu":
+    if not on_cpu:
         return GPU_PARALLEL_RUNS
     return max(1, cores // options.intra_op_threads) if options.intra_op_threads else 1
 
@@ -183,7 +183,9 @@ class OnnxRuntimeBackend:
         device = (
             "cuda" if any(p in got for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")) else "cpu"
         )
-        self.runs_in_flight = parallel_runs(self.options, device, available_cores())
+        # any accelerator provider (CUDA, TensorRT, ROCm, DirectML, OpenVINO's...) first in line
+        on_cpu = got[0] == "CPUExecutionProvider"
+        self.runs_in_flight = parallel_runs(self.options, on_cpu, available_cores())
         self._executor = ThreadPoolExecutor(self.runs_in_flight, thread_name_prefix=f"ort-{self.name}")
         self.inline = InlineRuns.from_options(
             self.options.inline_below_us, self.options.inline_alone_below_us, on_cpu=device == "cpu"

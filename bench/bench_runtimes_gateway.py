@@ -59,7 +59,7 @@ BATCH_SIZES = (1, 8, 64)
 RUNTIMES = ("onnxruntime", "openvino_latency", "openvino_throughput")
 MODES = ("direct", "gateway_unbatched", "gateway_batched", "direct_at_effective_batch")
 #: ORT runs (and batches) in flight in the gateway on this machine: OnnxOptions.max_parallel_runs' default
-ORT_PARALLEL_RUNS = parallel_runs(OnnxOptions(), "cpu", available_cores())
+ORT_PARALLEL_RUNS = parallel_runs(OnnxOptions(), True, available_cores())
 MAX_BATCH_ROWS = 256
 #: channels of the CNN's three stages: ~0.85 GFLOP per 3x64x64 row, so that compute, not per-request
 #: overhead, dominates (the digits MLP is the other extreme: microseconds per row)

@@ -14,20 +14,20 @@ from backends.spec import BatchingSpec, DeploymentSpec
 
 
 @pytest.mark.parametrize(
-    ("options", "device", "cores", "runs"),
+    ("options", "on_cpu", "cores", "runs"),
     [
-        ({}, "cpu", 2, 1),  # ORT's default threads already use every core: one run at a time
-        ({}, "cpu", 16, 1),
-        ({"intra_op_threads": 1}, "cpu", 4, 4),  # one run per core
-        ({"intra_op_threads": 2}, "cpu", 5, 2),
-        ({"intra_op_threads": 8}, "cpu", 2, 1),  # more threads than cores: still one run
-        ({"max_parallel_runs": 3}, "cpu", 2, 3),  # what the config says wins
-        ({}, "cuda", 2, GPU_PARALLEL_RUNS),
-        ({"max_parallel_runs": 1}, "cuda", 2, 1),
+        ({}, True, 2, 1),  # ORT's default threads already use every core: one run at a time
+        ({}, True, 16, 1),
+        ({"intra_op_threads": 1}, True, 4, 4),  # one run per core
+        ({"intra_op_threads": 2}, True, 5, 2),
+        ({"intra_op_threads": 8}, True, 2, 1),  # more threads than cores: still one run
+        ({"max_parallel_runs": 3}, True, 2, 3),  # what the config says wins
+        ({}, False, 2, GPU_PARALLEL_RUNS),
+        ({"max_parallel_runs": 1}, False, 2, 1),
     ],
 )
-def test_runs_in_flight_fill_the_cores_without_oversubscribing_them(options, device, cores, runs) -> None:
-    assert parallel_runs(OnnxOptions(**options), device, cores) == runs
+def test_runs_in_flight_fill_the_cores_without_oversubscribing_them(options, on_cpu, cores, runs) -> None:
+    assert parallel_runs(OnnxOptions(**options), on_cpu, cores) == runs
 
 
 @pytest.mark.parametrize("option", ["max_parallel_runs", "intra_op_threads"])

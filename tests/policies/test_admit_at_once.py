@@ -23,6 +23,13 @@ async def test_an_unlimited_tenant_is_admitted_at_once_and_its_usage_recorded(st
     assert [(r.model, r.requests, r.tokens) for r in rows] == [("m", 1, 12)]
 
 
+def test_empty_limit_sections_count_as_nothing_to_check(clock) -> None:
+    from policies.stores.memory import MemoryStore
+
+    gate = admission(MemoryStore(), clock, limits=Limits(), key_limits=Limits(), quotas=Quotas())
+    assert gate.admit_at_once(ACME, "m", 1) is not None
+
+
 async def test_it_needs_no_store(tmp_path, clock) -> None:
     store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
     await store.close()  # every store call now fails

@@ -100,6 +100,8 @@ async def test_a_group_waits_on_the_thread_while_another_process_holds_the_lock(
             if not store._draining:
                 break
             await asyncio.sleep(0.01)
+        else:
+            pytest.fail("the store's thread was still draining after 5 s")
         await gate.reconcile(reservation, 10)  # the lock is free again: back on the loop
         assert store.loop_groups == 1
         assert [r.tokens for r in await store.usage("acme") if len(r.period) == 10] == [10]
