@@ -197,8 +197,8 @@ class DynamicBatcher:
         return not (self.wait_for_company and self._callers_returning())
 
     def _callers_returning(self) -> bool:
-        """The last batch merged several requests and ended just now: closed-loop callers are on
-        their way back, so company is coming."""
+        """The last batch merged several requests and ended, or last answered one of its callers,
+        less than max_delay ago: closed-loop callers are on their way back, so company is coming."""
         if self._last_batch_requests <= 1:
             return False
         now = asyncio.get_running_loop().time()

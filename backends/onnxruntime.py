@@ -100,9 +100,9 @@ def parallel_runs(options: OnnxOptions, on_cpu: bool, cores: int) -> int:
     """Runs (batches) a deployment lets execute at once: the configured number, else what `cores`
     hold without oversubscribing them.
 
-    Two runs that each use every core only take turns on them and cost more CPU a row than one:
-    the issue #14 MLP on 2 cores at c=32 served 1.30x the requests/s at 0.70x the CPU a request with
-    one run in flight instead of two (a 512-wide MLP: 1.07x, 0.89x).
+    Two runs that each use every core only take turns on them, in smaller batches that cost more
+    CPU a row: `bench/bench_parallel_runs.py` (the issue #14 MLP, 2 cores, c=32) measured two runs
+    at 0.86x the requests/s and 1.27x the server CPU a request of one.
     """
     if options.max_parallel_runs:
         return options.max_parallel_runs
@@ -183,12 +183,14 @@ class OnnxRuntimeBackend:
         device = (
             "cuda" if any(p in got for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")) else "cpu"
         )
-        # any accelerator provider (CUDA, TensorRT, ROCm, DirectML, OpenVINO's...) first in line
+        # runs go to the CPU unless an accelerator provider (CUDA, TensorRT, ROCm, DirectML,
+        # OpenVINO's...) is first in line: that decides both how many run at once and whether a
+        # small one may run on the loop's thread
         on_cpu = got[0] == "CPUExecutionProvider"
         self.runs_in_flight = parallel_runs(self.options, on_cpu, available_cores())
         self._executor = ThreadPoolExecutor(self.runs_in_flight, thread_name_prefix=f"ort-{self.name}")
         self.inline = InlineRuns.from_options(
-            self.options.inline_below_us, self.options.inline_alone_below_us, on_cpu=device == "cpu"
+            self.options.inline_below_us, self.options.inline_alone_below_us, on_cpu=on_cpu
         )
         self._meta = ModelMetadata(
             name=self.name,
