@@ -23,6 +23,9 @@ and each change can be switched back to what it replaced, kept here as the refer
 - `admit_at_once`: a tenant with no limits, key limits or quotas admitted at once
   (`Admission.admit_at_once`) against `admit` in a task of its own guarded by `shield`, as every
   request was (`_always_through_the_store`). Only the `tensors` path's tenant has nothing to check.
+- `one_route`: a model with one route of positive weight gets the plan the router made once for its
+  config (`Router._fixed`) against the caller's bucket hashed and the slices walked on every request
+  (`_always_through_the_bucket`). Every path's model has one route.
 
 States, visited in every round in a balanced order: `before` (every change switched back), `after`
 (the code as it is), `only_<change>` (that change alone), and `after_again` (`after` measured twice
@@ -68,7 +71,9 @@ import bench_policy_proxy  # noqa: E402
 from inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-CHANGES = ["deadline", "response", "one_choice", "queue", "store", "redis", "metrics", "admit_at_once"]
+CHANGES = [
+    "deadline", "response", "one_choice", "queue", "store", "redis", "metrics", "admit_at_once", "one_route",
+]  # fmt: skip
 STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
 
 
@@ -141,6 +146,19 @@ def _always_through_the_store(self: Any, principal: Any, model: str, cost_tokens
     return None
 
 
+def _always_through_the_bucket(
+    self: Any,
+    model: str,
+    *,
+    version: Any = None,
+    label: Any = None,
+    principal: Any = None,
+    headers: Any = None,
+) -> Any:
+    """The reference: every request's plan made through its bucket (as before)."""
+    return self._plan_by_bucket(model, self.get(model), version, label, principal, headers)
+
+
 def config_text(upstream: int, models: dict[str, Path], state: str) -> str:
     return f"""
 state: {{url: "{state}"}}
@@ -202,6 +220,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
     from policies.fair_queue import FairQueue
     from policies.stores.redis_store import RedisStore
     from policies.stores.sqlite_store import _SqliteTxn
+    from router.planner import Router
 
     # change -> [(where, attribute, as it is now, what it replaced), ...]
     changes = {
@@ -222,6 +241,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
         "redis": [(RedisStore, "_send", RedisStore._send, _redis_py_pipeline_send)],
         "metrics": [(metrics, "child", metrics.child, _labels_each_time)],
         "admit_at_once": [(Admission, "admit_at_once", Admission.admit_at_once, _always_through_the_store)],
+        "one_route": [(Router, "plan", Router.plan, _always_through_the_bucket)],
     }
     missing = set(CHANGES) ^ changes.keys()
     if missing:

@@ -91,3 +91,56 @@ def test_shadow_fraction():
 )
 def test_split_model_name(name, parsed):
     assert split_model_name(name) == parsed
+
+
+def _through_the_bucket(router: Router, model: str, principal: Principal) -> object:
+    spec = router.get(model)
+    return router._plan_by_bucket(model, spec, None, None, principal, {})
+
+
+@pytest.mark.parametrize(
+    "routes, fallback",
+    [
+        ([RouteConfig(deployment="a")], []),
+        ([RouteConfig(deployment="a")], ["x", "a", "x", "y"]),  # itself and repeats left out, in order
+        ([RouteConfig(deployment="a", weight=0), RouteConfig(deployment="b", weight=5)], ["a"]),
+        ([RouteConfig(deployment="c", canary=True)], ["x"]),
+    ],
+)
+def test_a_model_with_one_live_route_gets_the_plan_its_bucket_would_give(routes, fallback):  # noqa: ANN001
+    """One route of positive weight: the plan made once per config equals the bucket path's, with
+    the route healthy or down, and with a canary route rolled back."""
+    healthy = {"a": True, "b": True, "c": True}
+    router = Router(
+        {"m": ModelConfig(routes=routes, fallback=fallback)},
+        is_healthy=lambda name: healthy.get(name, True),
+        rng=random.Random(0),
+    )
+    users = [_user(i) for i in range(20)]
+    assert router.plan("m") is router.plan("m")  # made once, shared
+    for state in ("healthy", "down", "rolled back"):
+        if state == "down":
+            healthy.update(a=False, b=False, c=False)
+        if state == "rolled back" and "c" in router.get("m").canaries():
+            router.canaries._canaries[("m", "c")].rollback = object()  # noqa: SLF001
+            assert router.canaries.rolled_back("m", "c")
+        for u in users:
+            assert router.plan("m", principal=u) == _through_the_bucket(router, "m", u), state
+
+
+def test_one_route_plans_follow_a_reload_and_still_sample_shadows():
+    router = Router(
+        {"m": ModelConfig(routes=[RouteConfig(deployment="a")])},
+        is_healthy=lambda n: True,
+        rng=random.Random(0),
+    )
+    assert router.plan("m").primary == "a"
+    router.update({"m": ModelConfig(routes=[RouteConfig(deployment="b")], fallback=["a"],
+                                    shadow=ShadowConfig(deployment="s", fraction=0.5))})  # fmt: skip
+    plans = [router.plan("m") for _ in range(2000)]
+    assert {(p.primary, p.fallbacks) for p in plans} == {("b", ("a",))}
+    assert abs(sum(p.shadows == ("s",) for p in plans) / 2000 - 0.5) < 0.05
+    assert all(p.shadows in ((), ("s",)) for p in plans)
+    # two routes again: the bucket decides, and the users split
+    router.update({"m": ModelConfig(routes=[RouteConfig(deployment="a"), RouteConfig(deployment="b")])})
+    assert {router.plan("m", principal=_user(i)).primary for i in range(200)} == {"a", "b"}
