@@ -25,6 +25,7 @@ from backends.base import (
     TensorSpec,
 )
 from backends.batcher import Arrays, DynamicBatcher, batcher_for
+from backends.cores import cores_per_worker, default_threads
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
 from backends.inline_runs import InlineRuns, call_bytes
 from backends.lazy import require
@@ -52,12 +53,13 @@ ONNX_TO_V2 = {
 
 
 class OnnxOptions(SpecBase):
-    #: threads inside one run (0 = ONNX Runtime's default)
+    #: threads inside one run (0 = ONNX Runtime's default, a thread per core; under `server.workers:
+    #: N`, one worker's share of the cores, `backends/cores.py`)
     intra_op_threads: int = 0
     #: runs that may execute at the same time (ONNX Runtime sessions are thread-safe); with
     #: batching, also the number of batches in flight. 0 = as many as the cores hold without
-    #: oversubscribing them (`parallel_runs`): on CPU one per `intra_op_threads` cores, so 1 with
-    #: ONNX Runtime's default threads, which already use every core; on an accelerator provider 2,
+    #: oversubscribing them (`parallel_runs`): on CPU one per `intra_op_threads` of this worker's
+    #: cores, so 1 with the default threads, which already use them all; on an accelerator provider 2,
     #: so one run's copies overlap another's kernels
     max_parallel_runs: int = 0
     #: ORT_ENABLE_ALL unless disabled
@@ -86,14 +88,6 @@ class OnnxOptions(SpecBase):
 
 #: runs in flight on an accelerator provider (GPU) when `max_parallel_runs` is 0
 GPU_PARALLEL_RUNS = 2
-
-
-def available_cores() -> int:
-    """CPUs this process may run on (its affinity: a container's cpuset, `taskset`)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
 
 
 def parallel_runs(options: OnnxOptions, on_cpu: bool, cores: int) -> int:
@@ -160,8 +154,10 @@ class OnnxRuntimeBackend:
         opts.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if self.options.allow_spinning else "0"
         )
-        if self.options.intra_op_threads:
-            opts.intra_op_num_threads = self.options.intra_op_threads
+        # unset, ONNX Runtime starts a thread per core; under `server.workers` one worker's share
+        threads = self.options.intra_op_threads or default_threads()
+        if threads:
+            opts.intra_op_num_threads = threads
         if not self.options.graph_optimization:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         loop = asyncio.get_running_loop()
@@ -187,7 +183,7 @@ class OnnxRuntimeBackend:
         # OpenVINO's...) is first in line: that decides both how many run at once and whether a
         # small one may run on the loop's thread
         on_cpu = got[0] == "CPUExecutionProvider"
-        self.runs_in_flight = parallel_runs(self.options, on_cpu, available_cores())
+        self.runs_in_flight = parallel_runs(self.options, on_cpu, cores_per_worker())
         self._executor = ThreadPoolExecutor(self.runs_in_flight, thread_name_prefix=f"ort-{self.name}")
         self.inline = InlineRuns.from_options(
             self.options.inline_below_us, self.options.inline_alone_below_us, on_cpu=on_cpu

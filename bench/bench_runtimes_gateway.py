@@ -49,9 +49,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench_gateway import ADMIN_KEY, _load, start_gateway, summarize, v2_request  # noqa: E402
 
+from backends.cores import available_cores  # noqa: E402
 from backends.demo_models.digits import write_digits  # noqa: E402
 from backends.demo_models.exports import write_openvino_ir  # noqa: E402
-from backends.onnxruntime import OnnxOptions, available_cores, parallel_runs  # noqa: E402
+from backends.onnxruntime import OnnxOptions, parallel_runs  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)

@@ -80,7 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from gateway.workers import prepare_environment
 
         create_app(config)  # every deployment's options and files are checked before forking
-        prepare_environment(args.config, listen)
+        prepare_environment(args.config, listen, config.server.workers)
         worker_config = uvicorn.Config("gateway.workers:create_worker_app", factory=True, **options)
         return DrainingSupervisor(
             worker_config, config.server.workers, config.server.drain_grace_s, config.server.shutdown_timeout_s

@@ -7,9 +7,11 @@ limits, quotas and usage are exact across workers exactly as across replicas (a 
 is refused: it would be one private state per worker). `/metrics` sums the workers' counters and
 histograms through Prometheus' multiprocess mode (gauges carry a `pid` label).
 
-Sizing: on CPU, N x (the runtimes' threads per worker) should not exceed the cores; one worker per
-two cores with `intra_op_threads: 2` (ONNX Runtime) is a good start. On one GPU, keep one worker:
-each would load the model again into GPU memory.
+Sizing: on CPU, N x (the runtimes' threads per worker) should not exceed the cores. A runtime left
+at its default thread count (ONNX Runtime's `intra_op_threads`, OpenVINO's `num_threads` on the CPU,
+the LLM engine's `num_threads`) takes one worker's share of the cores (`backends/cores.py`); one set
+explicitly is taken as given. On one GPU, keep one worker: each would load the model again into GPU
+memory.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ LISTEN_ENV = "FLEETGATE_WORKER_LISTEN"
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def prepare_environment(config_path: str, listen: dict[str, object]) -> None:
-    """In the supervisor, before workers start: where they find the config and share metrics."""
+def prepare_environment(config_path: str, listen: dict[str, object], workers: int) -> None:
+    """In the supervisor, before workers start: where they find the config, how many share the
+    cores (runtimes left at their default threads take one worker's share), and where metrics go."""
     import json
 
+    from backends.cores import WORKERS_ENV
+
     os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
+    os.environ[WORKERS_ENV] = str(workers)
     os.environ[LISTEN_ENV] = json.dumps(listen)
     if not os.environ.get(METRICS_DIR_ENV):
         os.environ[METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="fleetgate-metrics-")

@@ -17,6 +17,7 @@ from backends.base import (
     TensorResponse,
 )
 from backends.batcher import Arrays, DynamicBatcher, batcher_for
+from backends.cores import default_threads
 from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable
 from backends.inline_runs import InlineRuns, call_bytes
 from backends.lazy import require
@@ -81,8 +82,12 @@ class OpenVINOBackend:
             config["CACHE_DIR"] = self.options.cache_dir
         if self.options.num_requests is not None:
             config["PERFORMANCE_HINT_NUM_REQUESTS"] = self.options.num_requests
-        if self.options.num_threads is not None:
-            config["INFERENCE_NUM_THREADS"] = self.options.num_threads
+        # unset on the CPU, OpenVINO uses every core; under `server.workers` one worker's share
+        threads = self.options.num_threads
+        if threads is None and self.device.upper() == "CPU":
+            threads = default_threads()
+        if threads is not None:
+            config["INFERENCE_NUM_THREADS"] = threads
         return config
 
     def _compile(self) -> tuple[Any, Any]:

@@ -18,7 +18,8 @@ class OpenVINOOptions(SpecBase):
     precision: Literal["f32", "bf16", "f16"] = "f32"
     #: infer requests in the queue; None = the compiled model's optimal number
     num_requests: int | None = None
-    #: threads OpenVINO may use (INFERENCE_NUM_THREADS); None = its default. OpenVINO's threads
+    #: threads OpenVINO may use (INFERENCE_NUM_THREADS); None = its default (every core; on `device:
+    #: CPU` under `server.workers: N`, one worker's share, `backends/cores.py`). OpenVINO's threads
     #: busy-wait after each inference, which on a small model costs more CPU than the model itself
     #: (digits: ~0.15 ms per request): 1 trades that spin for less parallelism inside one request.
     num_threads: int | None = None

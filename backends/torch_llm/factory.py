@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from backends.cores import default_threads
 from backends.torch_llm.engine import EngineConfig, LLMEngine
 from backends.torch_llm.loader import load_model, resolve_dtype
 from backends.torch_llm.lora_pool import LoRAPool
@@ -125,8 +126,10 @@ def build_engine(
     dev = resolve_device(device)
     cfg = ModelConfig.from_folder(folder)
     dtype = resolve_dtype(cfg, options.dtype, dev)
-    if options.num_threads and dev.type == "cpu":
-        torch.set_num_threads(options.num_threads)
+    # unset, torch uses every core; under `server.workers` one worker's share (backends/cores.py)
+    threads = options.num_threads or default_threads()
+    if threads and dev.type == "cpu":
+        torch.set_num_threads(threads)
     model = load_model(folder, dev, dtype)
     if options.quantization is not None:
         from backends.torch_llm.quantization import check_quantization, quantize_linears

@@ -28,7 +28,8 @@ class LLMOptions(SpecBase):
         dtype: "auto" (from config.json), "float32", "bfloat16" or "float16".
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
         prefix_cache_scope: "tenant" isolates cached prefixes per tenant, "global" shares them.
-        num_threads: torch intra-op threads on CPU (None: torch's default).
+        num_threads: torch intra-op threads on CPU (None: torch's default, every core; under
+            `server.workers: N`, one worker's share, `backends/cores.py`).
         seed: seed of the generator used by requests that give no seed.
         attention_backend: "auto" (Triton paged-decode kernel on CUDA, the C++ paged-decode kernel
             on CPU), "torch" (gather + SDPA everywhere), "triton" (the Triton kernel; on CPU only

@@ -1,0 +1,42 @@
+"""The CPU cores this process's runtimes may use by default.
+
+A process runs on the CPUs of its affinity (a container's cpuset, `taskset`). With `server.workers:
+N`, N gateway processes share them: the supervisor tells its workers how many they are
+(`FLEETGATE_WORKERS`, `gateway/workers.py`), and a runtime left at its default thread count takes
+one worker's share instead of every core. Otherwise N workers whose ONNX Runtime sessions each
+start a thread per core would run N times as many threads as there are cores, and each run would
+wait on threads the others hold. A thread count set in a deployment's options always wins.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: set by the supervisor for its workers: how many gateway processes share this machine's cores
+WORKERS_ENV = "FLEETGATE_WORKERS"
+
+
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity: a container's cpuset, `taskset`)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def sharing_workers() -> int:
+    """Gateway processes sharing the cores: `FLEETGATE_WORKERS`, else 1 (a value that is not a
+    positive integer counts as 1: the runtimes' own defaults then apply, as without workers)."""
+    raw = os.environ.get(WORKERS_ENV, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def cores_per_worker() -> int:
+    """This process's share of the cores (at least 1)."""
+    return max(1, available_cores() // sharing_workers())
+
+
+def default_threads() -> int | None:
+    """Threads a CPU runtime left at its default should use: one worker's share of the cores when
+    several workers share them, else None (the runtime's own default, every core)."""
+    return cores_per_worker() if sharing_workers() > 1 else None
