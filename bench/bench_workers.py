@@ -14,6 +14,12 @@ requests gathered while a run is in flight) started with 1 and 2 uvicorn workers
 way. Its 2-over-1 ratio is what a second process buys on this machine with no gateway at all: a
 target above it is beyond the machine and the stack (`--no-floor` leaves it out).
 
+`--thread-defaults`: instead, two gateways with `server.workers: 2` and no thread count in the
+models' options, side by side: `share` as the code runs them (each worker's ONNX Runtime takes its
+share of the cores, `backends/cores.py`) against `every_core` (`intra_op_threads` set to every core
+the machine has, what each worker's ONNX Runtime started before that default: N workers x the cores
+in threads). Writes bench/results/workers_threads.json.
+
 Writes bench/results/workers.json. Run: `.venv/bin/python bench/bench_workers.py [--seconds 5 --rounds 3]`.
 """
 
@@ -41,16 +47,17 @@ MODELS = {"light": (256, 1024), "heavy": (512, 4096)}
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def config(port: int, workers: int, tmp: Path) -> str:
+def config(port: int, workers: int, tmp: Path, options: str = "options: {intra_op_threads: 1}, ") -> str:
+    """`options` is the models' options entry (with its trailing comma and space), empty for none."""
     lines = [
         f"server: {{port: {port}, log_level: warning, workers: {workers}}}",
-        f'state: {{url: "sqlite:///{tmp}/state-{workers}.db"}}',
+        f'state: {{url: "sqlite:///{tmp}/state-{port}.db"}}',
         "tenants: {bench: {}}",
         "deployments:",
     ]
     for name in MODELS:
         lines.append(
-            f"  {name}: {{backend: onnxruntime, model: {tmp / name}.onnx, options: {{intra_op_threads: 1}}, "
+            f"  {name}: {{backend: onnxruntime, model: {tmp / name}.onnx, {options}"
             "batching: {max_batch_size: 64, max_delay_ms: 2}, queue: {max_concurrency: 64}}"
         )
     lines.append("models:")
@@ -95,12 +102,65 @@ def start_floor(tmp: Path, workers: int, stack: ExitStack) -> tuple[int, str]:
     return port, "none"
 
 
+def compare_thread_defaults(seconds: float, rounds: int) -> None:
+    """Two workers with the runtimes' default threads (a worker's share) against every core each."""
+    from backends.cores import available_cores
+
+    variants = {"share": "", "every_core": f"options: {{intra_op_threads: {available_cores()}}}, "}
+    measured = []
+    with tempfile.TemporaryDirectory() as name, ExitStack() as stack:
+        tmp = Path(name)
+        for model, (d_in, hidden) in MODELS.items():
+            build_model(tmp / f"{model}.onnx", d_in, hidden)
+        servers = {}
+        for variant, options in variants.items():
+            proc, port, key = start_gateway(tmp, lambda p, o=options: config(p, 2, tmp, o))
+            stack.callback(stop, proc, False)
+            servers[variant] = (port, key)
+        for r in range(rounds):
+            point: dict[str, dict] = {}
+            for model, (d_in, _) in MODELS.items():
+                order = list(variants) if r % 2 == 0 else list(variants)[::-1]
+                runs = {v: wrk(*servers[v], model, d_in, seconds, tmp) for v in order}
+                runs["ratio"] = runs["share"]["rps"] / runs["every_core"]["rps"]
+                point[model] = runs
+            print(json.dumps(point), flush=True)
+            measured.append(point)
+    median = {
+        model: {
+            **{f"{v}_rps": statistics.median(p[model][v]["rps"] for p in measured) for v in variants},
+            **{f"{v}_p50_ms": statistics.median(p[model][v]["p50_ms"] for p in measured) for v in variants},
+            "share_over_every_core": statistics.median(p[model]["ratio"] for p in measured),
+            "per_round": [round(p[model]["ratio"], 3) for p in measured],
+        }
+        for model in MODELS
+    }
+    report = {
+        "seconds": seconds,
+        "workers": 2,
+        "cores": available_cores(),
+        "rounds": measured,
+        "median": median,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "workers_threads.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(median, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-floor", action="store_true", help="leave out the bare-stack floor servers")
+    parser.add_argument(
+        "--thread-defaults",
+        action="store_true",
+        help="two workers: a worker's share of the cores vs every core",
+    )
     args = parser.parse_args()
+    if args.thread_defaults:
+        compare_thread_defaults(args.seconds, args.rounds)
+        return
     kinds = ["gateway"] if args.no_floor else ["gateway", "floor"]
     with tempfile.TemporaryDirectory() as name, ExitStack() as stack:
         tmp = Path(name)
