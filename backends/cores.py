@@ -3,9 +3,13 @@
 A process runs on the CPUs of its affinity (a container's cpuset, `taskset`). With `server.workers:
 N`, N gateway processes share them: the supervisor tells its workers how many they are
 (`FLEETGATE_WORKERS`, `gateway/workers.py`), and a runtime left at its default thread count takes
-one worker's share instead of every core. Otherwise N workers whose ONNX Runtime sessions each
-start a thread per core would run N times as many threads as there are cores, and each run would
-wait on threads the others hold. A thread count set in a deployment's options always wins.
+one worker's share of the CPUs instead of its own default (ONNX Runtime and torch: a thread per
+physical core; OpenVINO: every core). Otherwise each of N workers would start that many threads, N
+times what the cores hold, and each run would wait on threads the others hold. The share counts
+logical CPUs (what the affinity lists), so on a host with two hardware threads a core and two
+workers it equals those runtimes' own default. A thread count set in a deployment's options always
+wins. A gateway that is not a worker clears the variable (`gateway/cli.py`), so a stray one cannot
+cap its runtimes.
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ def available_cores() -> int:
 def sharing_workers() -> int:
     """Gateway processes sharing the cores: `FLEETGATE_WORKERS`, else 1 (a value that is not a
     positive integer counts as 1: the runtimes' own defaults then apply, as without workers)."""
-    raw = os.environ.get(WORKERS_ENV, "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+    try:
+        workers = int(os.environ.get(WORKERS_ENV, ""))
+    except ValueError:
+        return 1
+    return max(1, workers)
 
 
 def cores_per_worker() -> int:

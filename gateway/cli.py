@@ -44,8 +44,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
     import uvicorn
 
+    from backends.cores import WORKERS_ENV
     from gateway.app import create_app, create_served_app
     from gateway.drain import DrainingServer
     from gateway.logs import configure_logging
@@ -85,6 +88,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return DrainingSupervisor(
             worker_config, config.server.workers, config.server.drain_grace_s, config.server.shutdown_timeout_s
         ).run()
+    # one process: its runtimes keep their own thread defaults, whatever the environment says
+    os.environ.pop(WORKERS_ENV, None)
     app = create_served_app(config, args.config, listen)
     server = DrainingServer(uvicorn.Config(app, **options), app.state.drain, config.server.drain_grace_s)
     server.run()

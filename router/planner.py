@@ -9,6 +9,9 @@ Choosing the primary of a request without an explicit version:
    the caller is re-bucketed over the slices that can. Callers of every other slice never move,
    so a canary rollback or an outage reshuffles only the callers it has to.
 4. In a pool, the member with the least expected wait (`router.load`) serves; ties go by bucket.
+
+A model with a single route of positive weight skips all four: nothing can choose another primary
+there, so its plan is made once per config (`_fixed_plan`) and only its shadow is sampled per request.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+from unittest import mock
+
 import pytest
 
 from backends.cores import WORKERS_ENV, available_cores, cores_per_worker, default_threads, sharing_workers
@@ -24,17 +27,12 @@ def test_the_workers_sharing_the_cores_come_from_the_supervisor(monkeypatch, val
     assert default_threads() == (None if workers == 1 else cores_per_worker())
 
 
-def test_the_supervisor_tells_its_workers_how_many_they_are(monkeypatch, tmp_path) -> None:  # noqa: ANN001
-    for name in (
-        WORKERS_ENV,
-        "FLEETGATE_WORKER_CONFIG",
-        "FLEETGATE_WORKER_LISTEN",
-        "PROMETHEUS_MULTIPROC_DIR",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))  # no folder made outside tmp
-    prepare_environment(str(tmp_path / "gateway.yaml"), {}, 4)
-    assert sharing_workers() == 4
+def test_the_supervisor_tells_its_workers_how_many_they_are(tmp_path) -> None:  # noqa: ANN001
+    before = dict(os.environ)
+    with mock.patch.dict(os.environ, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}):  # restored after
+        prepare_environment(str(tmp_path / "gateway.yaml"), {}, 4)
+        assert sharing_workers() == 4
+    assert dict(os.environ) == before  # nothing leaks into the tests after this one
 
 
 async def _loaded(digits_onnx, **options: object):  # noqa: ANN001, ANN202

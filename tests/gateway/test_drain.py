@@ -115,6 +115,9 @@ def test_sigterm_drains_without_losing_an_answer_or_usage(
                 {"name": "input", "shape": [1, 64], "datatype": "FP32", "data": digits_split()[1][0].tolist()}
             ]
         }
+        # every worker loaded before the streams start: a slow second load must not eat their time
+        pids = _worker_pids(gw.url, workers) if to_group else set()
+        assert len(pids) == (2 if to_group else 0)
         results = [{} for _ in range(STREAMS)]
         started = [threading.Event() for _ in range(STREAMS)]
         threads = [
@@ -129,8 +132,6 @@ def test_sigterm_drains_without_losing_an_answer_or_usage(
         assert httpx.post(f"{gw.url}/v2/models/digits/infer", json=row, headers=auth).status_code == 200
         answered_rows += 1
 
-        pids = _worker_pids(gw.url, workers) if to_group else set()
-        assert len(pids) == (2 if to_group else 0)
         gw.proc.send_signal(signal.SIGTERM)
         for pid in pids:
             os.kill(pid, signal.SIGTERM)

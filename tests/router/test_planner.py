@@ -95,7 +95,7 @@ def test_split_model_name(name, parsed):
 
 def _through_the_bucket(router: Router, model: str, principal: Principal) -> object:
     spec = router.get(model)
-    return router._plan_by_bucket(model, spec, None, None, principal, {})
+    return router._plan_by_bucket(model, spec, None, None, principal, {})  # noqa: SLF001
 
 
 @pytest.mark.parametrize(
@@ -103,29 +103,46 @@ def _through_the_bucket(router: Router, model: str, principal: Principal) -> obj
     [
         ([RouteConfig(deployment="a")], []),
         ([RouteConfig(deployment="a")], ["x", "a", "x", "y"]),  # itself and repeats left out, in order
-        ([RouteConfig(deployment="a", weight=0), RouteConfig(deployment="b", weight=5)], ["a"]),
+        ([RouteConfig(deployment="a", weight=0), RouteConfig(deployment="b", weight=5)], []),
         ([RouteConfig(deployment="c", canary=True)], ["x"]),
     ],
 )
-def test_a_model_with_one_live_route_gets_the_plan_its_bucket_would_give(routes, fallback):  # noqa: ANN001
+@pytest.mark.parametrize("states", [("healthy", "rolled back", "down"), ("down", "rolled back")])
+def test_a_model_with_one_live_route_gets_the_plan_its_bucket_would_give(routes, fallback, states):  # noqa: ANN001
     """One route of positive weight: the plan made once per config equals the bucket path's, with
-    the route healthy or down, and with a canary route rolled back."""
+    the route healthy or down, a canary route rolled back while healthy or down, and shadows
+    sampled alike (the same seed on both sides)."""
     healthy = {"a": True, "b": True, "c": True}
-    router = Router(
-        {"m": ModelConfig(routes=routes, fallback=fallback)},
-        is_healthy=lambda name: healthy.get(name, True),
-        rng=random.Random(0),
-    )
+    spec = ModelConfig(routes=routes, fallback=fallback, shadow=ShadowConfig(deployment="s", fraction=0.5))
+    fast = Router({"m": spec}, is_healthy=lambda name: healthy.get(name, True), rng=random.Random(7))
+    slow = Router({"m": spec}, is_healthy=lambda name: healthy.get(name, True), rng=random.Random(7))
     users = [_user(i) for i in range(20)]
-    assert router.plan("m") is router.plan("m")  # made once, shared
-    for state in ("healthy", "down", "rolled back"):
+    for state in states:
         if state == "down":
             healthy.update(a=False, b=False, c=False)
-        if state == "rolled back" and "c" in router.get("m").canaries():
-            router.canaries._canaries[("m", "c")].rollback = object()  # noqa: SLF001
-            assert router.canaries.rolled_back("m", "c")
+        if state == "rolled back" and "c" in spec.canaries():
+            for router in (fast, slow):
+                router.canaries._canaries[("m", "c")].rollback = object()  # noqa: SLF001
+                assert router.canaries.rolled_back("m", "c")
         for u in users:
-            assert router.plan("m", principal=u) == _through_the_bucket(router, "m", u), state
+            assert fast.plan("m", principal=u) == _through_the_bucket(slow, "m", u), state
+    assert fast.plan("m").primary == fast.plan("m").primary  # made once: the same primary always
+
+
+def test_one_route_plans_still_resolve_versions_and_labels():
+    spec = ModelConfig(
+        routes=[RouteConfig(deployment="a")], versions={"1": "a", "2": "b"}, labels={"stable": "2"}
+    )
+    router = Router({"m": spec}, is_healthy=lambda name: True, rng=random.Random(0))
+    assert router.plan("m").primary == "a" and router.plan("m").version is None
+    assert router.plan("m", version="2").primary == "b"
+    assert router.plan("m", label="stable") == router.plan("m", version="2")
+    with pytest.raises(ModelNotFound):
+        router.plan("m", label="nope")
+    with pytest.raises(ModelNotFound):
+        router.plan("m", version="9")
+    with pytest.raises(ModelNotFound):
+        router.plan("other")
 
 
 def test_one_route_plans_follow_a_reload_and_still_sample_shadows():

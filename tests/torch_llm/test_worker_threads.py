@@ -28,5 +28,5 @@ def test_the_engine_takes_one_workers_share_of_the_cores(llama_dir, monkeypatch,
     monkeypatch.setenv(WORKERS_ENV, "2")
     engine_for(llama_dir)
     assert torch.get_num_threads() == cores_per_worker()
-    engine_for(llama_dir, num_threads=2)
-    assert torch.get_num_threads() == 2  # the option wins
+    engine_for(llama_dir, num_threads=SENTINEL + 1)
+    assert torch.get_num_threads() == SENTINEL + 1  # the option wins
