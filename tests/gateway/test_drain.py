@@ -64,7 +64,7 @@ def _stream(url: str, key: str, out: dict, started: threading.Event) -> None:
         f"{url}/v1/chat/completions",
         json=body,
         headers={"Authorization": f"Bearer {key}"},
-        timeout=60,
+        timeout=120,  # the last queued stream waits for 4 x 2000 tokens before its first byte
     ) as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
