@@ -90,6 +90,14 @@ class OnnxOptions(SpecBase):
 GPU_PARALLEL_RUNS = 2
 
 
+def device_of(provider: str) -> str:
+    """The device an execution provider runs on, as metadata, logs and metrics name it: "cpu",
+    "cuda" (CUDA and TensorRT), else the provider's own name ("rocm", "dml", "openvino", ...)."""
+    if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+        return "cuda"
+    return provider.removesuffix("ExecutionProvider").lower()
+
+
 def parallel_runs(options: OnnxOptions, on_cpu: bool, cores: int) -> int:
     """Runs (batches) a deployment lets execute at once: the configured number, else what `cores`
     hold without oversubscribing them.
@@ -176,13 +184,10 @@ class OnnxRuntimeBackend:
             )
         inputs = [_spec_of(n) for n in self._session.get_inputs()]
         outputs = [_spec_of(n) for n in self._session.get_outputs()]
-        device = (
-            "cuda" if any(p in got for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")) else "cpu"
-        )
-        # runs go to the CPU unless an accelerator provider (CUDA, TensorRT, ROCm, DirectML,
-        # OpenVINO's...) is first in line: that decides both how many run at once and whether a
-        # small one may run on the loop's thread
-        on_cpu = got[0] == "CPUExecutionProvider"
+        # runs go to the provider first in line: it decides the device reported, how many runs
+        # go at once and whether a small one may run on the loop's thread
+        device = device_of(got[0])
+        on_cpu = device == "cpu"
         self.runs_in_flight = parallel_runs(self.options, on_cpu, cores_per_worker())
         self._executor = ThreadPoolExecutor(self.runs_in_flight, thread_name_prefix=f"ort-{self.name}")
         self.inline = InlineRuns.from_options(

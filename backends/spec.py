@@ -41,10 +41,10 @@ class BatchingSpec(SpecBase):
     #: `delay` (the default): a request that finds the runtime idle runs at once; the first request
     #: of a batch waits up to `max_delay_ms` for company only while callers overlap (several queued,
     #: or the last batch merged several and its last caller resumed less than `max_delay_ms` ago),
-    #: and no longer than until as many are back as the last batch held. `continuous`: never
-    #: waits on a timer; requests arriving while every slot is busy are merged into the next batch. bench_batching_modes.py on
-    #: a 2-core CPU, last run: the two within 10 % of each other at every point (digits and the
-    #: CNN, c = 1 to 128).
+    #: and no longer than until as many are back as the last batch held. `continuous`: never waits
+    #: on a timer; requests arriving while every slot is busy are merged into the next batch.
+    #: bench_batching_modes.py on a 2-core CPU, last run: the two within 10 % of each other at every
+    #: point (digits and the CNN, c = 1 to 128).
     mode: Literal["continuous", "delay"] = "delay"
 
     def __post_init__(self) -> None:

@@ -68,10 +68,15 @@ class Reservation(msgspec.Struct, kw_only=True):
 _NO_LIMITS, _NO_QUOTAS = Limits(), Quotas()
 
 
-def _checks_nothing(spec: TenantSpec) -> bool:
-    """No limit, per-key limit or quota is configured for the tenant."""
-    no_limits = spec.limits == _NO_LIMITS and (spec.key_limits is None or spec.key_limits == _NO_LIMITS)
-    return no_limits and spec.quotas == _NO_QUOTAS
+def _unchecked_tenants(tenants: Mapping[str, TenantSpec]) -> frozenset[str]:
+    """The tenants with no limit, per-key limit or quota configured (once per config, not per request)."""
+    return frozenset(
+        name
+        for name, spec in tenants.items()
+        if spec.limits == _NO_LIMITS
+        and (spec.key_limits is None or spec.key_limits == _NO_LIMITS)
+        and spec.quotas == _NO_QUOTAS
+    )
 
 
 class Admission:
@@ -102,6 +107,8 @@ class Admission:
         self.instance = instance or secrets.token_hex(8)
         self._store = store
         self._tenants = dict(tenants)
+        #: tenants with no limit, key limit or quota: admitted at once (`admit_at_once`)
+        self._unchecked = _unchecked_tenants(self._tenants)
         self._clock = clock
         self._fail_open_s = fail_open_s
         self._lease_ttl_s = lease_ttl_s
@@ -125,6 +132,7 @@ class Admission:
     def update_tenants(self, tenants: Mapping[str, TenantSpec]) -> None:
         """Replace the tenant specs (config reload); state in the store carries over."""
         self._tenants = dict(tenants)
+        self._unchecked = _unchecked_tenants(self._tenants)
 
     async def admit(self, principal: Principal, model: str, cost_tokens: int) -> Reservation:
         """Check and reserve every limit and quota for one request.
@@ -197,7 +205,7 @@ class Admission:
             )
         if isinstance(cost_tokens, bool) or not isinstance(cost_tokens, int) or cost_tokens < 0:
             raise ValueError(f"cost_tokens must be a non-negative int, got {cost_tokens!r}")
-        if not _checks_nothing(spec):
+        if principal.tenant not in self._unchecked:
             return None
         return self._granted(
             principal, model, cost_tokens, self._clock(), f"{self.instance}.{random_hex(12)}"

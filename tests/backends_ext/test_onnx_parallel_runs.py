@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from backends.base import Tensor, TensorRequest
-from backends.onnxruntime import GPU_PARALLEL_RUNS, OnnxOptions, parallel_runs
+from backends.onnxruntime import GPU_PARALLEL_RUNS, OnnxOptions, device_of, parallel_runs
 from backends.registry import create_backend
 from backends.spec import BatchingSpec, DeploymentSpec
 
@@ -71,3 +71,19 @@ async def test_a_cpu_deployment_runs_as_many_batches_at_once_as_resolved(digits_
             np.testing.assert_allclose(answer.outputs[0].data, expected[i : i + 1], rtol=1e-5, atol=1e-6)
     finally:
         await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("provider", "device"),
+    [
+        ("CPUExecutionProvider", "cpu"),
+        ("CUDAExecutionProvider", "cuda"),
+        ("TensorrtExecutionProvider", "cuda"),
+        ("ROCMExecutionProvider", "rocm"),
+        ("DmlExecutionProvider", "dml"),
+    ],
+)
+def test_the_first_provider_names_the_device(provider: str, device: str) -> None:
+    """One fact decides the device reported, the runs in flight and inline runs (CPU only)."""
+    assert device_of(provider) == device
+    assert parallel_runs(OnnxOptions(), device == "cpu", 2) == (1 if device == "cpu" else GPU_PARALLEL_RUNS)

@@ -61,3 +61,15 @@ def test_it_refuses_as_admit_does(clock) -> None:
         gate.admit_at_once(Principal("gone", "0123456789ab", ("*",)), "m", 1)
     with pytest.raises(ValueError, match="cost_tokens"):
         gate.admit_at_once(ACME, "m", -1)
+
+
+def test_a_reload_that_adds_or_removes_a_limit_changes_the_path(clock) -> None:
+    from policies.stores.memory import MemoryStore
+    from policies.types import TenantSpec
+
+    gate = admission(MemoryStore(), clock)
+    assert gate.admit_at_once(ACME, "m", 1) is not None
+    gate.update_tenants({"acme": TenantSpec(limits=Limits(requests_per_minute=5))})
+    assert gate.admit_at_once(ACME, "m", 1) is None  # now it has a limit to check
+    gate.update_tenants({"acme": TenantSpec()})
+    assert gate.admit_at_once(ACME, "m", 1) is not None
