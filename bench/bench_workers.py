@@ -102,6 +102,22 @@ def start_floor(tmp: Path, workers: int, stack: ExitStack) -> tuple[int, str]:
     return port, "none"
 
 
+def build_models(tmp: Path) -> None:
+    for model, (d_in, hidden) in MODELS.items():
+        build_model(tmp / f"{model}.onnx", d_in, hidden)
+
+
+def measure_pair(
+    servers: dict, first: object, second: object, model: str, r: int, seconds: float, tmp: Path
+) -> dict:
+    """wrk on `servers[first]` and `servers[second]` back to back (the order alternating by round `r`);
+    their results by key, and `ratio`: second's requests/s over first's."""
+    d_in = MODELS[model][0]
+    order = (first, second) if r % 2 == 0 else (second, first)
+    runs = {key: wrk(*servers[key], model, d_in, seconds, tmp) for key in order}
+    return {**runs, "ratio": runs[second]["rps"] / runs[first]["rps"]}
+
+
 def compare_thread_defaults(seconds: float, rounds: int) -> None:
     """Two workers with the runtimes' default threads (a worker's share) against every core each."""
     from backends.cores import available_cores
@@ -110,20 +126,17 @@ def compare_thread_defaults(seconds: float, rounds: int) -> None:
     measured = []
     with tempfile.TemporaryDirectory() as name, ExitStack() as stack:
         tmp = Path(name)
-        for model, (d_in, hidden) in MODELS.items():
-            build_model(tmp / f"{model}.onnx", d_in, hidden)
+        build_models(tmp)
         servers = {}
         for variant, options in variants.items():
             proc, port, key = start_gateway(tmp, lambda p, o=options: config(p, 2, tmp, o))
             stack.callback(stop, proc, False)
             servers[variant] = (port, key)
         for r in range(rounds):
-            point: dict[str, dict] = {}
-            for model, (d_in, _) in MODELS.items():
-                order = list(variants) if r % 2 == 0 else list(variants)[::-1]
-                runs = {v: wrk(*servers[v], model, d_in, seconds, tmp) for v in order}
-                runs["ratio"] = runs["share"]["rps"] / runs["every_core"]["rps"]
-                point[model] = runs
+            point = {
+                model: measure_pair(servers, "every_core", "share", model, r, seconds, tmp)
+                for model in MODELS
+            }
             print(json.dumps(point), flush=True)
             measured.append(point)
     median = {
@@ -164,8 +177,7 @@ def main() -> None:
     kinds = ["gateway"] if args.no_floor else ["gateway", "floor"]
     with tempfile.TemporaryDirectory() as name, ExitStack() as stack:
         tmp = Path(name)
-        for model, (d_in, hidden) in MODELS.items():
-            build_model(tmp / f"{model}.onnx", d_in, hidden)
+        build_models(tmp)
         servers: dict[tuple[str, int], tuple[int, str]] = {}
         for w in (1, 2):
             proc, port, key = start_gateway(tmp, lambda p, w=w: config(p, w, tmp))
@@ -177,13 +189,13 @@ def main() -> None:
         for r in range(args.rounds):
             point: dict[str, dict] = {}
             for kind in kinds:
-                for model, (d_in, _) in MODELS.items():
-                    order = (1, 2) if r % 2 == 0 else (2, 1)
-                    runs = {
-                        f"workers_{w}": wrk(*servers[kind, w], model, d_in, args.seconds, tmp) for w in order
+                for model in MODELS:
+                    runs = measure_pair(servers, (kind, 1), (kind, 2), model, r, args.seconds, tmp)
+                    point[model if kind == "gateway" else f"floor_{model}"] = {
+                        "workers_1": runs[kind, 1],
+                        "workers_2": runs[kind, 2],
+                        "ratio": runs["ratio"],
                     }
-                    runs["ratio"] = runs["workers_2"]["rps"] / runs["workers_1"]["rps"]
-                    point[model if kind == "gateway" else f"floor_{model}"] = runs
             print(json.dumps(point), flush=True)
             rounds.append(point)
     median = {

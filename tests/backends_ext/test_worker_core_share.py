@@ -15,7 +15,8 @@ from gateway.workers import prepare_environment
 
 
 @pytest.mark.parametrize(
-    ("value", "workers"), [(None, 1), ("2", 2), ("3", 3), ("0", 1), ("-2", 1), ("two", 1)]
+    ("value", "workers"),
+    [(None, 1), ("2", 2), ("3", 3), (" 2", 2), ("0", 1), ("-2", 1), ("two", 1), ("²", 1)],
 )
 def test_the_workers_sharing_the_cores_come_from_the_supervisor(monkeypatch, value, workers) -> None:  # noqa: ANN001
     if value is None:
