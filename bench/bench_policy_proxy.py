@@ -10,6 +10,9 @@ Side by side in one run, in front of one upstream:
   fleetgate_sqlite_thread  the same with `?commit=thread` (store groups commit on the store's thread,
                     not on the event loop): the A/B of where SQLite groups commit;
   fleetgate_redis   the same with state in a redis-server started here on a free loopback port;
+  fleetgate_no_policy  the same gateway with nothing to enforce (tenant without limits, quotas or key
+                    limits, state `memory://`): what the rest of fleetgate's path adds, beside what
+                    the policy path adds on top of it;
   bare_proxy        the floor of fleetgate's server stack (bench/floor_servers.py): uvicorn, httptools
                     and uvloop with a plain ASGI app forwarding each body to the upstream with fleetgate's
                     pooled HTTP/1.1 client, no gateway at all: if it adds over 0.3 ms p50 at c=1, the
@@ -87,6 +90,12 @@ tenants:
 models:
   {model}: {{routes: [{{deployment: upstream}}]}}
 """
+)
+#: the same gateway with nothing to enforce: tenant `bench` without limits, quotas or key limits, and
+#: state in memory. Beside the others it splits what fleetgate adds into the policy path's share and
+#: the rest's (key auth, routing, fair queue, proxying, the call record and metrics).
+OPEN_GATEWAY_YAML = GATEWAY_YAML.replace(
+    POLICY_TENANT_YAML.replace("{", "{{").replace("}", "}}"), "  bench: {{}}\n"
 )
 LITELLM_YAML = """
 model_list:
@@ -269,17 +278,18 @@ def start_all(work: Path, stack: ExitStack, notes: list[str]) -> list[Server]:
     wait_until(lambda: port_open(up_port), upstream, "upstream", 10)
     servers = [Server("upstream", up_port, "none", [upstream.pid]), start_bare_proxy(work, up_port, stack)]
     stores = [
-        ("fleetgate_sqlite", f"sqlite:///{work / 'state.db'}", []),
-        ("fleetgate_sqlite_thread", f"sqlite:///{work / 'state-thread.db'}?commit=thread", []),
+        ("fleetgate_sqlite", f"sqlite:///{work / 'state.db'}", [], GATEWAY_YAML),
+        ("fleetgate_sqlite_thread", f"sqlite:///{work / 'state-thread.db'}?commit=thread", [], GATEWAY_YAML),
     ]
     if shutil.which("redis-server"):
         url, redis_pid = start_redis(work, stack)
-        stores.append(("fleetgate_redis", url, [redis_pid]))
+        stores.append(("fleetgate_redis", url, [redis_pid], GATEWAY_YAML))
     else:
         notes.append("fleetgate_redis skipped: redis-server not on PATH")
-    for name, url, extra in stores:
+    stores.append(("fleetgate_no_policy", "memory://", [], OPEN_GATEWAY_YAML))
+    for name, url, extra, yaml in stores:
         fill = dict(state=url, upstream=up_port, model=MODEL)
-        proc, port, key = start_gateway(work, lambda p, fill=fill: GATEWAY_YAML.format(port=p, **fill))
+        proc, port, key = start_gateway(work, lambda p, fill=fill, yaml=yaml: yaml.format(port=p, **fill))
         stack.callback(stop, proc)
         servers.append(Server(name, port, key, [proc.pid, *extra]))
     try:
