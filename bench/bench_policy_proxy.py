@@ -76,27 +76,33 @@ POLICY_TENANT_YAML = """  bench:
              requests_per_day: 1000000000000, requests_per_month: 1000000000000}
     key_limits: {requests_per_minute: 10000000, tokens_per_minute: 1000000000}
 """
-GATEWAY_YAML = (
-    """
+
+
+def _gateway_yaml(tenant_yaml: str) -> str:
+    """The gateway's config as a `str.format` template (port, state, upstream, model to fill), with
+    `tenant_yaml` as tenant `bench`'s entry under `tenants:`."""
+    return (
+        """
 server: {{port: {port}, log_level: warning}}
 state: {{url: "{state}"}}
 tenants:
 """
-    + POLICY_TENANT_YAML.replace("{", "{{").replace("}", "}}")
-    + """deployments:
+        + tenant_yaml.replace("{", "{{").replace("}", "}}")
+        + """deployments:
   upstream:
     {{backend: remote, protocol: openai, url: "http://127.0.0.1:{upstream}", model_name: {model},
      queue: {{max_concurrency: 64}}}}
 models:
   {model}: {{routes: [{{deployment: upstream}}]}}
 """
-)
-#: the same gateway with nothing to enforce: tenant `bench` without limits, quotas or key limits, and
-#: state in memory. Beside the others it splits what fleetgate adds into the policy path's share and
-#: the rest's (key auth, routing, fair queue, proxying, the call record and metrics).
-OPEN_GATEWAY_YAML = GATEWAY_YAML.replace(
-    POLICY_TENANT_YAML.replace("{", "{{").replace("}", "}}"), "  bench: {{}}\n"
-)
+    )
+
+
+GATEWAY_YAML = _gateway_yaml(POLICY_TENANT_YAML)
+#: the same gateway with nothing to enforce: tenant `bench` without limits, quotas or key limits (run
+#: with state in memory). Beside the others it splits what fleetgate adds into the policy path's
+#: share and the rest's (key auth, routing, fair queue, proxying, the call record and metrics).
+OPEN_GATEWAY_YAML = _gateway_yaml("  bench: {}\n")
 LITELLM_YAML = """
 model_list:
   - model_name: {model}

@@ -157,6 +157,9 @@ def compare_thread_defaults(seconds: float, rounds: int) -> None:
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "workers_threads.json").write_text(json.dumps(report, indent=1))
+    from plots import plot_workers_threads  # the PNG beside the JSON (bench/plots.py)
+
+    plot_workers_threads(report, RESULTS / "workers_threads.png")
     print(json.dumps(median, indent=1))
 
 
@@ -209,7 +212,9 @@ def main() -> None:
         for entry in rounds[0]
     }
     RESULTS.mkdir(exist_ok=True)
-    report = {"seconds": args.seconds, "rounds": rounds, "median": median, "cores": 2}
+    from backends.cores import available_cores
+
+    report = {"seconds": args.seconds, "rounds": rounds, "median": median, "cores": available_cores()}
     (RESULTS / "workers.json").write_text(json.dumps(report, indent=1))
     from plots import plot_workers  # the PNG beside the JSON (bench/plots.py)
 

@@ -145,6 +145,19 @@ def plot_workers(result: dict[str, Any], path: Path) -> None:
     _one_chart(models, series, f"workers 1 vs 2 on a {result.get('cores', '?')}-core machine", path)
 
 
+def plot_workers_threads(result: dict[str, Any], path: Path) -> None:
+    """`server.workers: 2`, runtimes at their default threads (a worker's share of the cores) vs
+    every core in each worker: requests/s (median of rounds)."""
+    median = result["median"]
+    models = list(median)
+    series = {
+        "a worker's share (default)": [median[m]["share_rps"] for m in models],
+        "every core in each worker": [median[m]["every_core_rps"] for m in models],
+    }
+    title = f"{result['workers']} workers on a {result.get('cores', '?')}-core machine: runtime threads"
+    _one_chart(models, series, title, path)
+
+
 def plot_tracing(result: dict[str, Any], path: Path) -> None:
     """Tracing off vs on vs 10 % sampled: requests/s (median of rounds)."""
     median = result["median"]
@@ -213,6 +226,7 @@ OURS: dict[str, Plot] = {
     "runtimes": plot_runtimes,
     "http_stack": plot_http_stack,
     "workers": plot_workers,
+    "workers_threads": plot_workers_threads,
     "tracing": plot_tracing,
     "fuzz": plot_fuzz,
     "llm_gpu": plot_llm_gpu,

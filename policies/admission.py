@@ -198,8 +198,7 @@ class Admission:
         Such a request cannot be refused or wait, so the gateway admits it without the task that
         guards a store round trip against its caller's cancellation.
         """
-        spec = self._tenants.get(principal.tenant)
-        if spec is None:
+        if principal.tenant not in self._tenants:
             raise Unauthenticated(
                 f"API key {principal.key_id} belongs to a tenant that is no longer configured"
             )

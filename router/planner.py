@@ -201,9 +201,8 @@ class Router:
         """Choose the deployments for one request. Raises ModelNotFound for unknown names."""
         spec = self.get(model)
         if version is None and label is None and (fixed := self._fixed.get(model)) is not None:
-            if spec.shadow is not None and self._rng.random() < spec.shadow.fraction:
-                return msgspec.structs.replace(fixed, shadows=(spec.shadow.deployment,))
-            return fixed
+            shadows = self._sampled_shadows(spec)
+            return msgspec.structs.replace(fixed, shadows=shadows) if shadows else fixed
         return self._plan_by_bucket(model, spec, version, label, principal, headers)
 
     def _plan_by_bucket(
@@ -226,7 +225,11 @@ class Router:
             primary, others = self._choose(model, spec, bucket)
             # configured fallbacks first, then the model's other live routes, each once
             fallbacks = tuple(d for d in dict.fromkeys([*spec.fallback, *others]) if d != primary)
-        shadows: tuple[str, ...] = ()
-        if spec.shadow is not None and self._rng.random() < spec.shadow.fraction:
-            shadows = (spec.shadow.deployment,)
+        shadows = self._sampled_shadows(spec)
         return Plan(model=model, primary=primary, fallbacks=fallbacks, shadows=shadows, version=version)
+
+    def _sampled_shadows(self, spec: ModelConfig) -> tuple[str, ...]:
+        """The shadow deployment for this request, drawn at the model's shadow fraction (both paths)."""
+        if spec.shadow is not None and self._rng.random() < spec.shadow.fraction:
+            return (spec.shadow.deployment,)
+        return ()
