@@ -15,15 +15,15 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from secrets import token_hex as random_hex
 from typing import Any
 
 import msgspec
 import structlog
 
-from fleetgate.random_ids import random_hex
 from policies import quotas as q
 from policies import ratelimit as rl
-from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable, Unauthenticated
+from policies.errors import NeverAdmitted, QuotaExceeded, RateLimited, StoreUnavailable, Unauthenticated
 from policies.principal import Principal
 from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
@@ -140,6 +140,7 @@ class Admission:
         Raises:
             Unauthenticated: the principal's tenant is no longer configured.
             RateLimited: a requests/tokens per minute or concurrency limit refuses (Retry-After set).
+            NeverAdmitted: the request needs more than a limit or quota holds in all (400, no retry).
             QuotaExceeded: a day/month quota is spent (message names it and when it resets).
             StoreUnavailable: the store is down and fail-open is off or its window has passed.
         """
@@ -160,6 +161,7 @@ class Admission:
         )
         buckets, leases = t_buckets + k_buckets, t_leases + k_leases
         quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
+        _refuse_never_fitting(buckets, quota_checks, cost_tokens, principal.tenant)
         counters = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
         lease_id = f"{self.instance}.{random_hex(12)}"
         # what to give back should this process die before settling (see `recover`)
@@ -300,10 +302,11 @@ class Admission:
         self.stats["rate_limited"] += 1
         retries = [d.retry_after_s for d in result.denials if d.kind == "bucket"]
         d = result.denials[0]
-        if d.kind == "bucket" and d.retry_after_s is None:
+        if d.kind == "bucket" and d.retry_after_s is None:  # checked before acquiring; kept for safety
             b = buckets[d.index]
-            raise RateLimited(
-                f"request needs {int(b.op.cost)} {b.unit}, more than the {b.name} limit of {b.scope} ({b.limit})",
+            raise NeverAdmitted(
+                f"request needs {int(b.op.cost)} {b.unit}, more than the {b.name} limit of {b.scope} "
+                f"({b.limit}) can ever hold",
                 headers=headers,
             )
         if d.kind == "lease":
@@ -486,3 +489,23 @@ class Admission:
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
         """Usage rows per tenant, model and period (days "2026-11-21" and months "2026-11")."""
         return await self._store.usage(tenant)
+
+
+def _refuse_never_fitting(
+    buckets: list[rl.RateCheck], quota_checks: list[q.QuotaCheck], cost_tokens: int, tenant: str
+) -> None:
+    """Raise NeverAdmitted, before any store round trip, for a request that no wait can admit: it
+    needs more than a bucket's whole capacity or a quota's whole period (a 429 would have the
+    client retry forever)."""
+    for b in buckets:
+        if b.op.cost > b.op.capacity:
+            raise NeverAdmitted(
+                f"request needs {int(b.op.cost)} {b.unit}, more than the {b.name} limit of {b.scope} "
+                f"({b.limit}) can ever hold"
+            )
+    for c in quota_checks:
+        if c.unit == "tokens" and cost_tokens > c.limit:
+            raise NeverAdmitted(
+                f"request needs {cost_tokens} tokens, more than the {c.name} quota of tenant {tenant!r} "
+                f"({c.limit}) can ever hold"
+            )

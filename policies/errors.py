@@ -45,6 +45,14 @@ class RateLimited(PolicyError):
     code = "rate_limit_exceeded"
 
 
+class NeverAdmitted(PolicyError):
+    """A request larger than a limit or quota can ever hold (tokens per minute, a day's tokens):
+    waiting would not help, so it is a 400 without `Retry-After`; the message names the limit."""
+
+    status = 400
+    code = "request_exceeds_limit"
+
+
 class QuotaExceeded(PolicyError):
     """A day or month budget is spent; the message names the quota and when it resets."""
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.errors import RateLimited
+from policies.errors import NeverAdmitted, RateLimited
 from policies.ratelimit import format_duration
-from policies.types import Limits
+from policies.types import Limits, Quotas
 from tests.policies.helpers import ACME, ACME_KEY2, admission
 
 
@@ -58,10 +58,28 @@ async def test_overuse_is_charged_and_oversized_request_refused(store, clock) ->
     await adm.reconcile(r, 900)  # what was really used is charged, even above the reservation
     with pytest.raises(RateLimited):
         await adm.admit(ACME, "m", 101)
-    with pytest.raises(RateLimited) as err:
+    with pytest.raises(NeverAdmitted) as err:
         await adm.admit(ACME, "m", 1001)  # can never fit: no point retrying
+    assert err.value.status == 400 and err.value.code == "request_exceeds_limit"
     assert err.value.retry_after_s is None and "Retry-After" not in err.value.headers
-    assert "more than the tokens_per_minute limit" in err.value.message
+    assert "more than the tokens_per_minute limit of tenant acme (1000) can ever hold" in err.value.message
+
+
+async def test_a_request_larger_than_any_limit_or_quota_is_never_admitted(store, clock) -> None:
+    """400, not a 429 to retry forever: for a key's limit, and for a day's token quota; nothing is
+    taken from the store (the request's own small sibling still fits whole)."""
+    adm = admission(
+        store, clock, key_limits=Limits(tokens_per_minute=50), quotas=Quotas(tokens_per_day=5000)
+    )
+    with pytest.raises(NeverAdmitted) as err:
+        await adm.admit(ACME, "m", 51)
+    assert "tokens_per_minute limit of key 0123456789ab (50)" in err.value.message
+    adm = admission(store, clock, quotas=Quotas(tokens_per_day=40))
+    with pytest.raises(NeverAdmitted) as err:
+        await adm.admit(ACME, "m", 41)
+    assert "tokens_per_day quota of tenant 'acme' (40)" in err.value.message
+    assert "Retry-After" not in err.value.headers
+    await adm.reconcile(await adm.admit(ACME, "m", 40), 40)  # the whole day fits, once
 
 
 async def test_key_and_tenant_limits_both_apply(store, clock) -> None:
