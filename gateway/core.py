@@ -637,9 +637,13 @@ class GatewayCore:
         mistake (which must not count against a canary).
         """
         last_error: Exception | None = None
+        # the plan's primary may be skipped (unhealthy, or unable to serve this kind of request):
+        # the first candidate is then a fallback too, and counted as one
+        came_from = plan.primary
         for index, dep in enumerate(candidates):
-            if index:
-                metrics.FALLBACKS.labels(plan.model, candidates[index - 1].name, dep.name).inc()
+            if dep.name != came_from and came_from:
+                metrics.FALLBACKS.labels(plan.model, came_from, dep.name).inc()
+            came_from = dep.name
             self.breakers.on_attempt(dep.name)
             started = time.perf_counter()
             try:
