@@ -13,7 +13,10 @@ whose settlement (usage record, quota adjustment) the admission does not apply b
 - a process killed after it leaves the line done, and its result in the part file.
 
 A line may therefore reach the backend twice (once per process that died running it), but appears
-once in the output and once on the bill.
+once in the output and once on the bill. Within a live process a line runs once: workers take a line
+only after their last await (two workers never race for the last one), and a worker's unexpected
+error lets the others finish the line each holds instead of cutting it (a cut line would run again
+when the job resumes, and its reservation would stay with this live process).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from policies.principal import Principal
 from policies.stores.base import Mark
 
 log = structlog.get_logger(__name__)
+
+#: how long the refund of a line cut by a shutdown may wait for its settlement (the shutdown waits)
+REFUND_WAIT_S = 5.0
 
 
 @dataclass
@@ -78,6 +84,8 @@ class Job:
         self._part = results.PartFile(ctx.workdir(record.id), f"{ctx.instance}-{secrets.token_hex(4)}")
         self._counts = RequestCounts()
         self._saved_counts = RequestCounts()
+        #: a worker failed unexpectedly: the others take no new line (the job resumes at a later poll)
+        self._halted = False
 
     async def run(self) -> None:
         if self.record.status in TERMINAL:
@@ -134,11 +142,21 @@ class Job:
     async def _watch(self, workers: list[asyncio.Task[None]]) -> None:
         """Until the workers end: look for a cancel or the window's end, and save the counts."""
         try:
-            while workers and not all(w.done() for w in workers):
-                await asyncio.wait(workers, timeout=self.ctx.config.poll_interval_s)
-                if self.stop is None:
-                    await self._check_stop()
-                await self._save_counts()
+            while running := [w for w in workers if not w.done()]:
+                await asyncio.wait(
+                    running, timeout=self.ctx.config.poll_interval_s, return_when=asyncio.FIRST_EXCEPTION
+                )
+                if any(w.done() and not w.cancelled() and w.exception() is not None for w in workers):
+                    # the others end with the line they hold done and committed, not cut mid-way
+                    self._halted = True
+                try:
+                    if self.stop is None:
+                        await self._check_stop()
+                    await self._save_counts()
+                except StoreUnavailable as exc:
+                    # looked at again at the next poll: ending the job here would cut the lines in
+                    # flight, which then run a second time when the job resumes
+                    log.warning("batch_watch_retry", batch=self.record.id, error=exc.detail)
             for w in workers:
                 w.result()  # a worker's unexpected error ends the job here (it resumes later)
         finally:
@@ -148,14 +166,13 @@ class Job:
 
     async def _save_counts(self) -> None:
         if self._counts != self._saved_counts:
-            self.record.request_counts = RequestCounts(
-                self._counts.total, self._counts.completed, self._counts.failed
-            )
-            self._saved_counts = self.record.request_counts
+            counts = RequestCounts(self._counts.total, self._counts.completed, self._counts.failed)
+            self.record.request_counts = counts
             await self.ctx.book.save(self.tenant, self.record)
+            self._saved_counts = counts  # only once saved: a failed save is tried at the next poll
 
     async def _work(self, pending: deque[Request]) -> None:
-        while pending and self.stop is None:
+        while pending and self.stop is None and not self._halted:
             if self.ctx.clock() >= self.record.expires_at:
                 self.stop = "expired"
                 return
@@ -164,6 +181,10 @@ class Job:
                 message = f"the API key {self.record.owner_key} that created this batch was revoked or expired"
                 self.record.errors = BatchErrors([BatchError(code="key_revoked", message=message)])
                 self.stop = "failed"
+                return
+            # the key check above may have waited (a store lookup): another worker may have taken
+            # the last line meanwhile, so the line is taken only now, after the last await
+            if not pending or self.stop is not None or self._halted:
                 return
             await self._run_one(pending.popleft())
 
@@ -194,7 +215,14 @@ class Job:
             principal = Principal(
                 self.tenant, self.record.owner_key, tuple(self.record.owner_models), background=held
             )
-            answer = await run_line(self.ctx.core(), principal, request)
+            try:
+                answer = await run_line(self.ctx.core(), principal, request)
+            except asyncio.CancelledError:
+                # this process stops the job (shutdown): the line stays open and runs again when
+                # the job resumes, so what this attempt reserved goes back now (a process that
+                # lives on is never taken for dead, and `Admission.recover` would never refund it)
+                self.ctx.core().settlement.hold(asyncio.ensure_future(self._refund(held)))
+                raise
             if not answer.transient:
                 return held, answer
             if self.ctx.core().drain.draining:
@@ -220,6 +248,13 @@ class Job:
                 log.warning("batch_commit_retry", batch=self.record.id, error=exc.detail)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _refund(self, held: HeldSettle) -> None:
+        """Commit a cut attempt's settlement (a refund) on no line's record, once, briefly."""
+        try:
+            await asyncio.wait_for(self.ctx.admission.commit(held, []), REFUND_WAIT_S)
+        except (TimeoutError, StoreUnavailable) as exc:
+            log.warning("batch_refund_failed", batch=self.record.id, error=str(exc))
 
     async def _finalize(self, requests: list[Request]) -> None:
         """Write the output and error files from the committed lines, then end the job."""
