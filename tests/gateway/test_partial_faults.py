@@ -134,8 +134,8 @@ def test_remote_streams_reuse_their_upstream_connection(upstream_url) -> None:
                 headers=auth,
             )
             assert r.status_code == 200
-        pool = app.state.core.deployments["echo"].backend._client
-        assert pool.open_idle == 1  # one connection, reused by all five
+        client = app.state.core.deployments["echo"].backend._client
+        assert client.connections_opened == 1  # one connection, reused by all five
 
 
 def test_an_upstream_key_revoked_while_serving_is_served_around(digits, tmp_path) -> None:
