@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from secrets import token_hex as random_hex
 
 import structlog
 
-from fleetgate.random_ids import random_hex
 from gateway import metrics
 from gateway.errors import Protocol
 from policies.principal import Principal
@@ -76,7 +76,7 @@ class Call:
         self.principal: Principal | None = None
         # The gateway's own id keys the request everywhere inside (engine, aborts, shadows): a
         # client-chosen id could collide with, reveal or abort another tenant's request. 128 random
-        # bits as 32 hex digits (fleetgate/random_ids.py: no system call per request).
+        # bits as 32 hex digits.
         self.request_id = random_hex(16)
         #: what the response's x-request-id carries: the client's own id when it sent a sane one
         self.echo_id = _client_request_id(headers.get("x-request-id")) or self.request_id

@@ -115,31 +115,46 @@ class StateConfig(SpecBase):
 
 
 class TracingConfig(SpecBase):
-    """OpenTelemetry traces (`fleetgate[tracing]`): one trace per request, exported over OTLP/HTTP."""
+    """OpenTelemetry traces (`fleetgate[tracing]`) through the OpenTelemetry SDK: one trace per request.
+
+    A field set here wins; a field left unset (None) takes the standard `OTEL_*` variable, then the
+    SDK's default (docs/tracing.md)."""
 
     #: off by default: no span is made and nothing is imported
     enabled: bool = False
-    #: the collector's OTLP/HTTP traces endpoint
-    otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
-    service_name: str = "fleetgate"
-    #: fraction of traces kept when the client sent no sampling decision (parent-based sampling)
-    sample_ratio: float = 1.0
+    #: the collector's traces URL (OTLP/HTTP: ending in /v1/traces); unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    #: then OTEL_EXPORTER_OTLP_ENDPOINT (plus /v1/traces for HTTP), then http://localhost:4318/v1/traces
+    otlp_endpoint: str | None = None
+    #: "http/protobuf" or "grpc" (needs opentelemetry-exporter-otlp-proto-grpc); unset:
+    #: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL, then http/protobuf
+    protocol: Literal["http/protobuf", "grpc"] | None = None
+    #: headers sent with every export (a collector's key: "${COLLECTOR_KEY}"); unset:
+    #: OTEL_EXPORTER_OTLP_TRACES_HEADERS, then OTEL_EXPORTER_OTLP_HEADERS
+    headers: dict[str, str] | None = None
+    #: the resource's service.name; unset: OTEL_SERVICE_NAME (or OTEL_RESOURCE_ATTRIBUTES), then "fleetgate"
+    service_name: str | None = None
+    #: fraction of traces kept when the client sent no sampling decision: the sampler is
+    #: ParentBased(TraceIdRatioBased(sample_ratio)); unset: OTEL_TRACES_SAMPLER and
+    #: OTEL_TRACES_SAMPLER_ARG, then parentbased_always_on (every trace)
+    sample_ratio: float | None = None
+    #: also a span per gateway step (authenticate, route, admit, queue) under each request, for a
+    #: closer look during an incident; off, a request has its root span and one per backend attempt
+    step_spans: bool = False
     #: ended spans are sent every this many seconds, or sooner once `export_batch_size` wait
     export_interval_s: float = 1.0
     export_batch_size: int = 2048
-    #: spans waiting past this (the collector slow or down) are dropped and counted, never held;
-    #: an encoded span is about 200 bytes
+    #: spans waiting past this (the collector slow or down) are dropped, never held
     max_queued_spans: int = 20_000
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.sample_ratio <= 1.0:
+        if self.sample_ratio is not None and not 0.0 <= self.sample_ratio <= 1.0:
             raise ValueError("sample_ratio must be in 0..1")
         if not self.export_interval_s > 0:
             raise ValueError("export_interval_s must be > 0")
         if not 1 <= self.export_batch_size <= self.max_queued_spans:
             raise ValueError("export_batch_size must be >= 1 and at most max_queued_spans")
-        if not self.otlp_endpoint.startswith(("http://", "https://")):
-            raise ValueError("otlp_endpoint must be an http:// or https:// URL (OTLP over HTTP, protobuf)")
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise ValueError("otlp_endpoint must be an http:// or https:// URL")
 
 
 class AdminConfig(SpecBase):
