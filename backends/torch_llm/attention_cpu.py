@@ -1,4 +1,4 @@
-"""Paged decode attention on CPU without the gather: a small C++ kernel built at first use.
+"""Paged decode attention on CPU without the gather: a small C++ kernel built at install.
 
 Gather + SDPA (`TorchPagedAttention`) copies every decode row's context out of the block pool before
 attending, so the keys and values cross memory three times per layer; at 16 sequences of a few
@@ -6,10 +6,11 @@ hundred tokens that copy was half of a decode step (torch.profiler: `index_selec
 `CpuPagedAttention` reads them once, in place, through the block tables
 (`paged_decode_cpu.cpp`). Prefill chunks keep SDPA (their gather is amortised over many queries).
 
-The kernel is compiled by `torch.utils.cpp_extension.load_inline` the first time an engine needs it
-(tens of seconds; cached under `~/.cache/torch_extensions`, keyed by the source and the CPU model, as
-it is built for the host's instruction set). Without a C++ compiler, or if it fails to build or to
-agree with gather + SDPA, `attention_select` logs one warning and uses gather + SDPA.
+The kernel is compiled once per install by `fleetgate build-kernels` (`cpu_extension`: tens of
+seconds, into the install's own directory, keyed by the source, torch, the CPU model and the flags, as
+it is built for the host's instruction set); an engine only loads it. Where it is not built (no C++
+compiler, the command not run) or does not agree with gather + SDPA, `attention_select` logs one
+warning and uses gather + SDPA.
 """
 
 from __future__ import annotations
@@ -21,18 +22,22 @@ from typing import Any
 import torch
 
 from backends.torch_llm.attention import TorchPagedAttention
-from backends.torch_llm.cpu_extension import load_cpu_extension
+from backends.torch_llm.cpu_extension import CpuKernel, load_built
 
-SOURCE = pathlib.Path(__file__).with_name("paged_decode_cpu.cpp")
+KERNEL = CpuKernel(
+    prefix="fleetgate_paged_decode",
+    source=pathlib.Path(__file__).with_name("paged_decode_cpu.cpp"),
+    functions=("paged_decode",),
+    # fast-math lets the compiler vectorize the dot-product reductions and exp (1.6x here);
+    # the kernel avoids infinities, which fast-math assumes away
+    cflags=("-O3", "-march=native", "-fopenmp", "-ffast-math"),
+)
 
 
 @functools.cache
 def load_kernel() -> Any:
-    """The compiled extension module (built once per source version and CPU model)."""
-    # fast-math lets the compiler vectorize the dot-product reductions and exp (1.6x here);
-    # the kernel avoids infinities, which fast-math assumes away
-    cflags = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-    return load_cpu_extension(SOURCE, "fleetgate_paged_decode", ["paged_decode"], cflags)
+    """The built extension module (`KernelNotBuilt` when this install has not built it)."""
+    return load_built(KERNEL)
 
 
 class CpuPagedAttention(TorchPagedAttention):

@@ -8,9 +8,9 @@ run, 0.92x). See
 `blocked_linear_cpu.cpp` for the layout and the micro-kernel. The blocked weight replaces the
 original (no second copy). Results equal `F.linear`'s to float32 rounding (another summation order).
 
-The kernel is built by `torch.utils.cpp_extension` at first use (cached like the other CPU
-kernels); `kernel_or_none` returns it only when it builds and agrees with `F.linear` on random
-inputs, so that the caller can fall back to oneDNN.
+The kernel is built once per install by `fleetgate build-kernels` (`cpu_extension`, like the other
+CPU kernels) and only loaded here; `kernel_or_none` returns it only when it is built and agrees with
+`F.linear` on random inputs, so that the caller can fall back to oneDNN.
 """
 
 from __future__ import annotations
@@ -23,22 +23,25 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from backends.torch_llm.cpu_extension import checked_or_none, load_cpu_extension
+from backends.torch_llm.cpu_extension import CpuKernel, checked_or_none, load_built
 
-SOURCE = pathlib.Path(__file__).with_name("blocked_linear_cpu.cpp")
 BLOCK = 16  # output columns per block (the kernel's register tile width)
+KERNEL = CpuKernel(
+    prefix="fleetgate_blocked_linear",
+    source=pathlib.Path(__file__).with_name("blocked_linear_cpu.cpp"),
+    functions=("blocked_linear",),
+    cflags=("-O3", "-march=native", "-fopenmp"),
+)
 
 
 @functools.cache
 def load_kernel() -> Any:
-    """The compiled extension module (built once per source version, CPU model and torch)."""
-    return load_cpu_extension(
-        SOURCE, "fleetgate_blocked_linear", ["blocked_linear"], ["-O3", "-march=native", "-fopenmp"]
-    )
+    """The built extension module (`KernelNotBuilt` when this install has not built it)."""
+    return load_built(KERNEL)
 
 
 def kernel_or_none() -> Any | None:
-    """The kernel when it builds and matches `F.linear`, else None (one warning logged)."""
+    """The kernel when it is built and matches `F.linear`, else None (one warning logged)."""
     return checked_or_none(load_kernel, probe, "llm_blocked_linear_fallback")
 
 

@@ -7,11 +7,11 @@ arithmetic, is their cost: measured on this project's 2-core CPU, 2.1 ms of a 16
 and 4 ms of a 33 ms 16-row step. `fused_ops_cpu.cpp` does each chain in one pass with the
 reference's arithmetic (see the file for what is bit-identical).
 
-The kernels are built by `torch.utils.cpp_extension.load_inline` at first use (cached under
-`~/.cache/torch_extensions`, keyed by the source, the CPU model and torch's version, as with the
-paged decode kernel). `cpu_kernels_or_none` returns them only when they build and agree with the
-torch ops on random inputs; otherwise it logs one warning (`llm_fused_ops_fallback`) and the model
-keeps the torch ops.
+The kernels are built once per install by `fleetgate build-kernels` (`cpu_extension`, as with the
+paged decode kernel) and only loaded here. `cpu_kernels_or_none` returns them only when they are
+built and agree with the torch ops on random inputs; otherwise it logs one warning
+(`llm_fused_ops_fallback`, naming the build command where they are not built) and the model keeps
+the torch ops.
 """
 
 from __future__ import annotations
@@ -22,19 +22,22 @@ from typing import Any
 
 import torch
 
-from backends.torch_llm.cpu_extension import checked_or_none, load_cpu_extension
+from backends.torch_llm.cpu_extension import CpuKernel, checked_or_none, load_built
 
-SOURCE = pathlib.Path(__file__).with_name("fused_ops_cpu.cpp")
+KERNEL = CpuKernel(
+    prefix="fleetgate_fused_ops",
+    source=pathlib.Path(__file__).with_name("fused_ops_cpu.cpp"),
+    functions=("rms_norm", "add_rms_norm_", "rotary_", "silu_mul"),
+    # no contraction of a * b + c into an FMA: the reference rounds the product first;
+    # no trapping math (results unchanged, exceptions unobserved) lets exp's clamps vectorize
+    cflags=("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math"),
+)
 
 
 @functools.cache
 def load_kernels() -> Any:
-    """The compiled extension module (built once per source version, CPU model and torch)."""
-    # no contraction of a * b + c into an FMA: the reference rounds the product first;
-    # no trapping math (results unchanged, exceptions unobserved) lets exp's clamps vectorize
-    cflags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math"]
-    functions = ["rms_norm", "add_rms_norm_", "rotary_", "silu_mul"]
-    return load_cpu_extension(SOURCE, "fleetgate_fused_ops", functions, cflags)
+    """The built extension module (`KernelNotBuilt` when this install has not built it)."""
+    return load_built(KERNEL)
 
 
 def cpu_kernels_or_none(dtype: torch.dtype) -> Any | None:
