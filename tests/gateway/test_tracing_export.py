@@ -185,6 +185,36 @@ def test_the_config_wins_over_otel_variables(collector: str, monkeypatch: pytest
     assert resource["service.name"] == "from-config"
 
 
+def test_protocol_grpc_sends_to_an_otlp_grpc_collector() -> None:
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received: list[ExportTraceServiceRequest] = []
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: ANN001, ANN202, N802 - the service's names
+            received.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        config = TracingConfig(enabled=True, protocol="grpc", otlp_endpoint=f"http://127.0.0.1:{port}")
+        switch = TracingSwitch(config)
+        client = tracing.extract_context({"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"})
+        with tracing.span("fleetgate.request", client):
+            pass
+        switch.provider.shutdown()
+    finally:
+        server.stop(None)
+    ((span,),) = [[s for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans] for r in received]
+    assert span.name == "fleetgate.request" and span.trace_id.hex() == TRACE_ID
+
+
 def test_the_protocol_comes_from_the_config_then_the_variables() -> None:
     assert protocol_of(TracingConfig(), {}) == "http/protobuf"
     assert protocol_of(TracingConfig(), {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) == "grpc"
