@@ -1,4 +1,4 @@
-"""The `fleetgate` command: serve, check-config, demo-models, quantize, keys, usage.
+"""The `fleetgate` command: serve, check-config, demo-models, build-kernels, quantize, keys, usage.
 
 Errors a user can fix (a bad config, an unknown tenant) print one line on stderr and exit 2; an
 unreachable state store prints one line and exits 1. None of them prints a traceback.
@@ -116,6 +116,42 @@ def cmd_demo_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_kernels(args: argparse.Namespace) -> int:
+    """Build the native code of this install (the LLM engine's CPU kernels) so that no serving
+    process compiles anything; one line per library, exit 1 when one failed."""
+    try:
+        import torch  # noqa: F401 - only to know whether the engine is installed
+    except ImportError:
+        print("torch is not installed (the `torch` extra): no engine kernels to build", file=sys.stderr)
+        torch_results: list[Any] = []
+    else:
+        from backends.torch_llm.build_kernels import build_all
+
+        torch_results = build_all()
+    failed = 0
+    for result in torch_results:
+        took = f" in {result.seconds:.1f} s" if result.outcome == "built" else ""
+        print(f"{result.outcome} {result.prefix}{took}: {result.library}")
+        if result.outcome == "failed":
+            failed += 1
+            print(
+                f"fleetgate: {result.prefix} did not build ({result.error}); engines serve without it",
+                file=sys.stderr,
+            )
+    return 1 if failed else 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetgate")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        from fleetgate import __version__
+
+        return __version__
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     import contextlib
 
@@ -190,22 +226,64 @@ def _check_tenant(config: Config, tenant: str | None) -> None:
         raise ConfigError(f"unknown tenant {tenant!r} (configured: {configured})")
 
 
+async def _valid_kept_secret(keys: Any, path: Path, tenant: str) -> str | None:
+    """The secret kept in `path` when it is still an active key of `tenant` in this store, else
+    None (no file, revoked, expired, another tenant's, or the store was reset)."""
+    from policies.errors import Unauthenticated
+
+    try:
+        secret = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"--secret-file {path}: {exc.strerror}") from None
+    try:
+        principal = await keys.authenticate(secret)
+    except Unauthenticated:
+        print(f"the key kept in {path} is no longer valid: creating another", file=sys.stderr)
+        return None
+    if principal.tenant != tenant:
+        print(f"the key kept in {path} belongs to another tenant: creating another", file=sys.stderr)
+        return None
+    print(f"reusing key {principal.key_id} of tenant {tenant} kept in {path}", file=sys.stderr)
+    return secret
+
+
+def _keep_secret(path: Path, secret: str) -> None:
+    """Write `secret` to `path`, readable by its owner only, replacing it whole (never half-written)."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.unlink(missing_ok=True)  # a left-over one would keep its mode: created afresh, 0600
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secret + "\n")
+    os.replace(partial, path)
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if args.action == "list":
         _check_tenant(config, args.tenant)
 
     async def create(keys: Any, _: Any) -> int:
+        kept = Path(args.secret_file) if args.secret_file else None
+        if kept is not None:
+            reused = await _valid_kept_secret(keys, kept, args.tenant)
+            if reused is not None:
+                print(reused)
+                return 0
         try:
             record, secret = await keys.create(
                 args.tenant, args.models or None, _parse_expiry(args.expires), args.name
             )
         except ValueError as exc:
             return _fail(str(exc))
-        print(
-            f"created key {record.key_id} for tenant {record.tenant}; the secret is shown once:",
-            file=sys.stderr,
-        )
+        if kept is not None:
+            _keep_secret(kept, secret)
+        where = f"kept in {kept} (mode 0600)" if kept else "the secret is shown once"
+        print(f"created key {record.key_id} for tenant {record.tenant}; {where}:", file=sys.stderr)
         print(secret)
         return 0
 
@@ -244,6 +322,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetgate", description="One API endpoint for an inference fleet.")
+    parser.add_argument("--version", action="version", version=f"fleetgate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="serve the gateway")
@@ -266,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-llama", action="store_true", help="skip the tiny Llama (no torch needed)")
     p.set_defaults(func=cmd_demo_models)
 
+    p = sub.add_parser(
+        "build-kernels", help="build the native code of this install once (the engine's CPU kernels)"
+    )
+    p.set_defaults(func=cmd_build_kernels)
+
     p = sub.add_parser("quantize", help="post-training INT8 quantization of a model for OpenVINO on CPU")
     p.add_argument("--model", required=True, help="the f32 model: .onnx or OpenVINO IR .xml")
     p.add_argument(
@@ -285,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--models", nargs="*", help="model globs the key is restricted to")
     k.add_argument("--expires", help="ISO time or a duration like 30d / 12h")
     k.add_argument("--name")
+    k.add_argument(
+        "--secret-file",
+        help="keep the secret in this file (mode 0600) and print it again, without creating a key, "
+        "while it is an active key of the tenant (what `make run` does with var/demo-key)",
+    )
     k.set_defaults(func=cmd_keys)
     k = keys.add_parser("list", help="list keys (never their secrets)")
     k.add_argument("--config", required=True)

@@ -124,3 +124,38 @@ def test_unreachable_state_store_is_one_line_not_a_traceback(tmp_path: Path) -> 
     assert_one_line_error(
         fleetgate("keys", "create", "--config", str(down), "--tenant", "a"), 1, "unavailable"
     )
+
+
+def test_a_secret_file_keeps_one_key_across_runs(config: Path, tmp_path: Path) -> None:
+    """`make run` passes --secret-file var/demo-key: each run prints the same key instead of minting
+    another, and a key that stopped working (revoked) is replaced, never printed again."""
+    kept = tmp_path / "var" / "demo-key"
+    args = ("keys", "create", "--config", str(config), "--tenant", "a", "--name", "make-run")
+    first = fleetgate(*args, "--secret-file", str(kept))
+    assert first.returncode == 0, first.stderr
+    secret = first.stdout.strip()
+    assert kept.read_text().strip() == secret and (kept.stat().st_mode & 0o777) == 0o600
+    assert secret not in first.stderr
+    again = fleetgate(*args, "--secret-file", str(kept))
+    assert again.returncode == 0 and again.stdout.strip() == secret, again.stderr
+    assert "reusing key" in again.stderr and secret not in again.stderr
+    listed = fleetgate("keys", "list", "--config", str(config), "--tenant", "a").stdout.splitlines()
+    assert len(listed) == 1, listed
+    key_id = parse_key(secret)[0]  # type: ignore[index]
+    assert fleetgate("keys", "revoke", "--config", str(config), key_id).returncode == 0
+    replaced = fleetgate(*args, "--secret-file", str(kept))
+    assert replaced.returncode == 0 and "no longer valid" in replaced.stderr
+    assert replaced.stdout.strip() not in ("", secret)
+    assert kept.read_text().strip() == replaced.stdout.strip()
+    # another tenant's kept key is not handed out for this one
+    other = fleetgate("keys", "create", "--config", str(config), "--tenant", "b", "--secret-file", str(kept))
+    assert other.returncode == 0 and "another tenant" in other.stderr
+    assert other.stdout.strip() != replaced.stdout.strip()
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    shown = fleetgate("--version")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == f"fleetgate {version('fleetgate')}\n"
