@@ -1,19 +1,22 @@
-"""The cost of tracing: one gateway serving with `tracing` off and on, switched by config reloads.
+"""The cost of tracing through the OpenTelemetry SDK: one gateway serving with `tracing` off and on,
+switched by config reloads.
 
 One `fleetgate serve` process serves the demo digits model (ONNX Runtime); between measurements a
 config reload (`POST /admin/reload`) turns tracing off, on for every request, or on with
 `sample_ratio: 0.1`, and `off_again` measures the untraced gateway a second time within the round
 (the noise floor the ratios must be read against). One process for every variant on purpose: two
 identical gateway processes measured side by side on this machine differed by 2-8 % (heap and code
-layout, which core each landed on), more than the effect measured here. The traced states export
-OTLP/HTTP protobuf to a collector stand-in in its own process (it keeps what it receives and, at the
-end, decodes it with the `opentelemetry-proto` classes to count the spans). Closed-loop v2 `/infer`
+layout, which core each landed on), more than the effect measured here. The traced states are the
+SDK's spans (a root span and one per backend attempt; `--step-spans` adds the gateway's step spans),
+sent by its BatchSpanProcessor and OTLP/HTTP exporter to a collector stand-in in its own process (it
+keeps what it receives and, at the end, decodes it with the `opentelemetry-proto` classes to count
+the spans). Closed-loop v2 `/infer`
 (binary tensors) at c=1 and c=16; rounds visit the states in the orders of a balanced Latin square
 (Williams design: over every 4 rounds each state takes each position once and follows each other
 state once; a plain rotation keeps each state's predecessor the same in every round, and at the last
 rotated run the two untraced measurements differed by 5-6 %, more than the target allows); medians
 of rounds. Reported: requests/s, p50, and the gateway's CPU per request (user + system from /proc).
-Target (issue 19): tracing on keeps >= 95 % of the throughput.
+Target: tracing on keeps >= 95 % of the throughput.
 
 `--paired` measures the same question a second way, made for a machine whose speed drifts within
 seconds (the untraced state measured twice in one round differed by up to 40 % on some days): two
@@ -24,7 +27,7 @@ Competing for the same cores, a gateway that spends more CPU a request answers f
 estimate is the throughput ratio the target is about. Written under `paired` in the same JSON.
 
 Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 8]` (a multiple of 4)
-`[--paired-rounds 16]` (0: the sequential design only).
+`[--paired-rounds 16]` (0: the sequential design only) `[--step-spans]`.
 """
 
 from __future__ import annotations
@@ -161,7 +164,7 @@ def paired_rounds(
         gateways.append((proc, port, tmp / f"gateway-{port}.yaml", v2_request("digits", row, key, port)))
     requests = [(port, request) for _, port, _, request in gateways]
     rounds: list[dict] = []
-    traced_requests = 0  # answered by a traced gateway: the collector should hold 6 spans for each
+    traced_requests = 0  # answered by a traced gateway: the collector should hold 2 spans for each (6 with --step-spans)
     try:
         for index in range(args.paired_rounds):
             result: dict[str, dict] = {}
@@ -227,6 +230,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds of load before each measurement")
     parser.add_argument("--paired-rounds", type=int, default=16, help="rounds of the paired design (0: none)")
+    parser.add_argument(
+        "--step-spans", action="store_true", help="traced states also make the step spans (tracing.step_spans)"
+    )
     parser.add_argument("--collector", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.collector:
@@ -244,6 +250,8 @@ def main() -> None:
         "on": "enabled: true, sample_ratio: 1.0",
         "on_sampled_10pct": "enabled: true, sample_ratio: 0.1",
     }
+    if args.step_spans:
+        states = {name: f"{value}, step_spans: true" if name.startswith("on") else value for name, value in states.items()}
     served = {name: 0 for name in states if name.startswith("on")}
     with tempfile.TemporaryDirectory() as tmp:
         models = write_all(Path(tmp) / "models", savedmodel=False, llama=False)
