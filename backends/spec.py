@@ -8,13 +8,15 @@ adapter into its own Struct, so an error names the path (`options.block_size`).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, TypeVar
 
 import msgspec
+import msgspec.inspect as mi
 
 from fleetgate.spec import SpecBase
 
-__all__ = ["SpecBase", "decode_options"]  # SpecBase: re-exported for the adapters' option Structs
+__all__ = ["SpecBase", "decode_options", "device_problem", "with_choices"]  # SpecBase: re-exported for the adapters' option Structs
 
 
 OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
@@ -29,7 +31,91 @@ def decode_options(raw: dict[str, Any], options_type: type[OptionsT]) -> Options
     try:
         return msgspec.convert(raw, options_type)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"options: {str(exc).replace('`$', '`options')}") from None
+        message = with_choices(str(exc), options_type)
+        raise ValueError(f"options: {message.replace('`$', '`options')}") from None
+
+
+#: one step of a msgspec error path: `.field`, `[3]` (list item) or `[...]` (dict value)
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def with_choices(message: str, root: Any) -> str:
+    """msgspec's `Invalid enum value 'x' - at `$.a.b`` with the values the field accepts, found by
+    walking `root`'s type along the path: `... 'x' (expected one of: p, q) - at `$.a.b``."""
+    if not message.startswith("Invalid enum value"):
+        return message
+    head, sep, where = message.partition(" - at `$")
+    nodes: list[Any] = [mi.type_info(root)]
+    for field, index in _STEP.findall(where.rstrip("`")):
+        nodes = [child for node in nodes for child in _children(node, field, index)]
+    values = [v for node in nodes for v in _literals(node)]
+    if not values:
+        return message
+    return f"{head} (expected one of: {', '.join(map(str, values))}){sep}{where}"
+
+
+def _unwrap(node: Any) -> list[Any]:
+    if isinstance(node, mi.Metadata):
+        return _unwrap(node.type)
+    if isinstance(node, mi.UnionType):
+        return [leaf for member in node.types for leaf in _unwrap(member)]
+    return [node]
+
+
+def _children(node: Any, field: str, index: str) -> list[Any]:
+    out = []
+    for leaf in _unwrap(node):
+        if field and isinstance(leaf, mi.StructType):
+            out += [f.type for f in leaf.fields if f.encode_name == field]
+        elif index == "..." and isinstance(leaf, mi.DictType):
+            out.append(leaf.value_type)
+        elif index.isdigit() and isinstance(leaf, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+            out.append(leaf.item_type)
+    return out
+
+
+def _literals(node: Any) -> list[Any]:
+    values: list[Any] = []
+    for leaf in _unwrap(node):
+        if isinstance(leaf, mi.LiteralType):
+            values += leaf.values
+        elif isinstance(leaf, mi.EnumType):
+            values += [member.value for member in leaf.cls]
+    return values
+
+
+def device_problem(backend: str, device: str) -> str | None:
+    """Why `device` is not a device of `backend` (naming the valid ones), or None when it is.
+
+    The rules live with each backend's options; `tfserving` and `remote` run elsewhere, so their
+    `device` is a free label of the upstream's hardware and any value goes.
+    """
+    if backend == "torch_llm":
+        from backends.torch_llm.options import device_problem as torch_device_problem
+
+        return torch_device_problem(device)
+    if backend == "openvino":
+        from backends.openvino.options import device_problem as openvino_device_problem
+
+        return openvino_device_problem(device)
+    if backend == "onnxruntime":
+        return onnx_device_problem(device)
+    return None
+
+
+#: `device:` of an onnxruntime deployment: a label until the session tells where it runs (the
+#: first provider decides); the providers choose the hardware, so only these spellings are taken
+ONNX_DEVICES = "cpu, cuda, cuda:N or auto"
+
+
+def onnx_device_problem(device: str) -> str | None:
+    """Why `device` is not an onnxruntime deployment's device, or None."""
+    if device in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", device):
+        return None
+    return (
+        f"unknown onnxruntime device {device!r}: use {ONNX_DEVICES} (the `providers` list chooses "
+        "where the model runs)"
+    )
 
 
 class BatchingSpec(SpecBase):

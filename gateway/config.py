@@ -20,17 +20,15 @@ import yaml
 
 from backends.base import ModelMetadata
 from backends.signatures import read_signature
-from backends.spec import DeploymentSpec, SpecBase
+from backends.spec import DeploymentSpec, SpecBase, with_choices
+from gateway import config_checks
 from gateway.batches.config import BatchesConfig
+from gateway.config_checks import ConfigError, yaml_error
 from policies.fair_queue import QueueSpec
 from policies.types import TenantSpec
 from router.graph_types import check_graph_tensors
 from router.graphs import GraphConfig, check_graph
 from router.spec import BreakerConfig, ModelConfig
-
-
-class ConfigError(ValueError):
-    """A config that cannot be served. The message is one line and names the path."""
 
 
 class ServerConfig(SpecBase):
@@ -276,7 +274,8 @@ def _check_model(model: str, spec: ModelConfig, names: Mapping[str, object]) -> 
 
 
 def _check_references(config: Config) -> None:
-    """Cross-section checks msgspec cannot do: names, weights, files."""
+    """Cross-section checks msgspec cannot do: names, weights, devices, files."""
+    config_checks.check_model_names(config)
     for model, spec in config.models.items():
         _check_model(model, spec, config.deployments)
     for name, dep in config.deployments.items():
@@ -339,6 +338,10 @@ def _check_graphs(config: Config) -> None:
             raise ConfigError(str(exc)) from None
         for step_name, step in graph.steps.items():
             if _generates_text(config, step.model):
+    config_checks.check_fallback_kinds(config)
+    # before the files: a config checked away from its models still gets these checked
+    config_checks.check_devices(config)
+    config_checks.check_providers(config)
                 raise ConfigError(
                     f"model {step.model!r} generates text; a graph step calls a tensor model "
                     f"- at `$.graphs.{name}.steps.{step_name}.model`"
@@ -379,7 +382,7 @@ def _check_named_entries(raw: dict[str, Any]) -> None:
             try:
                 msgspec.convert(entry, kind, strict=True)
             except msgspec.ValidationError as exc:
-                raise ConfigError(_rebase(str(exc), f"$.{section}.{name}")) from None
+                raise ConfigError(_rebase(with_choices(str(exc), kind), f"$.{section}.{name}")) from None
 
 
 def _default_grpc_port(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -400,15 +403,17 @@ def _default_grpc_port(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
         raise ConfigError(f"FLEETGATE_GRPC_PORT must be a port number or `off`, got {value!r}")
 
 
-def parse_config(text: str, *, base_dir: Path, env: dict[str, str] | None = None) -> Config:
-    """Decode and check a YAML config. Raises ConfigError with one line naming the path."""
+def parse_config(
+    text: str, *, base_dir: Path, env: dict[str, str] | None = None, source: str | None = None
+) -> Config:
+    """Decode and check a YAML config. Raises ConfigError with one line naming the path.
+
+    `source` names the file in YAML syntax errors (`load_config` passes the path).
+    """
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"invalid YAML{where}: {problem}") from None
+        raise yaml_error(exc, text, source) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -420,7 +425,7 @@ def parse_config(text: str, *, base_dir: Path, env: dict[str, str] | None = None
     try:
         config = msgspec.convert(raw, Config, strict=True)
     except msgspec.ValidationError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(with_choices(str(exc), Config)) from None
     config = _resolve_paths(config, base_dir)
     _check_references(config)
     if config.server.workers > 1 and config.state.url.startswith("memory://"):
@@ -438,4 +443,4 @@ def load_config(path: str | os.PathLike[str], env: dict[str, str] | None = None)
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
-    return parse_config(text, base_dir=file.resolve().parent, env=env)
+    return parse_config(text, base_dir=file.resolve().parent, env=env, source=str(file))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from backends.spec import SpecBase
@@ -43,3 +44,26 @@ class OpenVINOOptions(SpecBase):
             raise ValueError("num_requests must be >= 1")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("num_threads must be >= 1")
+
+
+#: one OpenVINO device: CPU, GPU (or GPU.N, one of several), NPU
+_ONE_DEVICE = re.compile(r"CPU|GPU(?:\.\d+)?|NPU")
+#: `device:` of an openvino deployment
+DEVICES = "CPU, GPU, GPU.N, NPU, AUTO, or AUTO:/HETERO:/MULTI: with a comma-separated list of those (HETERO:GPU,CPU)"
+
+
+def device_problem(device: str) -> str | None:
+    """Why `device` is not an OpenVINO device (naming the valid ones), or None when it is.
+
+    OpenVINO's names are upper case (`cpu` fails only when the model is compiled, at load); the
+    virtual devices take a priority list of real ones.
+    """
+    if device == "AUTO" or _ONE_DEVICE.fullmatch(device):
+        return None
+    virtual, sep, members = device.partition(":")
+    if sep and virtual in ("AUTO", "HETERO", "MULTI") and members:
+        # AUTO also takes exclusions (`AUTO:-CPU`)
+        names = [m.strip().removeprefix("-") if virtual == "AUTO" else m.strip() for m in members.split(",")]
+        if all(_ONE_DEVICE.fullmatch(n) for n in names):
+            return None
+    return f"unknown OpenVINO device {device!r}: use {DEVICES}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from backends.spec import SpecBase
@@ -97,6 +98,17 @@ class LLMOptions(SpecBase):
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"options.{name} {why}")
+
+
+#: `device:` of a torch_llm deployment (auto: CUDA when torch sees a GPU, else the CPU)
+DEVICES = "cpu, cuda, cuda:N or auto"
+
+
+def device_problem(device: str) -> str | None:
+    """Why `device` is not a torch_llm device (naming the valid ones), or None when it is."""
+    if device in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", device):
+        return None
+    return f"unknown torch_llm device {device!r}: use {DEVICES}"
 
 
 def decode_options(raw: dict[str, Any]) -> LLMOptions:

@@ -189,3 +189,132 @@ def test_grpc_port_follows_the_http_port(tmp_path):
     assert _parse("server: {port: 9000}", tmp_path, env={"FLEETGATE_GRPC_PORT": "off"}).server.grpc_listen_port is None
     with pytest.raises(ConfigError, match="grpc_port must differ from port"):
         _parse("server: {port: 9000, grpc_port: 9000}", tmp_path, env={})
+
+
+@pytest.mark.parametrize(
+    ("deployment", "message"),
+    [
+        (
+            "{backend: onnxruntime, model: m.onnx, providers: [CPUExecutionProvider, CUDAProvider]}",
+            "unknown ONNX Runtime execution provider 'CUDAProvider' (did you mean 'CUDAExecutionProvider'?); "
+            "known: ",
+        ),
+        ("{backend: openvino, model: m.onnx, device: cpu}", "unknown OpenVINO device 'cpu': use CPU, GPU, GPU.N, NPU"),
+        ("{backend: openvino, model: m.onnx, device: 'HETERO:GPU,TPU'}", "unknown OpenVINO device 'HETERO:GPU,TPU'"),
+        ("{backend: torch_llm, model: m.onnx, device: gpu}", "unknown torch_llm device 'gpu': use cpu, cuda, cuda:N"),
+        ("{backend: torch_llm, model: m.onnx, device: 'cuda:x'}", "unknown torch_llm device 'cuda:x'"),
+        ("{backend: onnxruntime, model: m.onnx, device: tpu}", "unknown onnxruntime device 'tpu': use cpu, cuda"),
+    ],
+)
+def test_unknown_devices_and_providers_name_the_path_and_the_choices(tmp_path, model, deployment, message):
+    with pytest.raises(ConfigError) as info:
+        _parse(f"deployments:\n  d: {deployment}\n", tmp_path)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+    field = "providers[1]" if "providers" in deployment else "device"
+    assert text.endswith(f" - at `$.deployments.d.{field}`")
+    if "providers" in deployment:  # every valid name is listed
+        import onnxruntime
+
+        assert all(p in text for p in onnxruntime.get_all_providers())
+
+
+@pytest.mark.parametrize(
+    ("backend", "device"),
+    [
+        ("openvino", "CPU"),
+        ("openvino", "GPU.1"),
+        ("openvino", "NPU"),
+        ("openvino", "AUTO"),
+        ("openvino", "'HETERO:GPU,CPU'"),
+        ("openvino", "'MULTI:GPU.0,GPU.1'"),
+        ("openvino", "'AUTO:-CPU'"),
+        ("torch_llm", "cuda:1"),
+        ("torch_llm", "auto"),
+        ("onnxruntime", "cpu"),
+        ("remote", "h100"),  # an upstream's device is a label of its hardware
+    ],
+)
+def test_known_devices_pass(tmp_path, model, backend, device):
+    extra = "url: 'http://x', protocol: openai" if backend == "remote" else "model: m.onnx"
+    _parse(f"deployments:\n  d: {{backend: {backend}, {extra}, device: {device}}}\n", tmp_path)
+
+
+def test_a_fallback_must_serve_what_the_routes_serve(tmp_path, model):
+    base = (
+        "deployments:\n  llm: {backend: remote, url: 'http://x', protocol: openai}\n"
+        "  ort: {backend: onnxruntime, model: m.onnx}\n  v2: {backend: remote, url: 'http://y', protocol: kserve_v2}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        _parse(base + "models: {chat: {routes: [{deployment: llm}], fallback: [v2, ort]}}", tmp_path)
+    assert str(info.value) == (
+        "fallback 'v2' (remote) serves only tensors, while the model's routes serve embeddings and text: "
+        "a fallback must answer the same requests - at `$.models.chat.fallback[0]`"
+    )
+    with pytest.raises(ConfigError, match=r"serves only embeddings and text.* - at `\$.models.t.fallback\[0\]`"):
+        _parse(base + "models: {t: {routes: [{deployment: ort}], fallback: [llm]}}", tmp_path)
+    _parse(base + "models: {t: {routes: [{deployment: ort}], fallback: [v2]}}", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "server: {log_level: loud}",
+            "Invalid enum value 'loud' (expected one of: debug, error, info, warning) - at `$.server.log_level`",
+        ),
+        (
+            "deployments: {a: {backend: magic}}",
+            "Invalid enum value 'magic' (expected one of: onnxruntime, openvino, remote, tfserving, torch_llm)"
+            " - at `$.deployments.a.backend`",
+        ),
+        (
+            "deployments: {a: {backend: remote, url: 'http://x', protocol: grpc}}",
+            "Invalid enum value 'grpc' (expected one of: kserve_v2, openai) - at `$.deployments.a.protocol`",
+        ),
+        (
+            "models: {m: {routes: [{deployment: a}], balance: fastest}}",
+            "Invalid enum value 'fastest' (expected one of: least_wait, weighted) - at `$.models.m.balance`",
+        ),
+    ],
+)
+def test_enum_errors_list_the_valid_values(tmp_path, text, message):
+    with pytest.raises(ConfigError) as info:
+        _parse(text, tmp_path)
+    assert str(info.value) == message
+
+
+def test_option_enum_errors_list_the_valid_values():
+    from backends.openvino.options import OpenVINOOptions
+    from backends.spec import decode_options
+
+    with pytest.raises(ValueError) as info:
+        decode_options({"precision": "f8"}, OpenVINOOptions)
+    assert str(info.value) == "options: Invalid enum value 'f8' (expected one of: bf16, f16, f32) - at `options.precision`"
+
+
+@pytest.mark.parametrize("name", ["a:1", "a@b", "a/../b", "-a", "a b"])
+def test_model_names_follow_the_rule(tmp_path, name):
+    with pytest.raises(ConfigError) as info:
+        _parse(f"models: {{'{name}': {{routes: [{{deployment: x}}]}}}}", tmp_path)
+    assert f"{name!r} is not a valid model name: " in str(info.value)
+    assert str(info.value).endswith(f" - at `$.models.{name}`")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("server:\n  port: 80\n  host: a: b\n", "at line 3, column 10: mapping values are not allowed here: `host: a: b`"),
+        ("server: {port: [80\n\n", "at line 3, column 1: expected ',' or ']', but got '<stream end>' (near line 1: `server: {port: [80`)"),
+    ],
+)
+def test_yaml_errors_name_the_file_line_column_and_text(tmp_path, text, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert str(info.value) == f"invalid YAML in {bad} {message}"
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2 and out.stderr.strip() == f"fleetgate: invalid YAML in {bad} {message}"
