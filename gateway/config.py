@@ -31,6 +31,10 @@ from router.graphs import GraphConfig, check_graph
 from router.spec import BreakerConfig, ModelConfig
 
 
+class ConfigError(ValueError):
+    """A config that cannot be served. The message is one line and names the path."""
+
+
 class ServerConfig(SpecBase):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -278,6 +282,10 @@ def _check_references(config: Config) -> None:
     config_checks.check_model_names(config)
     for model, spec in config.models.items():
         _check_model(model, spec, config.deployments)
+    config_checks.check_fallback_kinds(config)
+    # before the files: a config checked away from its models still gets these checked
+    config_checks.check_devices(config)
+    config_checks.check_providers(config)
     for name, dep in config.deployments.items():
         if dep.model is not None and not os.path.exists(dep.model):
             raise ConfigError(f"model file {dep.model} does not exist - at `$.deployments.{name}.model`")
@@ -338,10 +346,6 @@ def _check_graphs(config: Config) -> None:
             raise ConfigError(str(exc)) from None
         for step_name, step in graph.steps.items():
             if _generates_text(config, step.model):
-    config_checks.check_fallback_kinds(config)
-    # before the files: a config checked away from its models still gets these checked
-    config_checks.check_devices(config)
-    config_checks.check_providers(config)
                 raise ConfigError(
                     f"model {step.model!r} generates text; a graph step calls a tensor model "
                     f"- at `$.graphs.{name}.steps.{step_name}.model`"
