@@ -31,10 +31,6 @@ from router.graphs import GraphConfig, check_graph
 from router.spec import BreakerConfig, ModelConfig
 
 
-class ConfigError(ValueError):
-    """A config that cannot be served. The message is one line and names the path."""
-
-
 class ServerConfig(SpecBase):
     host: str = "127.0.0.1"
     port: int = 8000

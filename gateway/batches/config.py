@@ -13,7 +13,12 @@ class BatchesConfig(SpecBase):
     Attributes:
         files_dir: directory of uploaded files and of jobs' output and error files (relative paths
             are resolved against the config file's directory). Metadata lives in the state store.
-        max_file_bytes: largest accepted upload.
+        max_file_bytes: largest accepted upload (a larger one is refused with 413 as soon as it
+            passes this; uploads are written to disk as they arrive, never held whole in memory).
+        max_tenant_bytes: bytes of files one tenant may store at once (uploads, and the output and
+            error files of its jobs, which are counted but never refused); an upload that would
+            pass it is refused with 429 (413 when the file alone is larger), naming the quota and
+            what is used. Deleting a file frees its bytes.
         max_lines: most requests in one input file (OpenAI: 50 000).
         concurrency: lines of one job run at once (each also waits in the fair queue's background
             class, which bounds what batch work reaches a deployment).
@@ -30,6 +35,7 @@ class BatchesConfig(SpecBase):
 
     files_dir: str = "./var/files"
     max_file_bytes: int = 200 * 1024 * 1024
+    max_tenant_bytes: int = 2 * 1024 * 1024 * 1024
     max_lines: int = 50_000
     concurrency: int = 8
     poll_interval_s: float = 1.0
@@ -38,8 +44,11 @@ class BatchesConfig(SpecBase):
     max_running_jobs: int = 4
 
     def __post_init__(self) -> None:
-        if min(self.max_file_bytes, self.max_lines, self.concurrency, self.max_running_jobs) < 1:
-            raise ValueError("max_file_bytes, max_lines, concurrency and max_running_jobs must be >= 1")
+        sizes = (self.max_file_bytes, self.max_tenant_bytes, self.max_lines, self.concurrency, self.max_running_jobs)
+        if min(sizes) < 1:
+            raise ValueError(
+                "max_file_bytes, max_tenant_bytes, max_lines, concurrency and max_running_jobs must be >= 1"
+            )
         if self.max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         for name in ("poll_interval_s", "claim_ttl_s"):

@@ -2,7 +2,10 @@
 
 A body is written to a temporary name, flushed to disk and renamed into place before its record is
 stored, so a record never points at a partial body (a crash leaves at most an unreferenced
-temporary file). Every read checks the owning tenant: another tenant's file does not exist.
+temporary file). An upload is written as it arrives (`Upload`), never held whole in memory. Every
+read checks the owning tenant: another tenant's file does not exist. The bytes each tenant stores
+are counted (`quota.StoredBytes`): a job's files when written, an upload by its route, and a
+deleted file's bytes are freed.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import asyncio
 import os
 from pathlib import Path
 
+from gateway.batches.input import InputChecker
 from gateway.batches.objects import FileObject, decode_file, encode, new_id
+from gateway.batches.quota import StoredBytes
 from gateway.errors import GatewayError
 from policies.stores.base import StateStore
 
@@ -23,12 +28,51 @@ def not_found(message: str) -> GatewayError:
     return GatewayError(404, "not_found", message)
 
 
+class Upload:
+    """An uploaded file on its way to disk: written to a temporary file in the files directory as it
+    arrives, each piece checked as a batch input (`InputChecker`), then renamed into place."""
+
+    def __init__(self, directory: Path, max_lines: int) -> None:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # prompts and answers: owner only
+        self.path = directory / f"upload-{os.urandom(8).hex()}.part"
+        self._file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+        self._checker = InputChecker(max_lines)
+
+    def write(self, data: bytes) -> None:
+        self._checker.feed(data)
+        self._file.write(data)
+
+    def finish(self) -> None:
+        """Check the last line, and flush the file to disk (blocking: call it off the event loop)."""
+        self._checker.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+    def discard(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
 class Files:
     """The tenant-scoped file service."""
 
-    def __init__(self, store: StateStore, directory: str) -> None:
+    def __init__(self, store: StateStore, directory: str, quota: StoredBytes) -> None:
         self._store = store
         self.directory = Path(directory)
+        self.quota = quota
+
+    def begin_upload(self, max_lines: int) -> Upload:
+        """A new upload's temporary file (blocking: call it off the event loop)."""
+        return Upload(self.directory, max_lines)
+
+    async def store_upload(self, tenant: str, upload: Upload, filename: str, size: int, now: float) -> FileObject:
+        """Move a finished upload into place and record it (its bytes are counted by the caller)."""
+        file_id = new_id("file-")
+        await asyncio.to_thread(os.replace, upload.path, self.path(file_id))
+        obj = FileObject(id=file_id, bytes=size, created_at=int(now), filename=filename, purpose="batch")
+        await self._store.put_record(KIND, file_id, tenant, now, encode(obj))
+        return obj
 
     def path(self, file_id: str) -> Path:
         # ids are made here (random hex, or a job's fixed names); a record is looked up before any
@@ -40,11 +84,16 @@ class Files:
     async def create(
         self, tenant: str, filename: str, purpose: str, data: bytes, now: float, file_id: str | None = None
     ) -> FileObject:
-        """Store a file's body and record; `file_id` (a job's output) makes a rewrite idempotent."""
+        """Store a file's body and record, its bytes counted and never refused (a job's results);
+        `file_id` (a job's output) makes a rewrite idempotent, counted once."""
+        previous = 0
+        if file_id is not None and (found := await self._store.get_record(KIND, file_id)) is not None:
+            previous = decode_file(found[1]).bytes  # a finalization run again: counted already
         file_id = file_id or new_id("file-")
         await asyncio.to_thread(self._write, file_id, data)
         obj = FileObject(id=file_id, bytes=len(data), created_at=int(now), filename=filename, purpose=purpose)
         await self._store.put_record(KIND, file_id, tenant, now, encode(obj))
+        await self.quota.add(tenant, len(data) - previous, now)
         return obj
 
     def _write(self, file_id: str, data: bytes) -> None:
@@ -76,7 +125,8 @@ class Files:
             decode_file(b) for b in await self._store.list_records(KIND, tenant, after=after, limit=limit)
         ]
 
-    async def delete(self, tenant: str, file_id: str) -> None:
-        await self.get(tenant, file_id)
-        await self._store.delete_record(KIND, file_id)
+    async def delete(self, tenant: str, file_id: str, now: float) -> None:
+        obj = await self.get(tenant, file_id)
+        if await self._store.delete_record(KIND, file_id):  # two deletes at once free it once
+            await self.quota.add(tenant, -obj.bytes, now)
         await asyncio.to_thread(self.path(file_id).unlink, missing_ok=True)

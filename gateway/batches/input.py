@@ -68,6 +68,51 @@ def parse_input(data: bytes, max_lines: int) -> list[Request]:
     return requests
 
 
+class InputChecker:
+    """`parse_input`'s checks on a file that arrives in pieces (an upload), keeping no request: only
+    the custom ids seen and the line not finished yet (`feed` each piece, then `close`).
+
+    Raises (from `feed` and `close`): InvalidInput, as `parse_input` does.
+    """
+
+    def __init__(self, max_lines: int) -> None:
+        self._max_lines = max_lines
+        self._seen: set[str] = set()
+        self._tail: list[bytes] = []  # the current line's pieces (joined once it ends)
+        self._number = 0
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self._line(b"".join([*self._tail, data[start:end]]) if self._tail else data[start:end])
+            self._tail = []
+            start = end + 1
+        if start < len(data):
+            self._tail.append(data[start:])
+
+    def close(self) -> int:
+        """Check the last line; the number of requests."""
+        if self._tail:
+            self._line(b"".join(self._tail))
+            self._tail = []
+        if not self._seen:
+            raise InvalidInput("the file has no requests: send one JSON object per line")
+        return len(self._seen)
+
+    def _line(self, raw: bytes) -> None:
+        self._number += 1
+        if not raw.strip():
+            return
+        if len(self._seen) >= self._max_lines:
+            raise InvalidInput(f"the file has more than {self._max_lines} requests (batches.max_lines)")
+        request = _parse_line(raw, self._number, len(self._seen))
+        if request.custom_id in self._seen:
+            raise InvalidInput(
+                f"line {self._number}: custom_id {request.custom_id[:64]!r} is not unique in the file"
+            )
+        self._seen.add(request.custom_id)
+
+
 def _parse_line(raw: bytes, number: int, index: int) -> Request:
     try:
         line = _line_decoder.decode(raw)

@@ -15,14 +15,22 @@ from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
 from gateway.batches.book import Book
-from gateway.batches.form import parse_form
+from gateway.batches.form import FRAMING_BYTES, Body, file_too_large, read_form
 from gateway.batches.input import parse_input
-from gateway.batches.objects import ENDPOINTS, TERMINAL, BatchRecord, RequestCounts, new_id, window_seconds
+from gateway.batches.objects import (
+    ENDPOINTS,
+    TERMINAL,
+    BatchRecord,
+    FileObject,
+    RequestCounts,
+    new_id,
+    window_seconds,
+)
 from gateway.batches.service import BatchService
 from gateway.calls import Call
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError
-from gateway.http import answer_json, http_failure, protocol_opt, read_admin_json, read_body
+from gateway.http import answer_json, http_failure, protocol_opt, read_admin_json
 
 OPENAI = protocol_opt("openai")
 MAX_PAGE = 100
@@ -77,31 +85,78 @@ def _listing(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
 # --- files ----------------------------------------------------------------------------------------
 
 
-@post("/v1/files", status_code=200, opt=OPENAI)
-async def upload_file(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
-    async def work() -> tuple[Any, int]:
-        principal = await core.identify(call)
-        service = _service(request)
-        if not call.headers.get("content-type", "").lower().startswith("multipart/form-data"):
-            raise GatewayError(415, "unsupported_media_type", "send the file as multipart/form-data")
-        limit = service.config.max_file_bytes + 64 * 1024  # the multipart framing around the file
-        raw = await read_body(request, limit, allowed_types=("multipart/form-data",), headers=call.headers)
-        # parsing and checking a large file takes a while: off the event loop
-        form = await asyncio.to_thread(parse_form, call.headers.get("content-type", ""), raw)
+def _declared_length(headers: dict[str, str]) -> int | None:
+    declared = headers.get("content-length")
+    if declared is None:
+        return None
+    try:
+        return int(declared)
+    except ValueError:
+        raise GatewayError(400, "bad_content_length", "Content-Length is not a number") from None
+
+
+async def _receive_upload(
+    body: Body, service: BatchService, tenant: str, content_type: str, declared: int | None
+) -> FileObject:
+    """Stream the upload to disk, counting its bytes against the tenant's storage quota.
+
+    What a declared length says the file needs at least is reserved before any byte is read (a
+    tenant over its quota is refused at once, not after sending the body); the rest once the file's
+    size is known. A refusal or failure gives the reservations back and removes the partial file.
+    """
+    quota, now = service.files.quota, service.clock()
+    least = max(0, (declared or 0) - FRAMING_BYTES)
+    leases = [(await quota.reserve(tenant, least, now, at_least=True), least)]
+    upload = None
+    try:
+        upload = await asyncio.to_thread(service.files.begin_upload, service.config.max_lines)
+        form = await read_form(
+            body.receive, content_type, file_field="file", sink=upload,
+            max_file_bytes=service.config.max_file_bytes,
+        )  # fmt: skip
         purpose = form.fields.get("purpose")
         if purpose != "batch":
             raise InvalidInput(
                 f"purpose must be `batch` (the only purpose this gateway stores), got {purpose!r}"
             )
-        if "file" not in form.files:
+        if form.filename is None:
             raise InvalidInput("the form has no `file` part")
-        filename, data = form.files["file"]
-        if len(data) > service.config.max_file_bytes:
-            raise GatewayError(
-                413, "file_too_large", f"the file exceeds {service.config.max_file_bytes} bytes"
-            )
-        await asyncio.to_thread(parse_input, data, service.config.max_lines)
-        obj = await service.files.create(principal.tenant, filename[:256], "batch", data, service.clock())
+        await asyncio.to_thread(upload.finish)  # the last line checked, the bytes on disk
+        if form.file_bytes > least:
+            extra = form.file_bytes - least
+            leases.append((await quota.reserve(tenant, extra, service.clock(), whole=form.file_bytes), extra))
+        obj = await service.files.store_upload(tenant, upload, form.filename[:256], form.file_bytes, now)
+    except BaseException:
+        if upload is not None:
+            await asyncio.to_thread(upload.discard)
+        for lease_id, size in leases:
+            await quota.release(lease_id, tenant, size, service.clock())
+        raise
+    # the record is stored: the bytes stay counted (a crash before this refunds them, an undercount);
+    # the first reservation is cut to the file's size where the framing was smaller than allowed for
+    for n, (lease_id, _) in enumerate(leases):
+        await quota.confirm(lease_id, tenant, min(0, form.file_bytes - least) if n == 0 else 0, now)
+    return obj
+
+
+@post("/v1/files", status_code=200, opt=OPENAI)
+async def upload_file(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+    body = Body(request.receive)
+
+    async def work() -> tuple[Any, int]:
+        principal = await core.identify(call)
+        service = _service(request)
+        content_type = call.headers.get("content-type", "")
+        if not content_type.lower().startswith("multipart/form-data"):
+            raise GatewayError(415, "unsupported_media_type", "send the file as multipart/form-data")
+        try:
+            declared = _declared_length(call.headers)
+            if declared is not None and declared > service.config.max_file_bytes + FRAMING_BYTES:
+                raise file_too_large(service.config.max_file_bytes)  # refused before a byte is read
+            obj = await _receive_upload(body, service, principal.tenant, content_type, declared)
+        except (GatewayError, InvalidInput):
+            await body.drain()  # the client reads the refusal, not a reset
+            raise
         return msgspec.to_builtins(obj), 200
 
     return await answer_json(call, work)
@@ -147,7 +202,7 @@ async def delete_file(request: Request, core: GatewayCore, call: Call, file_id: 
         if await _read_by_a_running_job(service, file_id):
             # a resumed job reads its input again: deleting it would lose lines already billed
             raise GatewayError(409, "file_in_use", "a batch that has not ended reads this file; cancel it first")
-        await service.files.delete(principal.tenant, file_id)
+        await service.files.delete(principal.tenant, file_id, service.clock())  # frees its bytes
         return {"id": file_id, "object": "file", "deleted": True}, 200
 
     return await answer_json(call, work)

@@ -9,6 +9,7 @@ from gateway.batches.book import Book
 from gateway.batches.config import BatchesConfig
 from gateway.batches.files import Files
 from gateway.batches.job import JobContext
+from gateway.batches.quota import StoredBytes
 from gateway.batches.runner import Runner
 from gateway.core import GatewayCore
 from policies.admission import Admission
@@ -34,7 +35,7 @@ class BatchService:
         core: Callable[[], GatewayCore],
         clock: Callable[[], float],
     ) -> BatchService:
-        files = Files(store, config.files_dir)
+        files = Files(store, config.files_dir, StoredBytes(store, admission.instance, config.max_tenant_bytes))
         book = Book(store)
         ctx = JobContext(core, admission, book, files, config, clock, admission.instance)
         return cls(config, files, book, Runner(ctx, store), clock)
