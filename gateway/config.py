@@ -53,13 +53,36 @@ class ServerConfig(SpecBase):
     #: after the grace, requests in flight and open streams may run this long before they are
     #: cancelled (their reservations released); default: `graceful_shutdown_s`
     drain_timeout_s: float | None = None
-    #: a connection whose request headers are not all in after this long is closed (httptools server)
+    #: a connection whose request headers are not all in after this long is closed (httptools server;
+    #: on the gRPC port: a connection that has not sent its HTTP/2 preface and SETTINGS)
     header_timeout_s: float = 10.0
+    #: a new connection that has sent no byte after this long is closed, so sockets opened and left
+    #: silent cannot hold `max_connections` (httptools server; per connection, from its opening)
+    first_byte_timeout_s: float = 5.0
+    #: open connections one client address may hold in each gateway process (an IPv6 /64 counts as
+    #: one address; `trusted_proxies` are not capped); beyond, a new one gets 503 and is closed
+    max_connections_per_client: int = 256
+    #: a second port answering only /health/live, /health/ready and /v2/health/{live,ready}, on
+    #: `host`, outside every connection cap (a flood of the main port cannot fail the probes); point
+    #: Kubernetes probes here and keep it off the public network. null (the default): off
+    health_port: int | None = None
+    #: reverse proxies (addresses or CIDR networks, `*` for any) whose X-Forwarded-For and
+    #: X-Forwarded-Proto are believed: the client address (admin lockout, logs) is the one they
+    #: name. Empty (the default): forwarded headers are ignored and the peer is the client
+    trusted_proxies: tuple[str, ...] = ()
     #: the gRPC front door (KServe v2 / Triton and TF Serving services, health, reflection) on the
     #: same host; null turns it off; `auto` (the default) is `port + 1` (8001 beside 8000, and it
     #: moves with `--port`). Omitted: `FLEETGATE_GRPC_PORT` when set (a number, or `off`).
     #: Messages may be as large as `max_body_bytes`.
     grpc_port: int | Literal["auto"] | None = "auto"
+    #: open gRPC connections beyond this are closed as they are accepted (one HTTP/2 connection
+    #: carries many calls, so a client needs few); a connection that has not sent its HTTP/2
+    #: preface within `header_timeout_s` is closed too, so idle sockets cannot hold the slots
+    grpc_max_connections: int = 1024
+    #: a gRPC connection with no call in flight for this long is closed (GOAWAY; clients reconnect)
+    grpc_idle_timeout_s: float = 300.0
+    #: gRPC calls in progress at once; one more is answered RESOURCE_EXHAUSTED at once
+    grpc_max_concurrent_rpcs: int = 2048
 
     @property
     def grpc_listen_port(self) -> int | None:
@@ -98,6 +121,43 @@ class ServerConfig(SpecBase):
             raise ValueError("drain_timeout_s must be a finite number >= 0")
         if not (math.isfinite(self.header_timeout_s) and self.header_timeout_s > 0):
             raise ValueError("header_timeout_s must be a finite number > 0")
+        if self.grpc_max_connections < 1:
+            raise ValueError("grpc_max_connections must be >= 1")
+        if not (math.isfinite(self.grpc_idle_timeout_s) and self.grpc_idle_timeout_s > 0):
+            raise ValueError("grpc_idle_timeout_s must be a finite number > 0")
+        if self.grpc_max_concurrent_rpcs < 1:
+            raise ValueError("grpc_max_concurrent_rpcs must be >= 1")
+        self._check_front_door()
+
+    def _check_front_door(self) -> None:
+        """The main port's connection limits, the health port and the trusted proxies."""
+        if not (math.isfinite(self.first_byte_timeout_s) and self.first_byte_timeout_s > 0):
+            raise ValueError("first_byte_timeout_s must be a finite number > 0")
+        if self.max_connections_per_client < 1:
+            raise ValueError("max_connections_per_client must be >= 1")
+        self._check_health_port()
+        self._check_trusted_proxies()
+
+    def _check_health_port(self) -> None:
+        if self.health_port is None:
+            return
+        if not 0 <= self.health_port <= 65535:
+            raise ValueError("health_port must be in 0..65535, or null")
+        if self.health_port != 0 and self.health_port in (self.port, self.grpc_listen_port):
+            raise ValueError("health_port must differ from port and grpc_port")
+
+    def _check_trusted_proxies(self) -> None:
+        import ipaddress
+
+        for proxy in self.trusted_proxies:
+            if proxy == "*":
+                continue
+            try:
+                ipaddress.ip_network(proxy)
+            except ValueError:
+                raise ValueError(
+                    f"trusted_proxies: {proxy!r} is not an address or a network (10.0.0.0/8, ::1, *)"
+                ) from None
 
 
 class StateConfig(SpecBase):
