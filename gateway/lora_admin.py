@@ -12,7 +12,6 @@ end. The adapter's model name appears to tenants whose `models:` globs match it.
 from __future__ import annotations
 
 import os
-import re
 
 import msgspec
 import structlog
@@ -21,16 +20,13 @@ from litestar import Request, Response, delete, get, post
 from backends.errors import InvalidInput
 from gateway.admin_guard import ADMIN_GUARD
 from gateway.calls import Call, register_metric_models
+from gateway.config_checks import model_name_problem
 from gateway.core import GatewayCore
 from gateway.deployments import Deployment
 from gateway.errors import GatewayError
 from gateway.http import http_failure, json_response, read_admin_json
 
 log = structlog.get_logger(__name__)
-
-#: a model name clients can write in a URL and a body: no `:` or `@` (version and label syntax)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
-
 
 class LoadAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str
@@ -57,11 +53,10 @@ def _lora_deployment(core: GatewayCore, deployment: str) -> Deployment:
 
 
 def _check_name(core: GatewayCore, name: str, deployment: str) -> None:
-    if not _NAME.match(name):
-        raise InvalidInput(
-            f"adapter name {name!r}: use letters, digits and . _ / - (at most 128, no `:` or `@`, "
-            "which name versions and labels)"
-        )
+    # the model-name rule: whatever loads here can be addressed by the DELETE below
+    problem = model_name_problem(name)
+    if problem is not None:
+        raise InvalidInput(f"adapter name: {problem}")
     if name in core.config.models or name in core.config.graphs:
         raise InvalidInput(f"{name!r} is a model in the config; an adapter needs a name of its own")
     owner = core.adapter_models.get(name)
@@ -104,8 +99,10 @@ async def load_adapter(request: Request, core: GatewayCore, call: Call, deployme
         return http_failure(call, exc)
 
 
-@delete("/admin/deployments/{deployment:str}/adapters/{name:str}", status_code=200, guards=ADMIN_GUARD)
+# `path`: an adapter name may hold `/` (`acme/support`), which a `str` parameter never matches
+@delete("/admin/deployments/{deployment:str}/adapters/{name:path}", status_code=200, guards=ADMIN_GUARD)
 async def unload_adapter(core: GatewayCore, call: Call, deployment: str, name: str) -> Response[bytes]:
+    name = name.removeprefix("/")  # the framework hands a path parameter over with its leading slash
     try:
         dep = _lora_deployment(core, deployment)
         if core.adapter_models.get(name) != deployment:

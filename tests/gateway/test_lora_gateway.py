@@ -232,3 +232,35 @@ models:
             headers=ADMIN_HEADERS,
         )
     assert r.status_code == 409 and "workers" in r.text
+
+
+@pytest.mark.parametrize("name", ["a/../../b", "acme/./x", "acme//x", "acme/", "/acme", "..", "acme:1", "acme@x"])
+def test_adapter_names_that_could_not_be_addressed_are_refused(gateway, folders, name) -> None:
+    # `a/../../b` used to load, and no DELETE URL could name it again: clients fold the dots away
+    r = httpx.post(
+        f"{gateway['url']}/admin/deployments/llm/adapters",
+        json={"name": name, "path": str(folders["acme-new"])},
+        headers=ADMIN_HEADERS,
+    )
+    assert r.status_code == 400, r.text
+    assert "not a valid model name" in r.json()["error"] and "segments joined by /" in r.json()["error"]
+
+
+@pytest.mark.parametrize("name", ["acme/support-v2", "acme.v1_x", "Org/team/a.b"])
+def test_every_loadable_adapter_name_can_be_unloaded(gateway, folders, name) -> None:
+    url = gateway["url"]
+    loaded = httpx.post(
+        f"{url}/admin/deployments/llm/adapters",
+        json={"name": name, "path": str(folders["acme-new"])},
+        headers=ADMIN_HEADERS,
+        timeout=60,
+    )
+    assert loaded.status_code == 201, loaded.text
+    ops = _client(gateway, "ops")
+    assert name in {m.id for m in ops.models.list().data}
+    assert _complete(ops, name)  # served under its name
+    gone = httpx.delete(f"{url}/admin/deployments/llm/adapters/{name}", headers=ADMIN_HEADERS)
+    assert gone.status_code == 200, gone.text
+    assert gone.json() == {"name": name, "deployment": "llm", "unloaded": True}
+    listed = httpx.get(f"{url}/admin/adapters", headers=ADMIN_HEADERS).json()["deployments"]["llm"]
+    assert name not in listed["adapters"]
