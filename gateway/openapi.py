@@ -1,5 +1,8 @@
 """The published API description: `/openapi.json` (every client route), `/docs` (interactive), and
-`/admin/openapi.json` (the admin routes, behind the admin key).
+`/admin/openapi.json` (the admin routes, behind the admin key); `GET /` points to all of them.
+
+`/docs` is Swagger UI served by the gateway itself from the `swagger-ui-bundle-v2` package (under
+`/docs/assets/`), so it works on an edge box that reaches no CDN.
 
 The handlers read their bodies themselves (bounded reads, binary tensors, errors in each protocol's
 envelope), so the framework cannot see their request and response shapes. The document is built
@@ -14,8 +17,10 @@ from functools import cache
 from typing import Any
 
 import msgspec
-from litestar import Litestar, Response, get
+import swagger_ui_bundle
+from litestar import Litestar, Request, Response, get
 from litestar.openapi import OpenAPIConfig
+from litestar.static_files import create_static_files_router
 
 from gateway import probes
 from gateway.admin import ROUTES as ADMIN_ROUTES
@@ -275,19 +280,53 @@ def admin_openapi_json() -> Response[bytes]:
     return Response(content=_encoder.encode(admin_document()), media_type="application/json")
 
 
-_DOCS = """<!doctype html>
+#: where /docs loads Swagger UI's script and stylesheet from: this gateway, never a CDN
+ASSETS = "/docs/assets"
+
+_DOCS = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>fleetgate API</title>
-<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
+<link rel="stylesheet" href="{ASSETS}/swagger-ui.css"></head>
 <body><div id="ui"></div>
-<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
-<script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#ui"});</script>
+<script src="{ASSETS}/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({{url: "/openapi.json", dom_id: "#ui"}});</script>
 </body></html>"""
 
 
-@get("/docs", sync_to_thread=False)
+@get("/docs", sync_to_thread=False, include_in_schema=False)
 def docs() -> Response[str]:
-    """Interactive docs (Swagger UI, loaded by the reader's browser) over /openapi.json."""
+    """Interactive docs (Swagger UI, its assets served by this gateway) over /openapi.json."""
     return Response(content=_DOCS, media_type="text/html")
 
 
-ROUTES = [openapi_json, admin_openapi_json, docs]
+docs_assets = create_static_files_router(
+    path=ASSETS, directories=[swagger_ui_bundle.swagger_ui_path], include_in_schema=False, name="docs_assets"
+)
+
+#: what `GET /` points to
+_LINKS = {
+    "docs": "/docs",
+    "openapi": "/openapi.json",
+    "admin_openapi": "/admin/openapi.json",
+    "console": "/admin/ui",
+    "health": "/health/ready",
+    "metrics": "/metrics",
+}
+_INDEX_HTML = (
+    "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>fleetgate</title></head><body>"
+    f"<h1>fleetgate {VERSION}</h1><ul>"
+    '<li><a href="/docs">API docs</a> (Swagger UI over <a href="/openapi.json">/openapi.json</a>)</li>'
+    '<li><a href="/admin/ui">Admin console</a> (needs the admin key; off when none is set)</li>'
+    '<li><a href="/health/ready">Readiness</a></li></ul></body></html>'
+)
+
+
+@get("/", sync_to_thread=False, include_in_schema=False)
+def index(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Where to go from here: a small page for a browser, JSON for everything else."""
+    if "text/html" in request.headers.get("accept", ""):
+        return Response(content=_INDEX_HTML, media_type="text/html")
+    body = _encoder.encode({"name": "fleetgate", "version": VERSION, **_LINKS})
+    return Response(content=body, media_type="application/json")
+
+
+ROUTES = [openapi_json, admin_openapi_json, docs, docs_assets, index]
