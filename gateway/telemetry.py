@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from fleetgate import tracing
-from gateway.config import TracingConfig
+from gateway.config import ConfigError, TracingConfig
 
 _PROTOCOLS = ("http/protobuf", "grpc")
 
@@ -37,7 +37,7 @@ def protocol_of(config: TracingConfig, environ: Any = os.environ) -> str:
         or "http/protobuf"
     ).strip()
     if protocol not in _PROTOCOLS:
-        raise ValueError(f"OTLP protocol {protocol!r} is not supported: use one of {', '.join(_PROTOCOLS)}")
+        raise ConfigError(f"OTLP protocol {protocol!r} is not supported: use one of {', '.join(_PROTOCOLS)}")
     return protocol
 
 
@@ -48,7 +48,7 @@ def _span_exporter(config: TracingConfig) -> Any:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
         except ImportError as exc:
-            raise ValueError("tracing protocol grpc needs opentelemetry-exporter-otlp-proto-grpc") from exc
+            raise ConfigError("tracing protocol grpc needs opentelemetry-exporter-otlp-proto-grpc") from exc
         return Grpc(endpoint=config.otlp_endpoint, headers=headers)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -121,24 +121,28 @@ class TracingSwitch:
             tracing.enable(self.provider, step_spans=config.step_spans)
 
     async def reconfigure(self, config: TracingConfig) -> None:
-        """Apply a reloaded `tracing:` section (awaits the flush of a processor it replaces)."""
+        """Apply a reloaded `tracing:` section (awaits the flush of a provider it replaces). A
+        section that cannot be served (a protocol this gateway cannot speak) raises `ConfigError`
+        before anything changed."""
         if config == self.config:
             return
-        old_provider, old_config = self.provider, self.config
-        self.config = config
+        old_provider = self.provider
         if self._exporter is None and not config.enabled:
-            tracing.disable()
-            self.provider = self._processor = None
-        elif old_provider is not None and (self._exporter is not None or _same_export(old_config, config)):
+            provider = processor = None
+        elif old_provider is not None and (self._exporter is not None or _same_export(self.config, config)):
             # same destination: a new provider (sampler, resource) over the same processor, so
             # spans started under the old one still end into it; nothing to shut down
-            self.provider = _provider(config, self._processor)
-            tracing.enable(self.provider, step_spans=config.step_spans)
-            return
+            processor = self._processor
+            provider = _provider(config, processor)
+            old_provider = None
         else:
-            self._processor = _processor(config, self._exporter)
-            self.provider = _provider(config, self._processor)
-            tracing.enable(self.provider, step_spans=config.step_spans)
+            processor = _processor(config, self._exporter)
+            provider = _provider(config, processor)
+        self.config, self.provider, self._processor = config, provider, processor
+        if provider is None:
+            tracing.disable()
+        else:
+            tracing.enable(provider, step_spans=config.step_spans)
         if old_provider is not None:
             # on a thread: a slow collector may take seconds to take the last batch
             await asyncio.to_thread(old_provider.shutdown)

@@ -225,6 +225,18 @@ def test_the_protocol_comes_from_the_config_then_the_variables() -> None:
         protocol_of(TracingConfig(), {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
 
 
+def test_a_reload_to_a_protocol_not_spoken_is_refused_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from gateway.config import ConfigError
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    switch = TracingSwitch(TracingConfig())
+    with pytest.raises(ConfigError, match="OTLP protocol 'http/json' is not supported"):
+        asyncio.run(switch.reconfigure(TracingConfig(enabled=True)))
+    assert switch.config == TracingConfig() and switch.provider is None and not tracing.enabled()
+
+
 @pytest.mark.parametrize(
     "header",
     [
