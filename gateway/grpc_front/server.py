@@ -17,6 +17,7 @@ import structlog
 from backends.lazy import MissingRuntime, require
 from gateway.config import Config
 from gateway.core import GatewayCore
+from gateway.grpc_front.ports import GrpcPortBusy, busy_message, check_port_free
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +49,45 @@ def _tfserving_services(core: Callable[[], GatewayCore], server: Any) -> list[st
     return add_tfserving_services(core, server)
 
 
+def _ms(seconds: float) -> int:
+    """Seconds as a channel argument's milliseconds (a C int: at most about 24 days)."""
+    return max(1, min(int(seconds * 1000), 2**31 - 1))
+
+
+def server_options(config: Config) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments (grpc core's public names, include/grpc/impl/channel_arg_names.h)."""
+    s = config.server
+    return [
+        ("grpc.max_receive_message_length", s.max_body_bytes),
+        ("grpc.max_send_message_length", s.max_body_bytes),
+        # connections past the cap are closed as they are accepted, so idle sockets cannot take
+        # every file descriptor the process (and its HTTP port) shares
+        ("grpc.max_allowed_incoming_connections", s.grpc_max_connections),
+        # a socket that never sends the HTTP/2 preface and SETTINGS is closed after this, as an
+        # HTTP connection that never finishes its headers is (grpc's default is 120 s)
+        ("grpc.server_handshake_timeout_ms", _ms(s.header_timeout_s)),
+        # a connection with no call in flight this long gets GOAWAY; clients reconnect on their next call
+        ("grpc.max_connection_idle_ms", _ms(s.grpc_idle_timeout_s)),
+    ]
+
+
+def check_grpc_port(config: Config) -> None:
+    """Before serving: raise GrpcPortBusy (a ConfigError, one line) when the gRPC port is taken.
+
+    Skipped when gRPC is off, on an ephemeral port, or `auto` without the gRPC extra installed
+    (start_grpc then serves HTTP alone).
+    """
+    port = config.server.grpc_listen_port
+    if not port:
+        return
+    if config.server.grpc_port == "auto":
+        try:
+            require("grpc.aio", extra="grpc")
+        except MissingRuntime:
+            return
+    check_port_free(config.server.host, port)
+
+
 async def start_grpc(config: Config, core: Callable[[], GatewayCore]) -> GrpcFront | None:
     """Start the gRPC server on `server.grpc_port`, or return None when it is off."""
     port = config.server.grpc_listen_port
@@ -72,9 +112,8 @@ async def start_grpc(config: Config, core: Callable[[], GatewayCore]) -> GrpcFro
     reflection = require("grpc_reflection.v1alpha.reflection", extra="grpc")
     from gateway.grpc_front.v2_service import InferenceService
 
-    limit = config.server.max_body_bytes
     server = aio.server(
-        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+        options=server_options(config), maximum_concurrent_rpcs=config.server.grpc_max_concurrent_rpcs
     )
     service_grpc.add_GRPCInferenceServiceServicer_to_server(
         InferenceService(core, service_pb2, model_config_pb2), server
@@ -85,9 +124,12 @@ async def start_grpc(config: Config, core: Callable[[], GatewayCore]) -> GrpcFro
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{config.server.host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{config.server.host}:{port}")
+    except RuntimeError:  # taken since check_grpc_port looked (grpc says only "failed to bind")
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind the gRPC port {config.server.host}:{port} (server.grpc_port)")
+        raise GrpcPortBusy(busy_message(config.server.host, port))
     await server.start()
     front = GrpcFront(server, bound, names)
     front._tasks.append(asyncio.get_running_loop().create_task(_follow_readiness(core, checker, health_pb2)))

@@ -33,6 +33,7 @@ from backends.tfserving.tensors import DT_TO_V2, V2_TO_DT, from_tensor_proto, to
 from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore
 from gateway.grpc_front.status import abort_with, metadata_of, trailing_metadata
+from gateway.grpc_front.v2_codec import require_finite
 from gateway.http import bearer_key
 from gateway.protocols.v2_codec import MAX_RANK
 
@@ -69,9 +70,12 @@ def _array(name: str, proto: Any, spec: TensorSpec) -> np.ndarray:
         if count * V2_TO_NUMPY[datatype].itemsize > MAX_EXPANDED_BYTES:
             raise InvalidInput(f"input {name!r}: shape {dims} is larger than the gateway accepts")
     try:
-        return from_tensor_proto(proto)
+        array = from_tensor_proto(proto)
     except (ValueError, OverflowError) as exc:  # a count that does not fit, a value out of range
         raise InvalidInput(f"input {name!r}: {exc}") from None
+    if array.dtype.kind == "f":
+        require_finite(array, name, datatype)
+    return array
 
 
 def decode_predict(message: Any, meta: ModelMetadata, request_id: str) -> _Decoded:

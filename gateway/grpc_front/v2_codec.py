@@ -43,6 +43,13 @@ class DecodedModelInfer:
     client_id: str
 
 
+def require_finite(array: np.ndarray, name: str, datatype: str) -> None:
+    """Refuse NaN and infinities in a float input, as HTTP does (JSON numbers cannot be either): a
+    model answers NaN for them, which reads as a result rather than as the client's mistake."""
+    if not np.isfinite(array).all():
+        raise InvalidInput(f"input {name!r}: {datatype} values must be finite numbers, not NaN or infinity")
+
+
 def _typed(inp: Any, count: int) -> np.ndarray:
     field = _CONTENTS_FIELD.get(inp.datatype)
     if field is None:
@@ -59,8 +66,10 @@ def _typed(inp: Any, count: int) -> np.ndarray:
     array = wide.astype(dtype)
     if dtype.kind in "iu" and count and not np.array_equal(array.astype(wide.dtype), wide):
         raise InvalidInput(f"input {inp.name!r}: a value is out of range for {inp.datatype}")
-    if dtype.kind == "f" and not np.isfinite(array).all() and np.isfinite(wide).all():
-        raise InvalidInput(f"input {inp.name!r}: a value is out of range for {inp.datatype}")
+    if dtype.kind == "f":
+        require_finite(wide, inp.name, inp.datatype)
+        if not np.isfinite(array).all():  # finite as sent, infinite once narrowed (3.5e38 as FP32)
+            raise InvalidInput(f"input {inp.name!r}: a value is out of range for {inp.datatype}")
     return array
 
 
@@ -73,7 +82,10 @@ def _raw(inp: Any, raw: bytes, count: int) -> np.ndarray:
             f"input {inp.name!r}: raw contents of {len(raw)} bytes, shape {list(inp.shape)} of "
             f"{inp.datatype} needs {count * dtype.itemsize}"
         )
-    return np.frombuffer(raw, dtype=dtype)
+    array = np.frombuffer(raw, dtype=dtype)
+    if dtype.kind == "f":
+        require_finite(array, inp.name, inp.datatype)
+    return array
 
 
 def decode_model_infer(message: Any, request_id: str) -> DecodedModelInfer:

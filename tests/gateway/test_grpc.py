@@ -322,3 +322,47 @@ def test_unimplemented_rpcs_say_so(gw) -> None:  # noqa: ANN001
     with pytest.raises(InferenceServerException) as info:
         client.get_inference_statistics("digits", headers=_auth(gw.acme))
     assert info.value.status() == "StatusCode.UNIMPLEMENTED" and "/metrics" in info.value.message()
+
+
+# --- non-finite values: refused as HTTP refuses them ----------------------------------------------
+
+
+def test_nan_and_infinity_are_refused_like_http(gw, rows) -> None:  # noqa: ANN001
+    """HTTP cannot carry NaN or infinity (JSON numbers are finite); gRPC answered OK with NaN outputs."""
+    client = triton_grpc.InferenceServerClient(gw.target)
+    for bad in (np.nan, np.inf, -np.inf):
+        x = rows[:2].astype(np.float32).copy()
+        x[1, 5] = bad
+        inp = triton_grpc.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)  # raw_input_contents
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("digits", [inp], headers=_auth(gw.acme))
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT", (bad, info.value)
+        assert "'input'" in info.value.message() and "finite" in info.value.message()
+    for bad in (float("nan"), float("inf")):
+        code, details = _infer_status(gw, _typed([1, 64], [0.5] * 63 + [bad]))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "finite" in details, (bad, code, details)
+    assert _infer_status(gw, _request([1, 64], raw=rows[:1].astype(np.float32).tobytes()))[0] == grpc.StatusCode.OK
+
+
+def test_tfserving_predict_refuses_nan_and_infinity(gw, rows) -> None:  # noqa: ANN001
+    from tensorflow.core.framework import tensor_pb2, types_pb2
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    x = rows[:1].astype(np.float32).copy()
+    x[0, 3] = np.nan
+    by_content = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_content=x.tobytes())
+    by_values = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[0.5] * 63 + [float("inf")])
+    metadata = tuple(_auth(gw.acme).items())
+    with grpc.insecure_channel(gw.target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for proto in (by_content, by_values):
+            proto.tensor_shape.dim.add(size=1)
+            proto.tensor_shape.dim.add(size=64)
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = "digits"
+            request.inputs["input"].CopyFrom(proto)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Predict(request, metadata=metadata)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+            assert "finite" in info.value.details()
