@@ -33,7 +33,7 @@ from gateway.core import GatewayCore
 from gateway.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
 from gateway.drain import DrainState
 from gateway.errors import Protocol, describe, error_response
-from gateway.grpc_front.server import start_grpc
+from gateway.grpc_front.server import check_grpc_port, start_grpc
 from gateway.http import DEPENDENCIES, http_failure, open_call
 from gateway.lora_admin import ROUTES as LORA_ROUTES
 from gateway.protocols import kserve, openai, openai_embeddings, tfserving
@@ -79,7 +79,13 @@ def _raised(request: Request, exc: Exception) -> Response[bytes]:
 
 def create_served_app(config: Config, config_path: str | Path, listen: dict[str, object]) -> Litestar:
     """The app `fleetgate serve` runs (in each worker too): reloadable from `config_path`, with the
-    command line's host/port kept across reloads (they are not config changes)."""
+    command line's host/port kept across reloads (they are not config changes).
+
+    Raises:
+        ConfigError: as create_app; GrpcPortBusy (one line naming the port and its holder) when the
+            gRPC port is taken, before anything loads, rather than from inside the app's start-up.
+    """
+    check_grpc_port(config)
     app = create_app(config, config_path=config_path, freeze_startup_heap=True)
     app.state.listen_overrides = listen
     return app
