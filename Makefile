@@ -108,11 +108,11 @@ run: $(STAMP) $(KERNELS_STAMP) demo-models
 # plot redrawn from its JSON with the date and machine written on it (bench/plots.py). The long ones (LLM
 # engines, peers in their own virtualenvs, fairness traces, soak) are run one by one, by hand.
 bench: $(TEST_STAMP)
-	$(PY) bench/bench_gateway.py
-	$(PY) bench/bench_limits.py
-	$(PY) bench/bench_runtimes.py
-	$(PY) bench/bench_http_stack.py
-	$(PY) bench/plots.py
+	$(PY) -m bench.bench_gateway
+	$(PY) -m bench.bench_limits
+	$(PY) -m bench.bench_runtimes
+	$(PY) -m bench.bench_http_stack
+	$(PY) -m bench.plots
 
 clean:
 	rm -rf $(VENV) models var

@@ -24,7 +24,6 @@ import json
 import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,12 +31,11 @@ from pathlib import Path
 import httpx
 import msgspec
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench.bench_fairness import pct
+from bench.bench_fairness_gateway import Client
+from bench.bench_gateway import start_gateway
 
-from bench_fairness import pct  # noqa: E402
-from bench_fairness_gateway import Client  # noqa: E402
-from bench_gateway import start_gateway  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 MODEL = "llm"
@@ -250,9 +248,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--out", type=Path, default=RESULTS / "batches")
     args = parser.parse_args()
-    from bench_fairness_gateway import create_keys
-
     from backends.demo_models.tiny_llama import write_tiny_llama
+    from bench.bench_fairness_gateway import create_keys
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

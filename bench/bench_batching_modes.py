@@ -16,17 +16,13 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_gateway import _load, start_gateway, summarize, v2_request  # noqa: E402
-from bench_runtimes_gateway import write_models  # noqa: E402
+from bench.bench_gateway import _load, start_gateway, summarize, v2_request
+from bench.bench_runtimes_gateway import write_models
 
 MODES = ("continuous", "delay")
 CONCURRENCY = (1, 8, 32, 128)
@@ -74,7 +70,7 @@ def plot(points: list[dict], path: Path) -> None:
             ax.set_xlabel("concurrency")
             ax.legend()
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path)
 
 

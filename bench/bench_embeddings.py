@@ -20,7 +20,6 @@ import os
 import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -28,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench.bench_gateway import start_gateway
 
-from bench_gateway import start_gateway  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 WORDS = "the quick brown fox jumps over lazy dog gateway fleet tenant edge cpu model token batch".split()
@@ -177,7 +175,7 @@ models: {{enc: {{routes: [{{deployment: enc}}]}}}}
     ax.set_ylabel("embeddings / s (median of rounds)")
     ax.set_title(f"embeddings: gateway / direct = {ratio:.2f}")
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, RESULTS / "embeddings.png")
     print(json.dumps(out["median"]))
 

@@ -479,7 +479,7 @@ def plot(records: dict[str, list[Record]], flood: tuple[float, float], path: Pat
         bottom.set_xlabel("time s (grey: flood)")
         top.legend(fontsize=8)
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path)
     plt.close(fig)
 

@@ -45,10 +45,7 @@ import msgspec
 import numpy as np
 import structlog
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from bench_fairness import (  # noqa: E402
+from bench.bench_fairness import (
     DIM,
     NOISY,
     QUIET,
@@ -61,7 +58,9 @@ from bench_fairness import (  # noqa: E402
     plot,
     summarize_run,
 )
-from bench_gateway import ADMIN_KEY, start_gateway, v2_request  # noqa: E402
+from bench.bench_gateway import ADMIN_KEY, start_gateway, v2_request
+
+ROOT = Path(__file__).resolve().parents[1]
 
 log = structlog.get_logger("bench_fairness_gateway")
 
@@ -229,7 +228,7 @@ def start_upstream(model: Path, workers: int, per_row_s: float) -> tuple[subproc
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, __file__, "--serve-upstream", str(port), "--model", str(model)]
+    cmd = [sys.executable, "-m", "bench.bench_fairness_gateway", "--serve-upstream", str(port), "--model", str(model)]
     cmd += ["--workers", str(workers), "--per-row-s", repr(per_row_s)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60

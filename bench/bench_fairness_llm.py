@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,12 +29,11 @@ from pathlib import Path
 import msgspec
 import structlog
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench.bench_fairness import Record, compare, median_summary, plot, summarize_run
+from bench.bench_fairness_gateway import Client, create_keys, thread_cpu_s
+from bench.bench_gateway import start_gateway
 
-from bench_fairness import Record, compare, median_summary, plot, summarize_run  # noqa: E402
-from bench_fairness_gateway import Client, create_keys, thread_cpu_s  # noqa: E402
-from bench_gateway import start_gateway  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 log = structlog.get_logger("bench_fairness_llm")
 

@@ -306,7 +306,7 @@ def main() -> None:
         "models": models,
     }
     (RESULTS / "gateway.json").write_text(json.dumps(out, indent=2))
-    from plots import plot_gateway  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_gateway  # the PNG beside the JSON (bench/plots.py)
 
     plot_gateway(out, RESULTS / "gateway.png")
     for name, m in models.items():

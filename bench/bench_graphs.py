@@ -31,12 +31,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from bench.bench_gateway import pct, start_gateway, v2_request
+from tests.graph_models import ensemble_by_hand, ensemble_steps, step_sections, write_graph_models
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from bench_gateway import pct, start_gateway, v2_request  # noqa: E402
-
-from tests.graph_models import ensemble_by_hand, ensemble_steps, step_sections, write_graph_models  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)

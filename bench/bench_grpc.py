@@ -24,7 +24,6 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,11 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench.bench_fairness_gateway import thread_cpu_s
+from bench.bench_gateway import _load, pct, run_direct, start_gateway, v2_request
 
-from bench_fairness_gateway import thread_cpu_s  # noqa: E402
-from bench_gateway import _load, pct, run_direct, start_gateway, v2_request  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 ROWS = (1, 64)
@@ -179,7 +177,7 @@ def plot(summary: dict, out: Path) -> None:
     axes[1].legend()
     fig.suptitle("digits model: gRPC v2 vs HTTP v2 vs ONNX Runtime direct (medians of rounds)")
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
 
     plotting.save(fig, out)
 

@@ -35,11 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench.bench_gateway import run_direct, start_gateway
+from bench.bench_grpc import digits_config, free_port, run_grpc, run_http
 
-from bench_gateway import run_direct, start_gateway  # noqa: E402
-from bench_grpc import digits_config, free_port, run_grpc, run_http  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)
@@ -150,7 +149,10 @@ BARE_SERVERS = {"grpc": serve_bare_grpc, "grpc_threads": serve_bare_grpc_threads
 
 def _start_bare(kind: str, port: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", kind, "--port", str(port)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "bench.bench_grpc_floor", "--serve", kind, "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     time.sleep(0.5)  # uvicorn prints before it binds
@@ -162,7 +164,8 @@ def plot(summary: dict, out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import plotting  # bench/plotting.py: the footer with the date and machine
+
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     xs = np.arange(len(SERVERS))

@@ -63,12 +63,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 os.environ.setdefault("FLEETGATE_GRPC_PORT", "off")
 os.environ["FLEETGATE_ADMIN_KEY"] = "bench-admin-" + "k" * 32
 
-import bench_policy_proxy  # noqa: E402
-from inprocess import call, paired, run_rounds, start_app  # noqa: E402
+from bench import bench_policy_proxy  # noqa: E402
+from bench.inprocess import call, paired, run_rounds, start_app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CHANGES = [
@@ -293,7 +292,7 @@ def main() -> None:
     args = parser.parse_args()
     upstream_port = bench_policy_proxy.free_port()
     upstream = subprocess.Popen(
-        [sys.executable, bench_policy_proxy.__file__, "--upstream", str(upstream_port)]
+        [sys.executable, "-m", "bench.bench_policy_proxy", "--upstream", str(upstream_port)], cwd=ROOT
     )
     try:
         bench_policy_proxy.wait_until(
@@ -314,7 +313,7 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "hot_path_inprocess.json").write_text(json.dumps(out, indent=2))
-    from plotting import figure, save
+    from bench.plotting import figure, save
 
     fig, ax = figure(size=(9, 4))
     names = list(out["median"])

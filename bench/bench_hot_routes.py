@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-
-import bench_policy_proxy as chat  # noqa: E402
-import bench_tensor_peers as tensors  # noqa: E402
-from bench_gateway import RESULTS, _load, build_model, start_gateway, summarize  # noqa: E402
+from bench import bench_policy_proxy as chat
+from bench import bench_tensor_peers as tensors
+from bench.bench_gateway import RESULTS, _load, build_model, start_gateway, summarize
+from bench.servers import ROOT, stop
 
 SWITCH = {"off": {"FLEETGATE_HOT_ROUTES": "off"}, "on": {}}
 
@@ -46,14 +45,16 @@ def start_tensor_pair(tmp: Path, stack: ExitStack) -> dict[str, tuple[int, bytes
     for name, env in SWITCH.items():
         config = lambda p: tensors.GATEWAY_CONFIG.format(port=p, model=model, options="")  # noqa: E731
         proc, port, key = start_gateway(tmp, config, env=env)
-        stack.callback(tensors.stop, proc, False)
+        stack.callback(stop, proc, False)
         pair[name] = (port, tensors.raw_request(port, tensors.request_specs(key, row)["fleetgate"]))
     return pair
 
 
 def start_chat_pair(tmp: Path, stack: ExitStack) -> tuple[dict[str, chat.Server], int]:
     upstream_port = chat.free_port()
-    upstream = subprocess.Popen([sys.executable, chat.__file__, "--upstream", str(upstream_port)])
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "bench.bench_policy_proxy", "--upstream", str(upstream_port)], cwd=ROOT
+    )
     stack.callback(chat.stop, upstream)
     chat.wait_until(lambda: chat.port_open(upstream_port), upstream, "upstream", 10)
     pair = {}
@@ -107,7 +108,8 @@ def plot(report: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import plotting  # bench/plotting.py: the footer with the date and machine
+
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
 
     keys = [k for k in report["ratios"] if k.endswith("rps_on_over_off") or "p50" in k]
     fig, ax = plt.subplots(figsize=(10, 4.5))

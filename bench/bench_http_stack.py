@@ -95,7 +95,7 @@ def main() -> None:
         "rounds": rounds,
     }
     (RESULTS / "http_stack.json").write_text(json.dumps(out, indent=2))
-    from plots import plot_http_stack  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_http_stack  # the PNG beside the JSON (bench/plots.py)
 
     plot_http_stack(out, RESULTS / "http_stack.png")
     print(json.dumps(summary, indent=2))

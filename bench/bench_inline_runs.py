@@ -20,17 +20,15 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench.bench_gateway import start_gateway
+from bench.bench_grpc import digits_config, free_port, run_grpc, run_http
 
-from bench_gateway import start_gateway  # noqa: E402
-from bench_grpc import digits_config, free_port, run_grpc, run_http  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 MODES = {"inline": 200, "worker": 0}  # inline_below_us
@@ -47,7 +45,8 @@ def plot(result: dict, out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import plotting  # bench/plotting.py: the footer with the date and machine
+
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
 
     cells = [(p, c) for p in PROTOCOLS for c in CONCURRENCY]
     xs = np.arange(len(cells))

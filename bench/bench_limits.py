@@ -29,12 +29,10 @@ from pathlib import Path
 
 import structlog
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from policies.admission import Admission  # noqa: E402
-from policies.keys import KeyService  # noqa: E402
-from policies.stores import StateStore, open_store  # noqa: E402
-from policies.types import Limits, Quotas, TenantSpec  # noqa: E402
+from policies.admission import Admission
+from policies.keys import KeyService
+from policies.stores import StateStore, open_store
+from policies.types import Limits, Quotas, TenantSpec
 
 HUGE = 10**12
 SPEC = TenantSpec(
@@ -165,7 +163,7 @@ async def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    from plots import plot_limits  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_limits  # the PNG beside the JSON (bench/plots.py)
 
     plot_limits(report, Path(args.out).with_suffix(".png"))
     sys.stdout.write(json.dumps(results, indent=2) + "\n")

@@ -298,7 +298,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
     ax[2].legend(fontsize=7)
     fig.suptitle(result["setup"]["summary"])
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path)
 
 

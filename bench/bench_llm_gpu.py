@@ -28,13 +28,11 @@ from typing import Any
 
 import structlog
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+from backends.base import SamplingParams
+from backends.torch_llm.costs import decode_bytes_per_step, kv_bytes_per_token, parameter_count
+from backends.torch_llm.model_config import ModelConfig
 
-from backends.base import SamplingParams  # noqa: E402
-from backends.torch_llm.costs import decode_bytes_per_step, kv_bytes_per_token, parameter_count  # noqa: E402
-from backends.torch_llm.model_config import ModelConfig  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 log = structlog.get_logger("bench_llm_gpu")
@@ -312,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    from plots import plot_llm_gpu  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_llm_gpu  # the PNG beside the JSON (bench/plots.py)
 
     plot_llm_gpu(result, args.out.with_suffix(".png"))
     sys.stdout.write(json.dumps(result, indent=2) + "\n")

@@ -181,7 +181,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
     ax[3].set_title("greedy tokens identical to float")
     fig.suptitle(result["setup"]["summary"], fontsize=9)
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path)
 
 

@@ -59,9 +59,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_llm_engine import ReplayClock, load_trace, memcpy_bandwidth, pct  # noqa: E402
-from peer_venvs import VENVS, PeerInstallError, ensure_peer_venv  # noqa: E402
+from bench.bench_llm_engine import ReplayClock, load_trace, memcpy_bandwidth, pct
+from bench.peer_venvs import VENVS, PeerInstallError, ensure_peer_venv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "workloads" / "chat-mix.jsonl"
@@ -526,7 +525,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
         a.legend(fontsize=8)
     fig.suptitle(result["setup"]["summary"], fontsize=9)
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path)
 
 

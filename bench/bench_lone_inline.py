@@ -34,11 +34,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from bench_gateway import start_gateway  # noqa: E402
-from bench_tensor_peers import (  # noqa: E402
+from bench.bench_gateway import start_gateway
+from bench.bench_tensor_peers import (
     D_IN,
     GATEWAY_CONFIG,
     HIDDEN,
@@ -46,8 +43,10 @@ from bench_tensor_peers import (  # noqa: E402
     raw_request,
     request_specs,
     run_point,
-    stop,
 )
+from bench.servers import stop
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 MODES = {"inline": 5000, "worker": 0}  # inline_alone_below_us
@@ -64,7 +63,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import plotting  # bench/plotting.py: the footer with the date and machine
+
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
 
     med = report["median"]
     xs = np.arange(len(CONCURRENCY))

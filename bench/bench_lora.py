@@ -24,23 +24,21 @@ import argparse
 import json
 import pathlib
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
 from safetensors.torch import save_file
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from backends.base import SamplingParams
+from backends.demo_models.tiny_llama import write_tiny_llama
+from backends.torch_llm.factory import build_engine
+from backends.torch_llm.lora_weights import linear_shapes, load_adapter
+from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.options import LLMOptions
+from bench.bench_llm_engine import TRACE, load_trace
 
-from backends.base import SamplingParams  # noqa: E402
-from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
-from backends.torch_llm.factory import build_engine  # noqa: E402
-from backends.torch_llm.lora_weights import linear_shapes, load_adapter  # noqa: E402
-from backends.torch_llm.model_config import ModelConfig  # noqa: E402
-from backends.torch_llm.options import LLMOptions  # noqa: E402
-from bench.bench_llm_engine import TRACE, load_trace  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -127,7 +125,7 @@ def plot(result: dict, path: pathlib.Path) -> None:
     ax.set_xlabel("requests on: the base / N distinct adapters")
     ax.set_title(result["setup"]["summary"], fontsize=8)
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path, dpi=120)
 
 

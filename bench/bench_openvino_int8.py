@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,14 +36,13 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from backends.demo_models.cnn import as_images, write_digits_cnn
+from backends.demo_models.digits import digits_split, write_digits
+from backends.demo_models.exports import write_openvino_ir
+from backends.openvino.quantize import quantize_to_int8, quantized_op_counts
+from fleetgate.host import cpu_model
 
-from backends.demo_models.cnn import as_images, write_digits_cnn  # noqa: E402
-from backends.demo_models.digits import digits_split, write_digits  # noqa: E402
-from backends.demo_models.exports import write_openvino_ir  # noqa: E402
-from backends.openvino.quantize import quantize_to_int8, quantized_op_counts  # noqa: E402
-from fleetgate.host import cpu_model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 BATCHES = (1, 64)
@@ -235,7 +233,7 @@ def plot(report: dict, path: Path) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path)
 
 

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import statistics
-import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -30,11 +29,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench import bench_tensor_peers as peers
+from bench.bench_gateway import ADMIN_KEY, _load, build_model, start_gateway, summarize
+from bench.servers import stop
 
-import bench_tensor_peers as peers  # noqa: E402
-from bench_gateway import ADMIN_KEY, _load, build_model, start_gateway, summarize  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 #: name -> the deployment's `options` (appended to bench_tensor_peers' gateway config)
@@ -73,7 +72,7 @@ def main() -> None:
             proc, port, key = start_gateway(
                 tmp, lambda p, o=options: peers.GATEWAY_CONFIG.format(port=p, model=model, options=o)
             )
-            stack.callback(peers.stop, proc, False)
+            stack.callback(stop, proc, False)
             servers[name] = (
                 proc.pid,
                 port,
@@ -131,7 +130,7 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "parallel_runs.json").write_text(json.dumps(out, indent=1))
-    from plotting import figure, grouped_bars, save
+    from bench.plotting import figure, grouped_bars, save
 
     fig, axes = figure(1, 2, size=(10, 4))
     groups = [f"c={c}" for c in CONCURRENCY]

@@ -54,10 +54,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import floor_servers  # noqa: E402
-from bench_gateway import RESULTS, start_gateway  # noqa: E402
-from peer_venvs import VENVS, PeerInstallError, ensure_peer_venv  # noqa: E402
+from bench import floor_servers
+from bench.bench_gateway import RESULTS, start_gateway
+from bench.peer_venvs import VENVS, PeerInstallError, ensure_peer_venv
+from bench.servers import ROOT
 
 MODEL = "bench-model"
 MASTER_KEY = "sk-bench-master"
@@ -279,7 +279,9 @@ def check_answer(server: Server) -> None:
 
 def start_all(work: Path, stack: ExitStack, notes: list[str]) -> list[Server]:
     up_port = free_port()
-    upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "bench.bench_policy_proxy", "--upstream", str(up_port)], cwd=ROOT
+    )
     stack.callback(stop, upstream)
     wait_until(lambda: port_open(up_port), upstream, "upstream", 10)
     servers = [Server("upstream", up_port, "none", [upstream.pid]), start_bare_proxy(work, up_port, stack)]
@@ -422,7 +424,7 @@ def plot(medians: dict[str, dict[str, dict[str, float]]], path: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("OpenAI chat completions through the tenant policy path (wrk, medians over rounds)")
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
 
     plotting.save(fig, path)
 

@@ -288,7 +288,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    from plots import plot_router_recovery  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_router_recovery  # the PNG beside the JSON (bench/plots.py)
 
     plot_router_recovery(result, args.out.with_suffix(".png"))
     sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "repetitions"}, indent=2) + "\n")

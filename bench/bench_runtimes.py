@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 TF_ENV = {"CUDA_VISIBLE_DEVICES": "-1", "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
 os.environ.update(TF_ENV)
 
@@ -192,7 +191,7 @@ def main() -> None:
     report = asyncio.run(run(args.seconds))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    from plots import plot_runtimes  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_runtimes  # the PNG beside the JSON (bench/plots.py)
 
     plot_runtimes(report, args.out.with_suffix(".png"))
     sys.stdout.write(json.dumps(report["results"], indent=1) + "\n")

@@ -44,15 +44,13 @@ import onnxruntime as ort
 import openvino as ov
 from onnx import TensorProto, helper, numpy_helper
 
+from backends.cores import available_cores
+from backends.demo_models.digits import write_digits
+from backends.demo_models.exports import write_openvino_ir
+from backends.onnxruntime import OnnxOptions, parallel_runs
+from bench.bench_gateway import ADMIN_KEY, _load, start_gateway, summarize, v2_request
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from bench_gateway import ADMIN_KEY, _load, start_gateway, summarize, v2_request  # noqa: E402
-
-from backends.cores import available_cores  # noqa: E402
-from backends.demo_models.digits import write_digits  # noqa: E402
-from backends.demo_models.exports import write_openvino_ir  # noqa: E402
-from backends.onnxruntime import OnnxOptions, parallel_runs  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONCURRENCY = (1, 16)
@@ -416,7 +414,7 @@ def plot(report: dict, path: Path) -> None:
         ax.set_title(f"{model}: gateway rows/s over direct rows/s (median of {report['rounds']} rounds)")
         ax.legend(fontsize=7, ncol=4, loc="upper left")
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path)
 
 

@@ -46,7 +46,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,12 +60,12 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench import floor_servers
+from bench.bench_gateway import _load, build_model, pct, start_gateway, summarize
+from bench.peer_venvs import VENVS, ensure_peer_venv
+from bench.servers import free_port, stop, wait_ready
 
-import floor_servers  # noqa: E402
-from bench_gateway import _load, build_model, pct, start_gateway, summarize  # noqa: E402
-from peer_venvs import VENVS, ensure_peer_venv  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 D_IN, HIDDEN, D_OUT = 512, 4096, 10
@@ -125,37 +124,6 @@ class Mlp:
 
 
 # --- peers: install and start --------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"not ready at {url} (exit code {proc.poll()}); log tail: {log.read_text()[-1500:]}")
-
-
-def stop(proc: subprocess.Popen[bytes], group: bool = True) -> None:
-    """SIGTERM to `proc` (to its process group if `group`: BentoML forks workers), SIGKILL if it lingers."""
-    if proc.poll() is not None:
-        return
-    kill = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
-    kill(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        kill(signal.SIGKILL)
-        proc.wait()
 
 
 def start_peer(name: str, tmp: Path, model: Path, stack: ExitStack) -> int:
@@ -379,7 +347,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         f"MLP {D_IN}-{HIDDEN}-{HIDDEN}-{D_OUT} fp32, JSON bodies, closed loop, {os.cpu_count()} CPUs"
     )
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
 
     plotting.save(fig, path)
 

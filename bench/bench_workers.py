@@ -30,18 +30,15 @@ import json
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-
-import floor_servers  # noqa: E402
-from bench_gateway import build_model, start_gateway  # noqa: E402
-from bench_tensor_peers import stop  # noqa: E402
+from bench import floor_servers
+from bench.bench_gateway import build_model, start_gateway
+from bench.servers import stop
 
 MODELS = {"light": (256, 1024), "heavy": (512, 4096)}
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -157,7 +154,7 @@ def compare_thread_defaults(seconds: float, rounds: int) -> None:
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "workers_threads.json").write_text(json.dumps(report, indent=1))
-    from plots import plot_workers_threads  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_workers_threads  # the PNG beside the JSON (bench/plots.py)
 
     plot_workers_threads(report, RESULTS / "workers_threads.png")
     print(json.dumps(median, indent=1))
@@ -216,7 +213,7 @@ def main() -> None:
 
     report = {"seconds": args.seconds, "rounds": rounds, "median": median, "cores": available_cores()}
     (RESULTS / "workers.json").write_text(json.dumps(report, indent=1))
-    from plots import plot_workers  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_workers  # the PNG beside the JSON (bench/plots.py)
 
     plot_workers(report, RESULTS / "workers.png")
     print(json.dumps(median, indent=1))

@@ -15,8 +15,8 @@ can reach on this machine; a target beyond them is beyond the stack, not beyond 
            With `--inline`, every run is on the event loop's thread instead (no thread hand-off, no
            gathering): the floor for one caller's p50.
 
-Run: `python bench/floor_servers.py proxy --port P --upstream http://127.0.0.1:U`
-     `python bench/floor_servers.py tensors --port P --model [NAME=]model.onnx ... [--inline]
+Run: `python -m bench.floor_servers proxy --port P --upstream http://127.0.0.1:U`
+     `python -m bench.floor_servers tensors --port P --model [NAME=]model.onnx ... [--inline]
          [--threads T] [--workers N]`: with several models, `/v2/models/NAME/...` picks one; with one,
          any path reaches it. `--threads`: ONNX Runtime's intra-op threads (0: its default).
 Each answers GET /ready with 200 once it can serve. Benches start them with `start(...)`.
@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.servers import ROOT, free_port, stop, wait_ready
 
 MAX_ROWS = 64
 MODEL_ENV = "FLEETGATE_FLOOR_MODEL"  # how `--workers` processes find the model (uvicorn imports the app)
@@ -223,11 +223,11 @@ def start(args: list[str], log: Path, stack: ExitStack) -> tuple[int, int]:
     """Start this script (`args`: the kind and its flags, no port) on a free loopback port, its
     output in `log`, and wait until it answers GET /ready; `stack` stops it (and its uvicorn
     workers) when it closes. Returns the port and the process id."""
-    from bench_tensor_peers import free_port, stop, wait_ready  # the peers' start-up helpers
-
     port = free_port()
-    cmd = [sys.executable, str(Path(__file__).resolve()), *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
+    cmd = [sys.executable, "-m", "bench.floor_servers", *args, "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True
+    )
     stack.callback(stop, proc)  # the whole process group
     wait_ready(proc, f"http://127.0.0.1:{port}/ready", log)
     return port, proc.pid
@@ -252,9 +252,9 @@ def main() -> None:
     import uvicorn
 
     uvicorn.run(
-        f"floor_servers:{args.kind}_app",
+        f"bench.floor_servers:{args.kind}_app",
         factory=True,
-        app_dir=str(Path(__file__).resolve().parent),
+        app_dir=str(ROOT),
         host="127.0.0.1",
         port=args.port,
         workers=args.workers,

@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("FLEETGATE_ADMIN_KEY", "fuzz-admin-key")
 os.environ.setdefault("TEST_UPSTREAM_KEY", "upstream-secret")
 
@@ -87,7 +85,7 @@ def main() -> None:
     report["process_alive_throughout"] = all(o["alive_after"] for o in report["operations"].values())
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "fuzz.json").write_text(json.dumps(report, indent=1))
-    from plots import plot_fuzz  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_fuzz  # the PNG beside the JSON (bench/plots.py)
 
     plot_fuzz(report, RESULTS / "fuzz.png")
     print(json.dumps({k: report[k] for k in ("requests", "seconds", "responses_5xx", "process_alive_throughout")}))

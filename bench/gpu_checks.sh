@@ -19,7 +19,7 @@ timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --confcu
   -o addopts= --junitxml="$OUT/gpu_tests.xml" \
   tests/torch_llm/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 echo "tests exit $?"
-timeout "${BENCH_TIMEOUT:-240}" python3 bench/bench_llm_gpu.py --rounds "${ROUNDS:-3}" --out "$OUT/llm_gpu.json" >"$OUT/llm_gpu.log" 2>&1
+timeout "${BENCH_TIMEOUT:-240}" python3 -m bench.bench_llm_gpu --rounds "${ROUNDS:-3}" --out "$OUT/llm_gpu.json" >"$OUT/llm_gpu.log" 2>&1
 echo "bench exit $?"; grep -v '^ ' "$OUT/llm_gpu.log" | grep -v '^[{}\[]' | tail -40
 python3 - "$OUT/llm_gpu.json" <<'PY'
 import json, sys

@@ -17,10 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from plotting import figure, grouped_bars, is_stamped, save  # noqa: E402
+from bench.plotting import figure, grouped_bars, is_stamped, save
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -253,7 +250,7 @@ SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]] = {
 def _script_plot(stem: str) -> tuple[Callable[..., None], Callable[[dict[str, Any]], tuple[Any, ...]]] | None:
     for prefix, (module, args) in SCRIPTS.items():
         if stem == prefix or stem.startswith(prefix + "_"):
-            return importlib.import_module(module).plot, args
+            return importlib.import_module(f"bench.{module}").plot, args
     return None
 
 

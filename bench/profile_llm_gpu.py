@@ -21,12 +21,9 @@ import sys
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from bench import bench_llm_gpu as bench
 
-import bench_llm_gpu as bench  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 TINY = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip

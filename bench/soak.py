@@ -31,14 +31,12 @@ from pathlib import Path
 
 import httpx
 
+from backends.demo_models.digits import write_digits
+from backends.demo_models.tiny_llama import write_tiny_llama
+from bench.bench_gateway import ADMIN_KEY, start_gateway
+from tests.servers import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-
-from bench_gateway import ADMIN_KEY, start_gateway  # noqa: E402
-
-from backends.demo_models.digits import write_digits  # noqa: E402
-from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
-from tests.servers import free_port  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 #: requests per second of each kind: (tenant, kind, rate)
@@ -195,7 +193,7 @@ def plot(rss: list[tuple[float, float]], path: Path) -> None:
     ax.set_ylabel("gateway RSS (MiB)")
     ax.set_title("soak: mixed protocols, streams dropped mid-way")
     fig.tight_layout()
-    import plotting  # bench/plotting.py: the footer with the date and machine
+    from bench import plotting  # bench/plotting.py: the footer with the date and machine
     plotting.save(fig, path)
 
 

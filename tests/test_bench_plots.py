@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
 
-plots = pytest.importorskip("plots", reason="bench/plots.py needs matplotlib (the dev extra)")
-from plotting import STAMP_KEY, is_stamped  # noqa: E402
+plots = pytest.importorskip("bench.plots", reason="bench/plots.py needs matplotlib (the dev extra)")
+from bench.plotting import STAMP_KEY, is_stamped  # noqa: E402
 
 
 def _stamp(path: Path) -> str:

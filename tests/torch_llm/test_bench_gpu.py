@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import pathlib
 import subprocess
 import sys
@@ -19,15 +19,11 @@ from backends.torch_llm.costs import (
 from backends.torch_llm.options import LLMOptions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "bench_llm_gpu.py"
 
 
 @pytest.fixture(scope="module")
 def bench():  # noqa: ANN201
-    spec = importlib.util.spec_from_file_location("bench_llm_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.bench_llm_gpu")
 
 
 TINY = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -73,7 +69,11 @@ def test_measure_decode_drives_the_engine_on_cpu(bench) -> None:
 def test_without_cuda_exits_cleanly_and_writes_nothing(tmp_path) -> None:
     out = tmp_path / "gpu.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench.bench_llm_gpu", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0 and "no CUDA device" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
