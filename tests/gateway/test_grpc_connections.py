@@ -159,3 +159,13 @@ def test_calls_beyond_the_concurrency_cap_are_resource_exhausted(gw: Gateway) ->
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         watch.cancel()
     _infer_ok(gw)
+
+
+@pytest.mark.parametrize(
+    "field", ["grpc_max_connections: 0", "grpc_idle_timeout_s: 0", "grpc_idle_timeout_s: .inf", "grpc_max_concurrent_rpcs: 0"]
+)
+def test_the_limits_must_be_positive(field: str) -> None:
+    from gateway.config import ConfigError
+
+    with pytest.raises(ConfigError, match=field.split(":")[0]):
+        parse_config(f"server: {{{field}}}\nstate: {{url: 'memory://'}}\n", base_dir=Path("."))
