@@ -13,7 +13,7 @@ Each round runs, in an order that alternates between rounds:
 Reports interactive p50/p99 latency with the batch vs without (target: p99 ratio <= 1.3) and the
 job's throughput vs the client's, medians over rounds, as bench/results/batches.json and .png.
 
-    .venv/bin/python bench/bench_batches.py [--rounds 3] [--seconds 15]
+    .venv/bin/python -m bench.bench_batches [--rounds 3] [--seconds 15]
 """
 
 from __future__ import annotations

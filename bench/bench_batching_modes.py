@@ -7,7 +7,7 @@ Closed-loop keep-alive clients send one row per request (binary v2 bodies encode
 starts) at c = 1, 8, 32, 128; the two modes of a point run back to back, rounds interleave, and the
 median over rounds is reported with the ratio continuous / delay taken within each round.
 
-Writes bench/results/batching_modes.json and .png. Run: `.venv/bin/python bench/bench_batching_modes.py`.
+Writes bench/results/batching_modes.json and .png. Run: `.venv/bin/python -m bench.bench_batching_modes`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ called directly on batches, the same encoder and the same texts, side by side in
 Target (issue 17): gateway >= 90 % of direct at c=16. The encoder is a random-weight BERT written
 by `backends/demo_models/encoder.py` (`--hidden`, 2 layers), inputs of 8-30 words.
 
-Writes bench/results/embeddings.json and .png. Run: `.venv/bin/python bench/bench_embeddings.py`.
+Writes bench/results/embeddings.json and .png. Run: `.venv/bin/python -m bench.bench_embeddings`.
 """
 
 from __future__ import annotations

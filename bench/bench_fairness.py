@@ -20,7 +20,7 @@ and total throughput against FCFS. Writes `bench/results/fairness.json` and `fai
 The "server" is a replaceable function (`Serve`): `local_server` calls FairQueue + ORT in process;
 a gateway mode only needs another `Serve` that sends the request over HTTP.
 
-Usage: .venv/bin/python bench/bench_fairness.py [--mode paced|raw] [--rounds 3] [--until 30]
+Usage: .venv/bin/python -m bench.bench_fairness [--mode paced|raw] [--rounds 3] [--until 30]
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ policy, and the `split` runs: the flood split evenly between `noisy` (weight 1) 
 (weight 2), FCFS and VTC with burst credit, to show that backlogged tenants' shares follow weights.
 
 Writes bench/results/fairness_gateway.json and .png. Run:
-    .venv/bin/python bench/bench_fairness_gateway.py [--rounds 2] [--until 15] [--time-scale 2]
+    .venv/bin/python -m bench.bench_fairness_gateway [--rounds 2] [--until 15] [--time-scale 2]
 """
 
 from __future__ import annotations

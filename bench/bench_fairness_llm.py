@@ -11,7 +11,7 @@ Runs per round: the trace without `noisy` (`noflood`, FCFS), then FCFS, VTC and 
 credit on the full trace. Reports per tenant p50/p99 latency and throughput (service units/s), Jain
 per 1 s window and total throughput against FCFS, as bench/results/fairness_llm.json and .png.
 
-    .venv/bin/python bench/bench_fairness_llm.py [--rounds 1] [--until 45] [--time-scale 1]
+    .venv/bin/python -m bench.bench_fairness_llm [--rounds 1] [--until 45] [--time-scale 1]
 """
 
 from __future__ import annotations

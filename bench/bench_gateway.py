@@ -7,7 +7,7 @@ at concurrency 1 and 32. The client is a minimal keep-alive HTTP/1.1 client on a
 its own cost stays small next to the server's; requests use the binary tensor extension, as
 tritonclient does by default.
 
-Writes bench/results/gateway.json. Run: `.venv/bin/python bench/bench_gateway.py [--seconds 5]`.
+Writes bench/results/gateway.json. Run: `.venv/bin/python -m bench.bench_gateway [--seconds 5]`.
 """
 
 from __future__ import annotations

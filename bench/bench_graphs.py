@@ -13,7 +13,7 @@ request when its answer is in), over keep-alive HTTP/1.1 with v2 binary tensors:
 Interleaved rounds (the order of the clients rotates each round); medians over rounds of p50/p99
 latency and answers/s. Target (issue 21): the graph is faster than the steps one by one.
 
-Writes bench/results/graphs.json and graphs.png. Run: `.venv/bin/python bench/bench_graphs.py [--rounds 5]`.
+Writes bench/results/graphs.json and graphs.png. Run: `.venv/bin/python -m bench.bench_graphs [--rounds 5]`.
 """
 
 from __future__ import annotations

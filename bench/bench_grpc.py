@@ -12,7 +12,7 @@ and p99 latency, and the gateway process's CPU per request (user + system from /
 medians over rounds. Targets (issue 16): gRPC costs no more gateway CPU per request than HTTP; at
 c=1 the gateway adds <= 0.3 ms p50 over the direct call.
 
-Writes bench/results/grpc.json and grpc.png. Run: `.venv/bin/python bench/bench_grpc.py [--rounds 3]`.
+Writes bench/results/grpc.json and grpc.png. Run: `.venv/bin/python -m bench.bench_grpc [--rounds 3]`.
 """
 
 from __future__ import annotations

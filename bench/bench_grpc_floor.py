@@ -17,7 +17,7 @@ rounds, and ONNX Runtime called directly for the c=1 floor. If bare gRPC alone c
 request than fleetgate's whole HTTP path, no gRPC servicer on grpc.aio can meet "gRPC costs no more
 gateway CPU than HTTP".
 
-Writes bench/results/grpc_floor.json and .png. Run: `.venv/bin/python bench/bench_grpc_floor.py`.
+Writes bench/results/grpc_floor.json and .png. Run: `.venv/bin/python -m bench.bench_grpc_floor`.
 """
 
 from __future__ import annotations

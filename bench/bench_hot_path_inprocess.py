@@ -42,7 +42,7 @@ Three request paths, each its own series of rounds:
 Reported per path: CPU a request (every thread) per state, and each state against `before` as the
 median of the rounds' paired differences with a bootstrap 95 % interval.
 
-    .venv/bin/python bench/bench_hot_path_inprocess.py [--rounds 200 --requests 20]
+    .venv/bin/python -m bench.bench_hot_path_inprocess [--rounds 200 --requests 20]
 
 Writes bench/results/hot_path_inprocess.json and .png.
 """

@@ -11,7 +11,7 @@ default (the inference routes matched ahead of it):
 Within a round the two gateways of a pair are measured back to back, in alternating order from round
 to round; ratios on / off are taken within a round and their medians reported.
 
-Writes bench/results/hot_routes.json and .png. Run: `.venv/bin/python bench/bench_hot_routes.py [--rounds 6]`.
+Writes bench/results/hot_routes.json and .png. Run: `.venv/bin/python -m bench.bench_hot_routes [--rounds 6]`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and 16 with the same keep-alive binary v2 client, and reads each server's CPU ti
 and after. Reported per stack: requests/s, p50/p99 latency and server CPU per request, medians over
 rounds, and the ratios auto / h11.
 
-Writes bench/results/http_stack.json. Run: `.venv/bin/python bench/bench_http_stack.py [--rounds 3]`.
+Writes bench/results/http_stack.json. Run: `.venv/bin/python -m bench.bench_http_stack [--rounds 3]`.
 """
 
 from __future__ import annotations

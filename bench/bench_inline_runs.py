@@ -10,7 +10,7 @@ concurrency: requests/s, p50 and the gateway's CPU per request (user + system fr
 rounds, and inline over worker ratios.
 
 Writes bench/results/inline_runs.json (`inline_runs_openvino.json` for OpenVINO) and a PNG beside it.
-Run: `.venv/bin/python bench/bench_inline_runs.py [--backend openvino]`.
+Run: `.venv/bin/python -m bench.bench_inline_runs [--backend openvino]`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ For each store (memory, sqlite, redis) and a baseline with the policy path off, 
 Limits are set high so nothing is refused (every request takes the full path). A redis-server is
 started on a free loopback port when `redis-server` is on PATH (else redis is skipped, and said so).
 
-    .venv/bin/python bench/bench_limits.py [--requests 3000] [--concurrency 32]
+    .venv/bin/python -m bench.bench_limits [--requests 3000] [--concurrency 32]
 
 Writes bench/results/limits.json.
 """

@@ -19,7 +19,7 @@ sleeping, and time the shared machine's other processes take from this one does 
 figures are those of a dedicated core (memory-bandwidth contention still shows). Both systems always
 use the same clock.
 
-    .venv/bin/python bench/bench_llm_engine.py --requests 80 --scale 1 --clock cpu
+    .venv/bin/python -m bench.bench_llm_engine --requests 80 --scale 1 --clock cpu
 """
 
 from __future__ import annotations

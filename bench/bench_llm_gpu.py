@@ -13,7 +13,7 @@ steps/s / measured device copy bandwidth (read + write of a 1 GiB `copy_`, best 
 and the graphs/eager ratio in `summary`. Writes bench/results/llm_gpu.json and a PNG. Without a CUDA
 device it says so and exits with status 0, measuring nothing and writing nothing.
 
-    .venv/bin/python bench/bench_llm_gpu.py --batches 1,8,32,128,256 --rounds 3
+    .venv/bin/python -m bench.bench_llm_gpu --batches 1,8,32,128,256 --rounds 3
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ medians over rounds. The JSON also has, per run, the CPU seconds of the measured
 one and of everything else on the machine (the noise), from /proc, and the figures of the run the rest
 of the machine disturbed least ("quietest").
 
-    .venv/bin/python bench/bench_llm_vllm.py [--rounds 2]      # ~10 min, vLLM startup included
-    .venv/bin/python bench/bench_llm_vllm.py --quick           # end-to-end check, 8 short requests
+    .venv/bin/python -m bench.bench_llm_vllm [--rounds 2]      # ~10 min, vLLM startup included
+    .venv/bin/python -m bench.bench_llm_vllm --quick           # end-to-end check, 8 short requests
 
 Writes bench/results/llm_vllm.json and bench/results/llm_vllm.png (`--quick`: under /tmp).
 """

@@ -16,7 +16,7 @@ The inline gateway's rule in full: with batching, a request that finds nothing q
 free, after 8 single-request batches in a row, runs inline while the median of the last 16 runs is
 under 5 ms, none took over 10 ms and its input is no larger than theirs.
 
-Writes bench/results/lone_inline.json and .png. Run: `.venv/bin/python bench/bench_lone_inline.py
+Writes bench/results/lone_inline.json and .png. Run: `.venv/bin/python -m bench.bench_lone_inline
 [--seconds 3 --rounds 5]`.
 """
 

@@ -15,7 +15,7 @@ key names) from random tensors; tests/torch_llm/test_lora.py checks that layout 
 The clock is this thread's CPU time (torch on this thread, --threads 1), so other processes on the
 shared machine do not count. Writes bench/results/lora.json and lora.png.
 
-    .venv/bin/python bench/bench_lora.py --requests 64 --rounds 3
+    .venv/bin/python -m bench.bench_lora --requests 64 --rounds 3
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Reported: medians over rounds, and two runs / one run as the median of per-round
 range. Also the batch sizes each gateway ran at c=32 (`fleetgate_batch_size_rows` from /metrics).
 
 Writes bench/results/parallel_runs.json and .png.
-Run: `.venv/bin/python bench/bench_parallel_runs.py [--rounds 6 --seconds 3]`.
+Run: `.venv/bin/python -m bench.bench_parallel_runs [--rounds 6 --seconds 3]`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ per-round ratios fleetgate/LiteLLM and fleetgate_sqlite/fleetgate_sqlite_thread.
 time of the proxy (and redis-server) per request; upstream_conns_per_req: TCP connections the upstream
 accepted per request (0 = pooled keep-alive).
 
-    .venv/bin/python bench/bench_policy_proxy.py [--seconds 5 --rounds 3]
+    .venv/bin/python -m bench.bench_policy_proxy [--seconds 5 --rounds 3]
 
 Writes bench/results/policy_proxy.json and bench/results/policy_proxy.png.
 """

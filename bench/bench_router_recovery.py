@@ -10,7 +10,7 @@ is governed by the front's circuit-breaker cool-down (`breakers.cooldown_s`; a h
 let through when it ends).
 
 Writes bench/results/router_recovery.json (median over the repetitions).
-Run: `.venv/bin/python bench/bench_router_recovery.py [--repetitions 5] [--cooldown 0.5]`.
+Run: `.venv/bin/python -m bench.bench_router_recovery [--repetitions 5] [--cooldown 0.5]`.
 The test tests/gateway/test_fault_recovery.py runs one repetition of the same scenario.
 """
 

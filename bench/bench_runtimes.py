@@ -11,7 +11,7 @@ Each request carries one row; closed-loop clients at concurrency 1 and 16. Befor
 backend classifies the whole digits test split, so accuracy and the max abs difference against
 ONNX Runtime are in the same JSON.
 
-Writes bench/results/runtimes.json. Run: `.venv/bin/python bench/bench_runtimes.py [--seconds 3]`.
+Writes bench/results/runtimes.json. Run: `.venv/bin/python -m bench.bench_runtimes [--seconds 3]`.
 """
 
 from __future__ import annotations

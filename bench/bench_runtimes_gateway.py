@@ -20,7 +20,7 @@ report gives their median over rounds, so a change in the machine's background l
 CPU per request is split: the gateway process (all its threads) and this load generator.
 
 Writes bench/results/runtimes_gateway.json (+ .png); `--model` runs one model and keeps the other's
-results in the file. Run: `.venv/bin/python bench/bench_runtimes_gateway.py [--model digits] [--rounds 3]`.
+results in the file. Run: `.venv/bin/python -m bench.bench_runtimes_gateway [--model digits] [--rounds 3]`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ batcher learns its wait from past batches (mean wait of the last 50) and keeps w
 at c=1 for tens of seconds after a burst.
 
 Writes bench/results/tensor_peers.json and .png.
-Run: `.venv/bin/python bench/bench_tensor_peers.py [--seconds 4 --rounds 3]`.
+Run: `.venv/bin/python -m bench.bench_tensor_peers [--seconds 4 --rounds 3]`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ share of the cores, `backends/cores.py`) against `every_core` (`intra_op_threads
 the machine has, what each worker's ONNX Runtime started before that default: N workers x the cores
 in threads). Writes bench/results/workers_threads.json.
 
-Writes bench/results/workers.json. Run: `.venv/bin/python bench/bench_workers.py [--seconds 5 --rounds 3]`.
+Writes bench/results/workers.json. Run: `.venv/bin/python -m bench.bench_workers [--seconds 5 --rounds 3]`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ engine on a tiny random Llama, a remote OpenAI upstream; memory state) in this p
 tenant key. Records every answer's status per operation, every 5xx or traceback, and whether the
 process still answers /health/live after each operation.
 
-Writes bench/results/fuzz.json. Run: `.venv/bin/python bench/fuzz_gateway.py [--examples 200]`.
+Writes bench/results/fuzz.json. Run: `.venv/bin/python -m bench.fuzz_gateway [--examples 200]`.
 """
 
 from __future__ import annotations

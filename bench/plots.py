@@ -1,7 +1,7 @@
 """Plots of the benchmarks whose scripts had none, and a redraw of every plot from its saved JSON.
 
 Each `plot_<result>(result, path)` draws one result file (the dict its script writes as JSON); the
-scripts call them right after writing their JSON. `python bench/plots.py` redraws every PNG under
+scripts call them right after writing their JSON. `python -m bench.plots` redraws every PNG under
 bench/results/ from the JSON beside it, without running anything: with the functions here, or the
 script's own `plot` where it draws from its JSON; a PNG whose script draws from raw samples the JSON
 does not keep (the fairness timelines) gets the date-and-machine footer added to the picture as is.

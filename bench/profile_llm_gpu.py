@@ -7,8 +7,8 @@ Python (schedule, input preparation, sampling, append) as the remainder. Then a 
 table of a few eager steps and a few graph steps: kernels by GPU time, operators by host time.
 Writes `--out` (JSON) and one profile table per batch and mode beside it (`.txt`).
 
-    python3 bench/profile_llm_gpu.py --batches 1,32 --out bench/results/llm_gpu_profile.json
-    python3 bench/profile_llm_gpu.py --tiny   # the same on CPU with a tiny model: checks the script
+    python3 -m bench.profile_llm_gpu --batches 1,32 --out bench/results/llm_gpu_profile.json
+    python3 -m bench.profile_llm_gpu --tiny   # the same on CPU with a tiny model: checks the script
 """
 
 from __future__ import annotations

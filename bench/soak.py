@@ -12,7 +12,7 @@ protocol and status, leaked state at the end (leases, open reservation journals,
 flight), and usage against what the clients received: every answered request (a 200, streams cut by
 their client included) must be counted once in the tenant's usage, and nothing else.
 
-Writes bench/results/soak.json and .png. Run: `.venv/bin/python bench/soak.py [--minutes 10]`.
+Writes bench/results/soak.json and .png. Run: `.venv/bin/python -m bench.soak [--minutes 10]`.
 """
 
 from __future__ import annotations
