@@ -1,7 +1,8 @@
 """The floor under issue 16's targets: what grpc.aio and the HTTP stack cost with no gateway behind them.
 
-bench_grpc.py measures fleetgate's gRPC front door at about 1.4x the gateway CPU per request of its
-HTTP one. This asks how much of that the protocol stacks themselves take. Four servers, each its
+bench_grpc.py measures the gateway CPU per request of fleetgate's gRPC front door against its HTTP
+one (its figures: bench/results/grpc.json). This asks how much of a gap between them the protocol
+stacks themselves take. Four servers, each its
 own process, driven in interleaved rounds by the clients of bench_grpc.py (one request serialized
 once, closed loop, c=1 and c=16, the digits model's one-row request):
   - bare_grpc: a `grpc.aio` server on uvloop (the loop fleetgate's gRPC server shares) with one

@@ -1,7 +1,7 @@
 """Runtime calls on the event loop's thread vs handed to the runtime's threads (`inline_below_us`).
 
-Two `fleetgate serve` processes serve the demo digits model (`--backend onnxruntime`, about 15 us a
-run, or `openvino`, reading the same .onnx), one with the default `inline_below_us: 200` (its calls
+Two `fleetgate serve` processes serve the demo digits model (`--backend onnxruntime` or
+`openvino`, reading the same .onnx; a run well under 200 us), one with the default `inline_below_us: 200` (its calls
 run inline) and one with `inline_below_us: 0` (every call goes to a worker thread or, on OpenVINO,
 to the async infer-request queue, as before the option existed). Interleaved rounds, the order
 alternating, drive each over HTTP v2 (binary tensors) and gRPC `ModelInfer` with the clients of

@@ -21,8 +21,8 @@ Times are read from two clocks: wall time, and this thread's CPU time (torch run
 --threads 1; time the shared machine's other processes take from this one does not count). Writes
 bench/results/llm_int8.json and .png.
 
-    .venv/bin/python bench/bench_llm_int8.py
-    .venv/bin/python bench/bench_llm_int8.py --pad-vocab 32000 --out bench/results/llm_int8_vocab32k.json
+    .venv/bin/python -m bench.bench_llm_int8
+    .venv/bin/python -m bench.bench_llm_int8 --pad-vocab 32000 --out bench/results/llm_int8_vocab32k.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (`inline_alone_below_us`), side by side in one run.
 
 Two `fleetgate serve` processes serve bench_tensor_peers' heavy MLP (512 -> 4096 -> 4096 -> 10 fp32,
-about 3 ms a one-row run on ONNX Runtime here) with `batching: {max_batch_size: 64, max_delay_ms: 2}`,
+a one-row run under 5 ms on ONNX Runtime) with `batching: {max_batch_size: 64, max_delay_ms: 2}`,
 one with the default `inline_alone_below_us: 5000` (a request that finds nothing of its deployment
 running or queued runs inline) and one with `0` (every run goes to a worker thread, as before the
 option existed). One-row JSON v2 bodies, bench_gateway's closed-loop keep-alive client at c = 1, 2,

@@ -17,7 +17,7 @@ Two throughputs: `rows_per_s` (rows / wall time, what a saturated caller gets) a
 `rows_per_s_at_p50` (batch / median call time). On a shared machine the first drops whenever a
 neighbour takes a core; the second barely moves, so compare ratios of both.
 
-    .venv/bin/python bench/bench_openvino_int8.py [--seconds 1 --rounds 5]
+    .venv/bin/python -m bench.bench_openvino_int8 [--seconds 1 --rounds 5]
 
 Writes bench/results/openvino_int8.json and bench/results/openvino_int8.png.
 """

@@ -2,7 +2,7 @@
 
 Side by side in one run, in front of one upstream:
   upstream          a tiny OpenAI-compatible server (raw asyncio HTTP/1.1 on uvloop, its own process):
-                    `POST /v1/chat/completions` answers a fixed small completion in ~0.1 ms, as JSON,
+                    `POST /v1/chat/completions` answers a fixed small completion at once, as JSON,
                     or as SSE chunks when the body asks for `"stream": true`;
   fleetgate_sqlite  `fleetgate serve`, a `remote` (openai) deployment in front of the upstream, a tenant
                     whose limits, quotas and per-key limits are too high to refuse: every request takes

@@ -1,7 +1,7 @@
 """ONNX Runtime and OpenVINO, direct and through the gateway, batched and unbatched, in one run.
 
 Two models, each as ONNX and as OpenVINO IR (f32):
-  - digits: the demo MLP 64-32-10 (`backends.demo_models.digits.write_digits`): ~5 us per call in ONNX Runtime;
+  - digits: the demo MLP 64-32-10 (`backends.demo_models.digits.write_digits`): a call of microseconds;
   - cnn: a ResNet-like CNN on 3x64x64 inputs with random weights (~0.85 GFLOP per row), built here.
 Three runtimes per model: onnxruntime (CPU provider), openvino with the LATENCY hint, openvino with the
 THROUGHPUT hint. For each batch size B (rows per request: 1, 8, 64) and concurrency c (1, 16):
