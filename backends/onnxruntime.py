@@ -1,8 +1,9 @@
 """ONNX Runtime adapter: one `.onnx` file, execution providers from the config.
 
 onnxruntime-gpu lists CUDA and TensorRT providers even on machines without a GPU and, when asked
-for them, silently falls back to CPU. So the adapter compares what it asked for with what the
-session really got (`get_providers()`) and reports the truth in its metadata and a warning log line.
+for them, prints a multi-line load error and falls back to CPU. So the adapter asks for them only
+where the CUDA driver sees a GPU, compares what it asked for with what the session really got
+(`get_providers()`) and reports the truth in its metadata and one warning log line.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from backends.base import (
 )
 from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.cores import cores_per_worker, default_threads
+from backends.cuda_devices import cuda_device_count
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
 from backends.inline_runs import InlineRuns, call_bytes
 from backends.lazy import require
@@ -98,6 +100,17 @@ def device_of(provider: str) -> str:
     return provider.removesuffix("ExecutionProvider").lower()
 
 
+#: providers that need an NVIDIA GPU and its CUDA driver
+CUDA_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider"})
+
+
+def providers_to_ask(wanted: list[str], cuda_devices: int) -> list[str]:
+    """The configured providers worth asking ONNX Runtime for: without a CUDA device the CUDA ones
+    can only fail (loudly, on stderr), so they are left out; the CPU closes the list."""
+    asked = [p for p in wanted if cuda_devices > 0 or p not in CUDA_PROVIDERS]
+    return asked or ["CPUExecutionProvider"]
+
+
 def parallel_runs(options: OnnxOptions, on_cpu: bool, cores: int) -> int:
     """Runs (batches) a deployment lets execute at once: the configured number, else what `cores`
     hold without oversubscribing them.
@@ -156,7 +169,11 @@ class OnnxRuntimeBackend:
 
     async def load(self) -> None:
         ort = require("onnxruntime", extra="onnx")
+        # warnings of ONNX Runtime's process-wide logger (provider set-up) are reported by us, once,
+        # as a log line; its errors still reach stderr
+        ort.set_default_logger_severity(3)
         wanted = list(self.spec.providers or ["CPUExecutionProvider"])
+        asked = providers_to_ask(wanted, cuda_device_count() if CUDA_PROVIDERS.intersection(wanted) else 0)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3  # the provider fallback is reported by us, once, as a log line
         opts.add_session_config_entry(
@@ -171,7 +188,7 @@ class OnnxRuntimeBackend:
         loop = asyncio.get_running_loop()
         try:
             self._session = await loop.run_in_executor(
-                None, lambda: ort.InferenceSession(self.spec.model, sess_options=opts, providers=wanted)
+                None, lambda: ort.InferenceSession(self.spec.model, sess_options=opts, providers=asked)
             )
         except Exception as exc:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -179,8 +196,15 @@ class OnnxRuntimeBackend:
         got = self._session.get_providers()
         missing = [p for p in wanted if p not in got]
         if missing:
+            skipped = [p for p in wanted if p not in asked]
+            why = "no CUDA device visible (no NVIDIA driver or GPU)" if skipped else "ONNX Runtime could not create them"
             log.warning(
-                "onnx_providers_unavailable", deployment=self.name, requested=wanted, got=got, missing=missing
+                "onnx_providers_unavailable",
+                deployment=self.name,
+                requested=wanted,
+                got=got,
+                missing=missing,
+                reason=why,
             )
         inputs = [_spec_of(n) for n in self._session.get_inputs()]
         outputs = [_spec_of(n) for n in self._session.get_outputs()]
