@@ -23,17 +23,18 @@ import structlog
 
 from backends.base import (
     Capability,
+    EmbedRequest,
     GenerateRequest,
     ModelMetadata,
     TensorRequest,
     TensorResponse,
     TokenEvent,
     Usage,
-    as_embedding,
     as_generative,
     as_tensor,
     estimate_prompt_tokens,
 )
+from backends.embedding import as_embedding_adapter
 from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput, ModelNotFound
 from backends.validation import validate_request
 from fleetgate import tracing
@@ -419,8 +420,9 @@ class GatewayCore:
         self, call: Call, load: Callable[[], Awaitable[EmbeddingsInput]]
     ) -> EmbeddingsOutcome:
         """Serve one embeddings call: authenticate, read and decode the payload, route, refuse early
-        when the queue is full, tokenize on the first candidate (the tokens are the cost charged to
-        token limits, quotas and the fair queue), admit, queue, embed with fallbacks, settle, record."""
+        when the queue is full, check the inputs' count and bytes, admit on an estimate, tokenize
+        (off the event loop when large), queue, embed with fallbacks, settle by the real tokens
+        (charged to token limits and quotas; the fair queue's cost), record."""
         with tracing.span(
             "fleetgate.request", tracing.extract_context(call.headers), **_call_attributes(call)
         ) as span:
@@ -431,36 +433,42 @@ class GatewayCore:
     ) -> EmbeddingsOutcome:
         principal, deadline, given, plan = await self._payload_call(call, load)
         candidates = self._candidates(plan, Capability.EMBED)
-        first = as_embedding(candidates[0].backend).prepare_embedding(
-            given.inputs, call.request_id, given.dimensions
-        )
-        cost = first.tokens
+        first = as_embedding_adapter(candidates[0].backend)
+        # checked (count, bytes, ids, dimensions) and admitted on an estimate before any tokenizing:
+        # a refused or oversized call costs no tokenizer time; it is charged its real tokens
+        text_bytes = first.check_embedding(given.inputs, given.dimensions)
         hints = _hints(call)
         async with deadline.scope():
-            reservation = await self._admit(principal, plan.model, cost)
-
-            async def attempt(dep: Deployment) -> tuple[np.ndarray, float, float]:
-                started = time.perf_counter()
-                backend = as_embedding(dep.backend)
-                request = (
-                    first
-                    if dep is candidates[0]
-                    else backend.prepare_embedding(given.inputs, call.request_id, given.dimensions)
-                )
-                vectors, service_s = await self._run_queued(
-                    principal, dep, cost, backend.embed(request), hints
-                )
-                return vectors, time.perf_counter() - started, service_s
-
+            reservation = await self._admit(principal, plan.model, first.estimate_tokens(given.inputs))
             used = 0
             try:
-                vectors, dep = await self._attempt_each(plan, candidates, attempt, lambda dep, exc: True)
-                used = cost
+                request = await first.tokenize_embedding(
+                    given.inputs, call.request_id, given.dimensions, text_bytes
+                )
+
+                async def attempt(dep: Deployment) -> tuple[tuple[EmbedRequest, np.ndarray], float, float]:
+                    started = time.perf_counter()
+                    backend = as_embedding_adapter(dep.backend)
+                    tokens = request
+                    if dep is not candidates[0]:  # another encoder: its own checks and tokenizer
+                        size = backend.check_embedding(given.inputs, given.dimensions)
+                        tokens = await backend.tokenize_embedding(
+                            given.inputs, call.request_id, given.dimensions, size
+                        )
+                    vectors, service_s = await self._run_queued(
+                        principal, dep, tokens.tokens, backend.embed(tokens), hints
+                    )
+                    return (tokens, vectors), time.perf_counter() - started, service_s
+
+                (served_request, vectors), dep = await self._attempt_each(
+                    plan, candidates, attempt, lambda dep, exc: True
+                )
+                used = served_request.tokens
             finally:
                 await self.admission.reconcile(reservation, used, failed=used == 0)
         served = Served(deployment=dep, plan=plan, headers=self.admission.headers(reservation))
         self._record_server(call, served, span)
-        return EmbeddingsOutcome(vectors, cost, served, given.body)
+        return EmbeddingsOutcome(vectors, used, served, given.body)
 
     async def _payload_call(
         self, call: Call, load: Callable[[], Awaitable[P]]

@@ -224,3 +224,106 @@ def test_embeddings_lines_of_a_batch_job_equal_direct_calls(client) -> None:  # 
         direct = sdk.embeddings.create(model="mini-embed", input=text).data[0].embedding
         got = out[f"e{i}"]["response"]["body"]["data"][0]["embedding"]
         np.testing.assert_allclose(got, direct, atol=1e-5)
+
+
+class _LivenessProbe:
+    """`GET /health/live` every 20 ms from a thread of its own while a hostile call runs: the
+    slowest answer is how long the gateway's event loop stalled (a healthy one answers in ms)."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url = url
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client() as client:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                assert client.get(f"{self.url}/health/live").status_code == 200
+                self.latencies.append(time.perf_counter() - started)
+                self._stop.wait(0.02)
+
+    def __enter__(self) -> _LivenessProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def worst(self) -> float:
+        return max(self.latencies)
+
+
+#: the slowest liveness answer allowed during a hostile call: the loop answers in ~1-10 ms here;
+#: generous for a noisy 2-core box, where tokenizing these calls on the loop stalled it 3-22 s
+STALL_BOUND_S = 0.5
+
+
+def test_hostile_embeddings_calls_neither_stall_the_gateway_nor_cost_their_real_tokens_less(client) -> None:  # noqa: ANN001
+    """A 15 MiB input is refused at once, naming the bound (max_length 64 x 32 bytes a token), as
+    are 2,049 inputs; 2,048 inputs of 2,000 bytes (legal, ~3 s of tokenizing here) are tokenized
+    off the event loop, while liveness keeps answering, and are charged their real tokens."""
+    import httpx
+
+    from tests.conftest import ADMIN_HEADERS
+
+    sdk, url, _ = client
+    headers = {"Authorization": f"Bearer {sdk.api_key}", "content-type": "application/json"}
+
+    def post(body: dict) -> tuple[httpx.Response, float]:
+        raw = json.dumps(body).encode()
+        started = time.perf_counter()
+        r = httpx.post(f"{url}/v1/embeddings", content=raw, headers=headers, timeout=120)
+        return r, time.perf_counter() - started
+
+    def used_tokens() -> int:
+        rows = httpx.get(f"{url}/admin/usage", params={"tenant": "acme"}, headers=ADMIN_HEADERS).json()["usage"]
+        return sum(row["tokens"] for row in rows if row["period"].count("-") == 2)
+
+    huge = "the quick brown fox " * (15 * 2**20 // 20)
+    words = ("a gateway for an inference fleet " * 70)[:2000]
+    with _LivenessProbe(url) as huge_probe:
+        refused, elapsed = post({"model": "mini-embed", "input": huge})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error" and "longer than 2048 bytes" in error["message"]
+    assert "max_length" in error["message"] and elapsed < 5
+    assert huge_probe.worst < STALL_BOUND_S, huge_probe.latencies
+
+    too_many, _ = post({"model": "mini-embed", "input": ["x"] * 2049})
+    assert too_many.status_code == 400 and "at most 2048" in too_many.json()["error"]["message"]
+
+    before = used_tokens()
+    with _LivenessProbe(url) as probe:
+        served, _ = post({"model": "mini-embed", "input": [words] * 2048})
+    assert served.status_code == 200, served.text
+    assert probe.worst < STALL_BOUND_S, sorted(probe.latencies)[-5:]
+    answer = served.json()
+    assert len(answer["data"]) == 2048
+    # every input is longer than max_length tokens: the tokenizer's own truncation says 64 each
+    assert answer["usage"]["prompt_tokens"] == answer["usage"]["total_tokens"] == 2048 * 64
+    assert used_tokens() - before == 2048 * 64  # charged what was tokenized, not the estimate
+
+
+def test_an_embeddings_call_no_token_limit_can_hold_is_a_400(client) -> None:  # noqa: ANN001
+    """tokens_per_minute 40 can never admit an input read as 64 tokens: a 400 naming the limit,
+    without Retry-After, before any tokenizing (a 429 would have the client retry forever)."""
+    import httpx
+
+    _, url, metered = client
+    r = httpx.post(
+        f"{url}/v1/embeddings",
+        json={"model": "mini-embed", "input": "an input far longer than forty tokens " * 10},
+        headers={"Authorization": f"Bearer {metered}"},
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "request_exceeds_limit" and "tokens_per_minute limit of tenant metered (40)" in error["message"]
+    assert "retry-after" not in r.headers
