@@ -49,11 +49,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from bench.bench_gateway import ADMIN_KEY, _load, start_gateway, summarize, v2_request
+from bench.bench_http_stack import cpu_seconds
 
-from bench_gateway import ADMIN_KEY, _load, start_gateway, summarize, v2_request  # noqa: E402
-from bench_http_stack import cpu_seconds  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -239,7 +238,9 @@ def main() -> None:
         return run_collector()
     from backends.demo_models.digits import digits_split, write_all
 
-    collector = subprocess.Popen([sys.executable, __file__, "--collector"], stdout=subprocess.PIPE, text=True)
+    collector = subprocess.Popen(
+        [sys.executable, "-m", "bench.bench_tracing", "--collector"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     collector_port = int(collector.stdout.readline())
     row = np.ascontiguousarray(digits_split()[1][:1].astype(np.float32))
     rounds: list[dict] = []
