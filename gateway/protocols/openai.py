@@ -88,7 +88,9 @@ class _Shape:
         if self.chat:
             delta: dict[str, Any] = {"content": text if text or not tool_calls else None}
             if first:
+                # as OpenAI's first delta: the role, and no refusal (this gateway never refuses in text)
                 delta["role"] = "assistant"
+                delta["refusal"] = None
             if tool_calls:
                 delta["tool_calls"] = tool_calls
             choice = {
@@ -131,7 +133,13 @@ class _Shape:
         tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text or (None if tool_calls else "")}
+            # `refusal` is required by OpenAI's published description (null: the model did not
+            # refuse); clients generated from it reject a message without it
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text or (None if tool_calls else ""),
+                "refusal": None,
+            }
             if tool_calls:
                 message["tool_calls"] = tool_calls
             choice = {

@@ -219,6 +219,7 @@ async def _sse(
             "message": known[2] if known else "internal error; see the gateway log",
             "type": "server_error",
             "code": known[1] if known else "internal_error",
+            "param": None,  # required by OpenAI's Error description, as in every other error answer
         }
         yield b"data: " + _encoder.encode({"error": error}) + b"\n\n"
     finally:

@@ -307,6 +307,9 @@ def test_hostile_embeddings_calls_neither_stall_the_gateway_nor_cost_their_real_
     assert probe.worst < STALL_BOUND_S, sorted(probe.latencies)[-5:]
     answer = served.json()
     assert len(answer["data"]) == 2048
+    # CreateEmbeddingResponse and Embedding of OpenAI's published description: every required field
+    assert answer.keys() >= {"object", "data", "model", "usage"} and answer["object"] == "list"
+    assert answer["data"][0].keys() >= {"index", "object", "embedding"}
     # every input is longer than max_length tokens: the tokenizer's own truncation says 64 each
     assert answer["usage"]["prompt_tokens"] == answer["usage"]["total_tokens"] == 2048 * 64
     assert used_tokens() - before == 2048 * 64  # charged what was tokenized, not the estimate

@@ -430,3 +430,65 @@ models:
         rows = httpx.get(f"{url}/admin/usage", params={"tenant": "acme"}, headers=ADMIN_HEADERS).json()["usage"]
         (day,) = [r for r in rows if len(r["period"]) == 10]
         assert day["requests"] == 1 and 0 < day["tokens"] < 3 * 1500
+
+
+#: required fields of OpenAI's published API description (openapi.yaml: CreateChatCompletionResponse,
+#: ChatCompletionResponseMessage, CreateChatCompletionStreamResponse, CreateCompletionResponse,
+#: CompletionUsage); clients generated from it reject an answer that lacks one
+_REQUIRED = {
+    "chat.completion": {"id", "object", "created", "model", "choices"},
+    "chat.completion.choice": {"index", "message", "finish_reason", "logprobs"},
+    "chat.completion.message": {"role", "content", "refusal"},
+    "chat.completion.chunk": {"id", "object", "created", "model", "choices"},
+    "chat.completion.chunk.choice": {"index", "delta", "finish_reason"},
+    "text_completion": {"id", "object", "created", "model", "choices"},
+    "text_completion.choice": {"index", "text", "finish_reason", "logprobs"},
+    "usage": {"prompt_tokens", "completion_tokens", "total_tokens"},
+}
+
+
+def _missing(kind: str, value: dict) -> set[str]:
+    return _REQUIRED[kind] - value.keys()
+
+
+def _sse_chunks(text: str) -> list[dict]:
+    import json
+
+    lines = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_the_own_engines_answers_carry_every_field_openai_describes(both: OpenAI) -> None:
+    """Chat (whole and streamed) and completions (whole and streamed) from the own engine: every
+    required field, `message.refusal` null as OpenAI sends it, and the first delta's role."""
+    import httpx
+
+    url, headers = str(both.base_url).rstrip("/"), {"Authorization": f"Bearer {both.api_key}"}
+    chat = {"model": "tiny", "messages": HELLO, "max_tokens": 3}
+    with httpx.Client(headers=headers, timeout=60) as http:
+        whole = http.post(f"{url}/chat/completions", json=chat).json()
+        assert _missing("chat.completion", whole) == set() and whole["object"] == "chat.completion"
+        (choice,) = whole["choices"]
+        assert _missing("chat.completion.choice", choice) == set()
+        assert _missing("chat.completion.message", choice["message"]) == set()
+        assert choice["message"]["refusal"] is None and choice["message"]["role"] == "assistant"
+        assert _missing("usage", whole["usage"]) == set()
+
+        opts = {"stream": True, "stream_options": {"include_usage": True}}
+        chunks = _sse_chunks(http.post(f"{url}/chat/completions", json={**chat, **opts}).text)
+        for chunk in chunks:
+            assert _missing("chat.completion.chunk", chunk) == set(), chunk
+            for c in chunk["choices"]:
+                assert _missing("chat.completion.chunk.choice", c) == set(), chunk
+        first = chunks[0]["choices"][0]["delta"]
+        assert first["role"] == "assistant" and first["refusal"] is None
+        assert chunks[-1]["choices"] == [] and _missing("usage", chunks[-1]["usage"]) == set()
+
+        text = {"model": "tiny", "prompt": "hello", "max_tokens": 3}
+        done = http.post(f"{url}/completions", json=text).json()
+        assert _missing("text_completion", done) == set() and _missing("usage", done["usage"]) == set()
+        assert _missing("text_completion.choice", done["choices"][0]) == set()
+        for chunk in _sse_chunks(http.post(f"{url}/completions", json={**text, "stream": True}).text):
+            assert _missing("text_completion", chunk) == set(), chunk
+            assert _missing("text_completion.choice", chunk["choices"][0]) == set(), chunk
