@@ -239,6 +239,7 @@ async def _valid_kept_secret(keys: Any, path: Path, tenant: str) -> str | None:
         raise ConfigError(f"--secret-file {path}: {exc.strerror}") from None
     try:
         principal = await keys.authenticate(secret)
+        await keys.uses_written()  # its last-use write, before the store closes under it
     except Unauthenticated:
         print(f"the key kept in {path} is no longer valid: creating another", file=sys.stderr)
         return None

@@ -139,6 +139,7 @@ def test_a_secret_file_keeps_one_key_across_runs(config: Path, tmp_path: Path) -
     again = fleetgate(*args, "--secret-file", str(kept))
     assert again.returncode == 0 and again.stdout.strip() == secret, again.stderr
     assert "reusing key" in again.stderr and secret not in again.stderr
+    assert again.stderr.count("\n") == 1, again.stderr  # one line: no warning from the key's last use
     listed = fleetgate("keys", "list", "--config", str(config), "--tenant", "a").stdout.splitlines()
     assert len(listed) == 1, listed
     key_id = parse_key(secret)[0]  # type: ignore[index]
