@@ -105,28 +105,25 @@ class ServerConfig(SpecBase):
             raise ValueError("grpc_port must differ from port")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
-        if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
-            raise ValueError("request_timeout_s must be a finite number > 0")
         if not 1 <= self.workers <= 256:
             raise ValueError("workers must be in 1..256")
-        if self.max_connections < 1:
-            raise ValueError("max_connections must be >= 1")
-        if not (math.isfinite(self.graceful_shutdown_s) and self.graceful_shutdown_s >= 0):
-            raise ValueError("graceful_shutdown_s must be a finite number >= 0")
-        if not (math.isfinite(self.drain_grace_s) and self.drain_grace_s >= 0):
-            raise ValueError("drain_grace_s must be a finite number >= 0")
-        if self.drain_timeout_s is not None and not (
-            math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0
+        for name in ("max_connections", "grpc_max_connections", "grpc_max_concurrent_rpcs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        # durations: finite, and > 0 where zero would mean "never wait at all"
+        for name, minimum_excluded in (
+            ("request_timeout_s", True),
+            ("graceful_shutdown_s", False),
+            ("drain_grace_s", False),
+            ("drain_timeout_s", False),
+            ("header_timeout_s", True),
+            ("grpc_idle_timeout_s", True),
         ):
-            raise ValueError("drain_timeout_s must be a finite number >= 0")
-        if not (math.isfinite(self.header_timeout_s) and self.header_timeout_s > 0):
-            raise ValueError("header_timeout_s must be a finite number > 0")
-        if self.grpc_max_connections < 1:
-            raise ValueError("grpc_max_connections must be >= 1")
-        if not (math.isfinite(self.grpc_idle_timeout_s) and self.grpc_idle_timeout_s > 0):
-            raise ValueError("grpc_idle_timeout_s must be a finite number > 0")
-        if self.grpc_max_concurrent_rpcs < 1:
-            raise ValueError("grpc_max_concurrent_rpcs must be >= 1")
+            value = getattr(self, name)
+            if value is None:  # drain_timeout_s: unset means graceful_shutdown_s
+                continue
+            if not math.isfinite(value) or value < 0 or (minimum_excluded and value == 0):
+                raise ValueError(f"{name} must be a finite number {'>' if minimum_excluded else '>='} 0")
         self._check_front_door()
 
     def _check_front_door(self) -> None:
