@@ -68,3 +68,10 @@ def validate_request(request: TensorRequest, metadata: ModelMetadata) -> dict[st
         if unknown:
             raise InvalidInput(f"unknown output(s) {unknown}; the model's outputs are {sorted(known)}")
     return arrays
+
+
+def require_finite(array: np.ndarray, name: str, datatype: str) -> None:
+    """Refuse NaN and infinities in a float input, on every protocol (JSON numbers cannot be either; binary and gRPC tensors are checked here): a
+    model answers NaN for them, which reads as a result rather than as the client's mistake."""
+    if not np.isfinite(array).all():
+        raise InvalidInput(f"input {name!r}: {datatype} values must be finite numbers, not NaN or infinity")

@@ -30,10 +30,10 @@ from tensorflow_serving.apis import (  # noqa: E402
 from backends.base import V2_TO_NUMPY, ModelMetadata, Tensor, TensorRequest, TensorSpec
 from backends.errors import InvalidInput
 from backends.tfserving.tensors import DT_TO_V2, V2_TO_DT, from_tensor_proto, to_tensor_proto
+from backends.validation import require_finite
 from gateway.calls import Call, ModelRef
 from gateway.core import GatewayCore
 from gateway.grpc_front.status import abort_with, metadata_of, trailing_metadata
-from gateway.grpc_front.v2_codec import require_finite
 from gateway.http import bearer_key
 from gateway.protocols.v2_codec import MAX_RANK
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from backends.base import V2_TO_NUMPY, Tensor, TensorRequest, TensorResponse
 from backends.errors import InvalidInput
+from backends.validation import require_finite
 from gateway.protocols.v2_codec import binary_of, bytes_from_binary, element_count
 
 #: typed contents field per datatype (FP16 has none in the protocol: it travels raw only)
@@ -41,13 +42,6 @@ class DecodedModelInfer:
 
     request: TensorRequest
     client_id: str
-
-
-def require_finite(array: np.ndarray, name: str, datatype: str) -> None:
-    """Refuse NaN and infinities in a float input, as HTTP does (JSON numbers cannot be either): a
-    model answers NaN for them, which reads as a result rather than as the client's mistake."""
-    if not np.isfinite(array).all():
-        raise InvalidInput(f"input {name!r}: {datatype} values must be finite numbers, not NaN or infinity")
 
 
 def _typed(inp: Any, count: int) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 from backends.base import V2_TO_NUMPY, Tensor, TensorRequest, TensorResponse
 from backends.errors import InvalidInput
 from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
+from backends.validation import require_finite
 
 
 class _InputJSON(msgspec.Struct, kw_only=True):
@@ -169,7 +170,10 @@ def _decode_input(inp: _InputJSON, blob: memoryview, offset: int) -> tuple[np.nd
         )
     # A read-only view of the body, not a copy: runtimes read their inputs, and a large tensor
     # (an image batch) would otherwise be copied once more on the event loop.
-    return np.frombuffer(raw, dtype=dtype), offset + size
+    array = np.frombuffer(raw, dtype=dtype)
+    if dtype.kind == "f":
+        require_finite(array, inp.name, inp.datatype)
+    return array, offset + size
 
 
 def decode_infer(body: bytes, header_length: int | None, request_id: str) -> DecodedInfer:

@@ -272,3 +272,16 @@ models:
         bad.set_data_from_numpy(np.zeros((1, 5), np.float32))
         with pytest.raises(InferenceServerException, match="shape"):
             client.infer("digits-via-edge", [bad], headers={"Authorization": f"Bearer {key}"})
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_non_finite_binary_inputs_are_400_as_on_grpc(gateway, rows, bad):
+    """The binary tensor extension can carry NaN and infinities (JSON cannot): refused with the
+    same message as the gRPC front, never answered with NaN outputs."""
+    x = rows[:2].copy()
+    x[1, 3] = bad
+    inp = triton.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    with pytest.raises(InferenceServerException, match="finite") as raised:
+        _client(gateway).infer("digits", [inp], headers=gateway.headers())
+    assert raised.value.status() in ("400", 400)
