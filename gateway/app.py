@@ -34,6 +34,7 @@ from gateway.deployments import LoadRetries, build_deployments, close_deployment
 from gateway.drain import DrainState
 from gateway.errors import Protocol, describe, error_response
 from gateway.grpc_front.server import check_grpc_port, start_grpc
+from gateway.health_listener import start_configured
 from gateway.http import DEPENDENCIES, http_failure, open_call
 from gateway.lora_admin import ROUTES as LORA_ROUTES
 from gateway.protocols import kserve, openai, openai_embeddings, tfserving
@@ -127,6 +128,9 @@ def create_app(
         breakers = CircuitBreakers(config.breakers.failure_threshold, config.breakers.cooldown_s)
         app.state.core = GatewayCore.assemble(config, deployments, keys, admission, breakers, ServiceTimes())
         app.state.core.drain = drain
+        # the probes' own port, up while models load and through the drain (gateway/health_listener.py)
+        health = await start_configured(config.server, lambda: app.state.core.ready())
+        app.state.health_listener = health
         register_metric_models([*app.state.core.served_models(), *config.graphs])
         app.state.store = store
         app.state.admin_attempts = AdminAttempts(config.admin.max_failures_per_minute)
@@ -160,6 +164,8 @@ def create_app(
             await keys.uses_written()  # the last-use writes still in flight go to the store first
             await store.close()
             await app.state.tracing.shutdown()
+            if health is not None:
+                await health.close()
 
     app = Litestar(
         route_handlers=[

@@ -68,15 +68,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # a client that never finishes its request cannot keep the process alive after SIGTERM
         timeout_graceful_shutdown=config.server.shutdown_timeout_s,
         limit_concurrency=config.server.max_connections,
+        # X-Forwarded-* only from the configured proxies (uvicorn believes 127.0.0.1 by default, so
+        # a local client could pick its own address and escape the admin lockout)
+        proxy_headers=bool(config.server.trusted_proxies),
+        forwarded_allow_ips=list(config.server.trusted_proxies) or None,
         # "auto" = httptools and uvloop (installed with fleetgate): bench/bench_http_stack.py measured
         # ~20 % less server CPU per request than h11 + asyncio, which stay selectable.
         http=args.http,
         loop=args.loop,
     )
     if args.http in ("auto", "httptools") and _has_httptools():
-        from gateway.http_server import use_header_timeout
+        from gateway.http_server import HeaderDeadlineProtocol, limits_of
 
-        options["http"] = use_header_timeout(config.server.header_timeout_s)
+        # connection limits (gateway/http_server.py); each worker sets its own from the config
+        options["http"] = HeaderDeadlineProtocol.configure(limits_of(config.server))
     if config.server.workers > 1:
         # each worker drains on SIGTERM like a lone gateway (gateway/supervisor.py)
         from gateway.supervisor import DrainingSupervisor

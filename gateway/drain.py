@@ -5,7 +5,9 @@
    balancer needs to notice and stop sending.
 2. After the grace: new requests are refused with 503 and `Retry-After` (also on kept-alive
    connections), the listeners close, and requests in flight and open streams run to their end for
-   up to `server.drain_timeout_s`. What still runs then is cancelled: its reservation is released
+   up to `server.drain_timeout_s`. Every connection accepted before the listener closed gets an
+   answer (the kernel's backlog is taken first; an idle kept-alive connection may still send one
+   request, answered with `Connection: close`, gateway/http_server.py); only later ones are refused. What still runs then is cancelled: its reservation is released
    and it is charged nothing (a stream is charged what it delivered).
 3. The app's shutdown closes the gRPC server, the deployments and the state store (every pending
    usage write is committed), and the process exits 0.
@@ -19,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 from types import FrameType
 from typing import Any
 
 import structlog
 import uvicorn
+
+from gateway.listener_close import HANDSHAKE_SETTLE_S, duplicate, stop_new_handshakes, take_backlog
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +88,11 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
-        if self.drain is None:
-            self.drain = _drain_state_of(self.config.loaded_app)
+        app = _gateway_app(self.config.loaded_app)
+        if self.drain is None and app is not None:
+            self.drain = getattr(app.state, "drain", None)
+        if self.started:
+            log.info("gateway_listening", pid=os.getpid(), **_addresses(self.servers, app))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in uvicorn's captured signals: it would re-raise SIGTERM after the shutdown,
@@ -118,10 +126,14 @@ class DrainingServer(uvicorn.Server):
         """uvicorn's shutdown, except that requests still running at the timeout (or at a forced
         exit) are cancelled and awaited before the app's shutdown: their cleanup releases their
         reservations while the state store is still open, and the app's shutdown always runs."""
-        for server in self.servers:
-            server.close()
-        for sock in sockets or []:
-            sock.close()
+        accepted = await self._close_listeners(sockets)
+        loop = asyncio.get_running_loop()
+        for sock in accepted:  # answered like every other connection (503 + Connection: close)
+            try:
+                await loop.connect_accepted_socket(self._protocol, sock)
+            except OSError:  # the client gave up meanwhile
+                sock.close()
+        # each connection ends without cutting a request on its way (gateway/http_server.py)
         for connection in list(self.server_state.connections):
             connection.shutdown()
         await asyncio.sleep(0.1)
@@ -137,14 +149,56 @@ class DrainingServer(uvicorn.Server):
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.lifespan.shutdown()
 
+    async def _close_listeners(self, sockets: Any) -> list[socket.socket]:
+        """Stop listening; returns the connections the kernel had accepted that the server had not
+        taken yet. Closing a listener resets those, though their clients may have sent a request
+        already: new handshakes are stopped first, and what is queued is taken before the close
+        (gateway/listener_close.py), so only connections attempted after that are refused."""
+        listeners = [dup for server in self.servers for sock in server.sockets if (dup := duplicate(sock))]
+        if [listener for listener in listeners if stop_new_handshakes(listener)]:
+            await asyncio.sleep(HANDSHAKE_SETTLE_S)  # the server takes the handshakes under way
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        return take_backlog(listeners)
 
-def _drain_state_of(app: Any) -> DrainState | None:
-    """The gateway app's drain state, under whatever ASGI middleware uvicorn wrapped it in."""
+    def _protocol(self) -> asyncio.Protocol:
+        """A connection's protocol, made as uvicorn makes it for the connections it accepts."""
+        return self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+
+
+def _gateway_app(app: Any) -> Any:
+    """The gateway app (the one with a drain state), under whatever ASGI middleware uvicorn wrapped
+    it in; None for another app."""
     for _ in range(8):
-        state = getattr(getattr(app, "state", None), "drain", None)
-        if isinstance(state, DrainState):
-            return state
+        if isinstance(getattr(getattr(app, "state", None), "drain", None), DrainState):
+            return app
         app = getattr(app, "app", None)
         if app is None:
             break
     return None
+
+
+def _addresses(servers: list[Any], app: Any) -> dict[str, str | None]:
+    """Where this process listens: HTTP, gRPC and the health port (None: off)."""
+    sockname = servers[0].sockets[0].getsockname() if servers and servers[0].sockets else None
+    state = getattr(app, "state", None)
+    grpc = getattr(state, "grpc", None)
+    health = getattr(state, "health_listener", None)
+    host = sockname[0] if sockname else "?"
+    return {
+        "http": _url("http", sockname[0], sockname[1]) if sockname else None,
+        "grpc": f"{_host(host)}:{grpc.port}" if grpc is not None else None,
+        "health": _url("http", *health.address) if health is not None else None,
+    }
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _url(scheme: str, host: str, port: int) -> str:
+    return f"{scheme}://{_host(host)}:{port}"

@@ -45,6 +45,7 @@ def prepare_environment(config_path: str, listen: dict[str, object], workers: in
 
 def create_worker_app() -> Litestar:
     """The app factory each worker process calls (uvicorn `factory=True`)."""
+    import importlib.util
     import json
 
     from gateway.app import create_served_app
@@ -55,6 +56,11 @@ def create_worker_app() -> Litestar:
     listen = json.loads(os.environ.get(LISTEN_ENV, "{}"))
     config = with_listen_overrides(load_config(path), listen)
     configure_logging(config.server.log_level)
+    if importlib.util.find_spec("httptools") is not None:  # the httptools server runs (gateway/cli.py)
+        from gateway.http_server import HeaderDeadlineProtocol, limits_of
+
+        # this process's connection limits (the protocol class came from the parent by reference)
+        HeaderDeadlineProtocol.configure(limits_of(config.server))
     return create_served_app(config, path, listen)
 
 
