@@ -155,7 +155,10 @@ class DrainingServer(uvicorn.Server):
         already: new handshakes are stopped first, and what is queued is taken before the close
         (gateway/listener_close.py), so only connections attempted after that are refused."""
         listeners = [dup for server in self.servers for sock in server.sockets if (dup := duplicate(sock))]
-        if [listener for listener in listeners if stop_new_handshakes(listener)]:
+        # only on a listener of this process's own: a worker's is shared with the others
+        # (`server.workers > 1`), which may still be serving (a worker restarted, or one ahead)
+        own = sockets is None
+        if own and [listener for listener in listeners if stop_new_handshakes(listener)]:
             await asyncio.sleep(HANDSHAKE_SETTLE_S)  # the server takes the handshakes under way
         for server in self.servers:
             server.close()

@@ -10,8 +10,9 @@ connection was open). A drain (gateway/drain.py) instead:
 2. takes what is left in the accept queue (`take_backlog`), then closes the listener, with nothing
    in between that could let another connection in.
 
-Where the filter cannot be set (not Linux), step 1 is skipped: step 2 alone still leaves only the
-microseconds between the last accept and the close.
+Where the filter cannot be set (not Linux), or the listener is shared by the workers of
+`server.workers > 1` (a filter would stop the workers still serving), step 1 is skipped: step 2
+alone leaves a short window, the last accept to the close, and handshakes still under way.
 """
 
 from __future__ import annotations
