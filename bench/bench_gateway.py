@@ -200,7 +200,7 @@ def start_gateway(
     config.write_text(make_config(port))
     log_path = workdir / f"gateway-{port}.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), *serve_args],
+        [sys.executable, "-m", "gateway.serve.cli", "serve", "--config", str(config), *serve_args],
         cwd=ROOT,
         # gRPC off unless the config sets server.grpc_port: benches run gateways side by side
         env={"FLEETGATE_GRPC_PORT": "off", **os.environ, **(env or {}), "FLEETGATE_ADMIN_KEY": ADMIN_KEY},

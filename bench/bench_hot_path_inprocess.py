@@ -18,7 +18,7 @@ and each change can be switched back to what it replaced, kept here as the refer
   (`_delete_then_count_leases`, `_remove_one_lease`).
 - `redis`: the Redis store's pipeline sender on a connection of its own (`RedisStore._round_trip`)
   against redis-py's `Pipeline` (`_redis_py_pipeline_send`).
-- `metrics`: the request path's labelled metric children kept (`gateway.metrics.child`) against
+- `metrics`: the request path's labelled metric children kept (`gateway.observe.metrics.child`) against
   `labels()` asked each time (`_labels_each_time`).
 - `admit_at_once`: a tenant with no limits, key limits or quotas admitted at once
   (`Admission.admit_at_once`) against `admit` in a task of its own guarded by `shield`, as every
@@ -79,7 +79,7 @@ STATES = ["before", "after", *(f"only_{c}" for c in CHANGES), "after_again"]
 @asynccontextmanager
 async def _timeout_at_scope(self: Any) -> AsyncIterator[None]:
     """The reference: how `Deadline.scope` was written before (asyncio.timeout_at, a 504 on expiry)."""
-    from gateway.deadline import timeout_error
+    from gateway.core.deadline import timeout_error
 
     try:
         async with asyncio.timeout_at(self._at):
@@ -90,7 +90,7 @@ async def _timeout_at_scope(self: Any) -> AsyncIterator[None]:
 
 async def _gather_choices(streams: list) -> list:
     """The reference: every choice read in a task of `gather`'s, even a single one (as before)."""
-    from gateway.protocols.openai_choices import collect_choice
+    from gateway.http.openai_choices import collect_choice
 
     return list(await asyncio.gather(*(collect_choice(s) for s in streams)))
 
@@ -188,10 +188,10 @@ async def new_key(app: Any, tenant: str) -> list[tuple[bytes, bytes]]:
 
 async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url: str) -> dict:
     from backends.demo_models.digits import digits_split, write_all
-    from gateway import deadline
-    from gateway.app import create_app
     from gateway.config import parse_config
-    from gateway.logs import configure_logging
+    from gateway.core import deadline
+    from gateway.http.app import create_app
+    from gateway.observe.logs import configure_logging
 
     configure_logging("warning")
     models = write_all(tmp / "models", savedmodel=False, llama=False)
@@ -213,8 +213,9 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
             await new_key(app, "free"),
         ),
     }
-    from gateway import http, metrics
-    from gateway.protocols import openai_choices
+    from gateway.http import openai_choices
+    from gateway.http import requests as http
+    from gateway.observe import metrics
     from policies.admission import Admission
     from policies.fair_queue import FairQueue
     from policies.stores.redis_store import RedisStore

@@ -64,7 +64,7 @@ class Server:
     def start(self) -> None:
         log = (self.config.parent / f"{self.name}.log").open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(self.config)],
+            [sys.executable, "-m", "gateway.serve.cli", "serve", "--config", str(self.config)],
             cwd=ROOT,
             env={"FLEETGATE_GRPC_PORT": "off", **os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY, **self.env},
             stdout=log,

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from backends.demo_models.digits import write_digits  # noqa: E402
 from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
-from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
+from gateway.http.app import create_app  # noqa: E402
 from tests.gateway.test_schema_fuzz import fuzz_config, steer  # noqa: E402
 from tests.openai_upstream import create_upstream  # noqa: E402
 from tests.servers import serve_app  # noqa: E402

@@ -2,7 +2,7 @@
 all build on, and nothing else.
 
 - `fleetgate.spec.SpecBase`: the base of every config Struct (unknown keys are errors).
-- `fleetgate.errors.ServingError`: the base of every error a caller may see; `gateway/errors.py`
+- `fleetgate.errors.ServingError`: the base of every error a caller may see; `gateway/http/errors.py`
   maps it to each protocol's envelope.
 
 On the package namespace (docs/architecture.md): the project's charter fixes the source layout at

@@ -1,6 +1,6 @@
 """Request tracing through the OpenTelemetry SDK: a thin layer every package calls, free while off.
 
-The spans are the SDK's (`opentelemetry-sdk`, the `tracing` extra); `gateway/telemetry.py` builds
+The spans are the SDK's (`opentelemetry-sdk`, the `tracing` extra); `gateway/observe/telemetry.py` builds
 the `TracerProvider` (sampler, resource, batch processor, OTLP exporter) from the config and hands it
 to `enable`. This module keeps the call sites small and the same whether tracing is on or off:
 

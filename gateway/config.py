@@ -40,7 +40,7 @@ class ServerConfig(SpecBase):
     #: when /health/ready and /v2/health/ready answer 200: `any` deployment can serve (the default:
     #: one broken upstream must not take the whole gateway out of a load balancer), or `all` are loaded
     readiness: Literal["any", "all"] = "any"
-    #: gateway processes on this port (see gateway/workers.py); > 1 needs a shared (sqlite/redis) state
+    #: gateway processes on this port (see gateway/serve/workers.py); > 1 needs a shared (sqlite/redis) state
     workers: int = 1
     #: open connections beyond this get 503 at once (a flood of idle or slow clients cannot pile up)
     max_connections: int = 2048
@@ -48,7 +48,7 @@ class ServerConfig(SpecBase):
     #: the drain timeout unless `drain_timeout_s` is set
     graceful_shutdown_s: float = 30.0
     #: after SIGTERM, requests keep being served this long while readiness already says 503 (load
-    #: balancers need time to notice); then new requests get 503 + Retry-After (gateway/drain.py)
+    #: balancers need time to notice); then new requests get 503 + Retry-After (gateway/serve/drain.py)
     drain_grace_s: float = 5.0
     #: after the grace, requests in flight and open streams may run this long before they are
     #: cancelled (their reservations released); default: `graceful_shutdown_s`

@@ -18,8 +18,8 @@ with contextlib.suppress(ImportError):
     import triton  # noqa: F401
 
 from backends.demo_models.digits import DigitsModel, write_digits
-from gateway.app import create_app
 from gateway.config import Config, parse_config
+from gateway.http.app import create_app
 from tests.openai_upstream import create_upstream
 from tests.servers import serve_app
 
@@ -42,7 +42,7 @@ def _environment() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _logging_configuration() -> Iterator[None]:
     """Put structlog's configuration back after every test. A test that runs a `fleetgate` command
-    in-process (`gateway.cli.main`) points structlog at that test's captured stderr, which pytest
+    in-process (`gateway.serve.cli.main`) points structlog at that test's captured stderr, which pytest
     closes afterwards: every later log line in the session would then raise."""
     saved = structlog.get_config()
     yield

@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 
 from gateway.batches.input import Request
-from gateway.calls import Call
-from gateway.core import GatewayCore
-from gateway.protocols.openai import generate
-from gateway.protocols.openai_embeddings import embed
+from gateway.core.calls import Call
+from gateway.core.service import GatewayCore
+from gateway.http.openai import generate
+from gateway.http.openai_embeddings import embed
 from policies.principal import Principal
 
 

@@ -14,10 +14,10 @@ import asyncio
 import os
 from pathlib import Path
 
+from fleetgate.errors import GatewayError
 from gateway.batches.input import InputChecker
 from gateway.batches.objects import FileObject, decode_file, encode, new_id
 from gateway.batches.quota import StoredBytes
-from gateway.errors import GatewayError
 from policies.stores.base import StateStore
 
 KIND = "file"

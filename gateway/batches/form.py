@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import multipart
 
 from backends.errors import InvalidInput
-from gateway.errors import GatewayError
+from fleetgate.errors import GatewayError
 
 #: file bytes gathered before one write to the sink (off the event loop)
 FLUSH_BYTES = 1024 * 1024

@@ -15,7 +15,7 @@ import msgspec
 from backends.errors import InvalidInput
 from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from gateway.batches.objects import ENDPOINTS
-from gateway.protocols.openai_schema import chat_decoder, completion_decoder, embeddings_decoder
+from gateway.wire.openai_schema import chat_decoder, completion_decoder, embeddings_decoder
 
 _BODY_DECODERS = {
     "/v1/chat/completions": chat_decoder,

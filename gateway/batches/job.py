@@ -37,7 +37,7 @@ from gateway.batches.dispatch import LineAnswer, run_line
 from gateway.batches.files import Files
 from gateway.batches.input import Request, parse_input
 from gateway.batches.objects import TERMINAL, BatchError, BatchErrors, BatchRecord, RequestCounts
-from gateway.core import GatewayCore
+from gateway.core.service import GatewayCore
 from policies.admission import Admission
 from policies.errors import StoreUnavailable
 from policies.held_settle import HeldSettle

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from gateway.errors import GatewayError
+from fleetgate.errors import GatewayError
 from policies.stores.base import CounterOp, Journal, StateStore
 
 #: a counter the store keeps (about a century): stored bytes belong to no period

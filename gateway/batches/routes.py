@@ -14,6 +14,7 @@ import msgspec
 from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
+from fleetgate.errors import GatewayError
 from gateway.batches.book import Book
 from gateway.batches.form import FRAMING_BYTES, Body, file_too_large, read_form
 from gateway.batches.input import parse_input
@@ -27,10 +28,9 @@ from gateway.batches.objects import (
     window_seconds,
 )
 from gateway.batches.service import BatchService
-from gateway.calls import Call
-from gateway.core import GatewayCore
-from gateway.errors import GatewayError
-from gateway.http import answer_json, http_failure, protocol_opt, read_admin_json
+from gateway.core.calls import Call
+from gateway.core.service import GatewayCore
+from gateway.http.requests import answer_json, http_failure, protocol_opt, read_admin_json
 
 OPENAI = protocol_opt("openai")
 MAX_PAGE = 100

@@ -11,7 +11,7 @@ from gateway.batches.files import Files
 from gateway.batches.job import JobContext
 from gateway.batches.quota import StoredBytes
 from gateway.batches.runner import Runner
-from gateway.core import GatewayCore
+from gateway.core.service import GatewayCore
 from policies.admission import Admission
 from policies.stores.base import StateStore
 

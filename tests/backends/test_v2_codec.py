@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from backends.errors import InvalidInput
-from gateway.protocols.v2_codec import decode_infer
+from gateway.wire.v2_codec import decode_infer
 
 
 def _json_body(datatype: str, data: list) -> bytes:

@@ -55,8 +55,8 @@ class Case:
 @pytest.fixture(scope="module")
 def v2_upstream(digits_onnx: Path) -> Iterator[tuple[str, str]]:
     """A fleetgate serving the digits model over the Open Inference Protocol; (url, tenant key)."""
-    from gateway.app import create_app
     from gateway.config import parse_config
+    from gateway.http.app import create_app
 
     config = parse_config(
         f"""

@@ -25,7 +25,7 @@ from backends.demo_models.digits import digits_split, write_digits
 from backends.demo_models.exports import write_openvino_ir
 from backends.openvino.quantize import calibration_feeds, quantize_to_int8, quantized_op_counts
 from backends.spec import DeploymentSpec
-from gateway.cli import main
+from gateway.serve.cli import main
 
 #: the backend's default compile config: f32 must stay exact, int8 layers must still run in int8
 F32 = {"INFERENCE_PRECISION_HINT": "f32"}
@@ -131,7 +131,7 @@ def test_cli_quantizes_end_to_end(mlp: Pair, tmp_path: Path) -> None:
     np.save(calibration, mlp.x_train)
     out = tmp_path / "cli" / "digits_int8.xml"
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "quantize", "--model", str(mlp.f32)]
+        [sys.executable, "-m", "gateway.serve.cli", "quantize", "--model", str(mlp.f32)]
         + ["--calibration", str(calibration), "--out", str(out), "--subset-size", "100"],
         capture_output=True,
         text=True,

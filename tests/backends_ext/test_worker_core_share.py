@@ -11,7 +11,7 @@ import pytest
 from backends.cores import WORKERS_ENV, available_cores, cores_per_worker, default_threads, sharing_workers
 from backends.registry import create_backend
 from backends.spec import DeploymentSpec
-from gateway.workers import prepare_environment
+from gateway.serve.workers import prepare_environment
 
 
 @pytest.mark.parametrize(

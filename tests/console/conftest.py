@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from backends.demo_models.digits import DigitsModel
-from gateway.app import create_app
 from gateway.config import load_config
+from gateway.http.app import create_app
 from tests.servers import serve_app
 
 #: a tenant whose name is markup: every page must show it as text

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.console import session
-from gateway.console.traffic import TrafficWindow, figures, parse, quantile
+from gateway.admin.console import session
+from gateway.admin.console.traffic import TrafficWindow, figures, parse, quantile
 
 KEY = "an-admin-key-0123456789"
 

@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.app import create_app
 from gateway.config import Config, parse_config
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS
 from tests.servers import serve_app
 

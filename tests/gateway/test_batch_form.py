@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from backends.errors import InvalidInput
+from fleetgate.errors import GatewayError
 from gateway.batches.form import Form, read_form
-from gateway.errors import GatewayError
 
 
 class ListSink:

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import create_key
 from tests.gateway.test_batches import chat_line
 from tests.servers import serve_app

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS, create_key
 from tests.openai_upstream import reply_words
 from tests.servers import serve_app

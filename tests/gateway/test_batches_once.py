@@ -19,9 +19,9 @@ import openai
 import pytest
 import structlog
 
-from gateway.app import create_app
 from gateway.batches.objects import BatchRecord
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from policies.errors import StoreUnavailable
 from tests.conftest import create_key
 from tests.gateway.test_batches import chat_line, expected_tokens, read_lines, start, usage_of, wait_for

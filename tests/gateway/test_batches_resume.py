@@ -89,8 +89,8 @@ def test_a_job_killed_mid_way_resumes_with_every_line_once(
 
 
 def test_two_gateways_sharing_a_store_run_each_job_once(upstream_url: str, tmp_path: Path) -> None:
-    from gateway.app import create_app
     from gateway.config import parse_config
+    from gateway.http.app import create_app
     from tests.servers import serve_app
 
     text = resume_yaml(f"sqlite:///{tmp_path / 'state.db'}", tmp_path / "files", upstream_url)

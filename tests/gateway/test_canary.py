@@ -21,8 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.errors import BackendInternalError, BackendUnavailable
-from gateway.app import create_app
 from gateway.config import load_config
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS, ADMIN_KEY, create_key
 from tests.servers import serve_app
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import create_app
 from gateway.config import ConfigError, load_config, parse_config
+from gateway.http.app import create_app
 
 
 def _parse(text: str, tmp_path: Path, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -163,7 +163,7 @@ def test_check_config_cli_one_clear_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("server: {port: '80'}\n")
     out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)],
+        [sys.executable, "-m", "gateway.serve.cli", "check-config", str(bad)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -315,6 +315,6 @@ def test_yaml_errors_name_the_file_line_column_and_text(tmp_path, text, message)
         load_config(bad)
     assert str(info.value) == f"invalid YAML in {bad} {message}"
     out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "gateway.serve.cli", "check-config", str(bad)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 2 and out.stderr.strip() == f"fleetgate: invalid YAML in {bad} {message}"

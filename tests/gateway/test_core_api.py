@@ -20,10 +20,11 @@ import pytest
 from backends.base import ChatMessage, GenerateRequest, ModelMetadata, SamplingParams, Tensor, TensorRequest
 from backends.demo_models.digits import digits_split
 from backends.errors import InvalidInput
-from gateway.calls import Call, ModelRef
-from gateway.core import GatewayCore, GenerationInput
-from gateway.errors import describe
-from gateway.http import bearer_key
+from fleetgate.errors import describe
+from gateway.core.calls import Call, ModelRef
+from gateway.core.results import GenerationInput
+from gateway.core.service import GatewayCore
+from gateway.wire.credentials import bearer_key
 from tests.gateway.test_stream_accounting import model_dir, open_core  # noqa: F401 - fixture
 
 #: how the double names outcomes, in the manner of gRPC status codes

@@ -8,8 +8,8 @@ import time
 import pytest
 import uvloop
 
-from gateway.deadline import Deadline
-from gateway.errors import GatewayError
+from fleetgate.errors import GatewayError
+from gateway.core.deadline import Deadline
 
 
 def run(coro):  # noqa: ANN001, ANN201 - the gateway's loop

@@ -11,8 +11,8 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import pytest
 
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.servers import serve_app
 
 

@@ -1,4 +1,4 @@
-"""Graceful drain of a real `fleetgate serve` process under load (gateway/drain.py).
+"""Graceful drain of a real `fleetgate serve` process under load (gateway/serve/drain.py).
 
 SIGTERM while streams and tensor requests are in flight: readiness turns 503 at once, requests are
 still served during the grace, open streams run to their end, the process exits 0, and the usage

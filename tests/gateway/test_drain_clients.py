@@ -1,5 +1,5 @@
-"""Clients that ignore readiness and keep sending through a SIGTERM drain (gateway/drain.py,
-gateway/http_server.py): every request sent on a connection the gateway accepted is answered
+"""Clients that ignore readiness and keep sending through a SIGTERM drain (gateway/serve/drain.py,
+gateway/serve/http_protocol.py): every request sent on a connection the gateway accepted is answered
 (a 503 with `Connection: close` once it refuses new work); only connections made after its listener
 closed are refused. Before, a few requests got a connection reset: a connection still in the
 kernel's accept queue when the listener closed, or an idle kept-alive one closed under a request.

@@ -18,8 +18,8 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from backends.demo_models.encoder import TinyEncoder, write_tiny_encoder
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import create_key
 from tests.servers import serve_app
 

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from backends.errors import BackendUnavailable
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS, create_key
 from tests.servers import serve_app
 

@@ -1,5 +1,5 @@
-"""The front door under hostile clients, on a real `fleetgate serve` process (gateway/http_server.py,
-gateway/health_listener.py): silent sockets from one address cannot fill the connection slots nor
+"""The front door under hostile clients, on a real `fleetgate serve` process (gateway/serve/http_protocol.py,
+gateway/serve/health_listener.py): silent sockets from one address cannot fill the connection slots nor
 fail the probes, and a forwarded-for header from a peer that is no configured proxy is not believed.
 """
 

@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from backends.errors import BackendUnavailable, InvalidInput
-from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.core import GatewayCore
+from gateway.core.service import GatewayCore
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS, create_key
 from tests.graph_models import (
     GraphModels,
@@ -449,7 +449,7 @@ def test_failing_step_fails_the_request_naming_the_step(gw: GraphGateway) -> Non
 
 def test_a_reload_changes_a_graph_in_place(gw: GraphGateway) -> None:
     """Every step escalates once the threshold is raised above any probability; then back."""
-    from gateway.reload import apply_config
+    from gateway.admin.reload import apply_config
 
     x = (_pixels(ROWS, 11) / 16).astype(np.float32)
     x = x[mlp_by_hand(gw.models.weights["mlp_a"], x).max(axis=1) >= gw.threshold][:3]  # none escalates now

@@ -17,8 +17,8 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from backends.demo_models.digits import digits_split
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import create_key
 from tests.servers import free_port, serve_app
 

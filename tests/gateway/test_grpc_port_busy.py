@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.grpc_front.ports import GrpcPortBusy, check_port_free
+from gateway.grpc.ports import GrpcPortBusy, check_port_free
 from tests.servers import free_port
 
 
@@ -30,7 +30,7 @@ def _serve(config: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
     env = {k: v for k, v in os.environ.items() if k != "FLEETGATE_GRPC_PORT"}  # the config decides
     started = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), *args],
+        [sys.executable, "-m", "gateway.serve.cli", "serve", "--config", str(config), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -39,7 +39,7 @@ def test_a_shape_of_thousands_of_huge_dimensions_is_refused_before_any_arithmeti
     """~780 KiB of dimensions (the gateway fixture's 64 KiB body limit would answer 413 first, so the
     decoder is called directly): refused on the rank alone. The product of 40,000 dims of 2^63 and a
     message quoting it used to take seconds, then fail with a 500 (an int over 4,300 digits)."""
-    from gateway.protocols.v2_codec import decode_infer
+    from gateway.wire.v2_codec import decode_infer
 
     body = json.dumps(_v2([2**63 - 1] * 40_000, [0.0])).encode()
     with pytest.raises(InvalidInput, match="at most 32"):
@@ -109,8 +109,8 @@ def test_metrics_need_a_key_and_probes_name_nothing(gateway: Gateway) -> None:
 def test_admin_key_guessing_is_slowed_down(digits) -> None:  # type: ignore[no-untyped-def]
     from pathlib import Path
 
-    from gateway.app import create_app
     from gateway.config import parse_config
+    from gateway.http.app import create_app
     from tests.servers import serve_app
 
     config = parse_config(
@@ -150,8 +150,8 @@ def test_openapi_documents_every_client_route_and_keeps_admin_apart(gateway: Gat
 def test_metrics_keys_cannot_be_guessed_without_limit(digits) -> None:  # type: ignore[no-untyped-def]
     from pathlib import Path
 
-    from gateway.app import create_app
     from gateway.config import parse_config
+    from gateway.http.app import create_app
     from tests.servers import serve_app
 
     config = parse_config(

@@ -20,8 +20,8 @@ import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS, create_key
 from tests.servers import serve_app
 

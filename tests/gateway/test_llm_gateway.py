@@ -15,8 +15,8 @@ from openai import OpenAI
 
 from backends.base import GenerateRequest
 from backends.demo_models.tiny_llama import write_tiny_llama
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS, create_key
 from tests.servers import serve_app
 

@@ -16,8 +16,8 @@ pytest.importorskip("peft")
 from openai import NotFoundError, OpenAI  # noqa: E402
 
 from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
-from gateway.app import create_app  # noqa: E402
 from gateway.config import ConfigError, parse_config  # noqa: E402
+from gateway.http.app import create_app  # noqa: E402
 from tests.conftest import ADMIN_HEADERS, create_key  # noqa: E402
 from tests.lora_adapters import write_peft_adapter  # noqa: E402
 from tests.servers import serve_app  # noqa: E402

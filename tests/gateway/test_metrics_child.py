@@ -1,11 +1,11 @@
-"""`gateway.metrics.child`: the labelled children the request path reuses are asked of the metric once
+"""`gateway.observe.metrics.child`: the labelled children the request path reuses are asked of the metric once
 and are the ones a scrape reads."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from gateway import metrics
+from gateway.observe import metrics
 
 
 def _counter() -> tuple[Counter, CollectorRegistry, list[tuple[str, ...]]]:

@@ -17,8 +17,8 @@ import pytest
 from openai import OpenAI
 
 from backends.demo_models.tiny_llama import write_tiny_llama
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests import openai_upstream
 from tests.conftest import create_key
 from tests.servers import free_port, serve_app

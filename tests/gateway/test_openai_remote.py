@@ -8,7 +8,7 @@ import httpx
 import pytest
 from openai import APIStatusError, AuthenticationError, BadRequestError, NotFoundError, OpenAI
 
-from gateway.streams import estimate_text_tokens
+from gateway.core.streams import estimate_text_tokens
 from tests.conftest import ADMIN_KEY
 from tests.openai_upstream import reply_words
 

@@ -1,5 +1,5 @@
 """`fleetgate serve` re-executes itself on Intel's OpenMP runtime when a torch_llm engine may run on
-the CPU (gateway/openmp.py), keeps its PID and arguments, and leaves other configs alone."""
+the CPU (gateway/serve/openmp.py), keeps its PID and arguments, and leaves other configs alone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from backends.demo_models.tiny_llama import write_tiny_llama
 from gateway.config import parse_config
-from gateway.openmp import intel_openmp_library, wants_intel_openmp
+from gateway.serve.openmp import intel_openmp_library, wants_intel_openmp
 from tests.tenancy.conftest import start_gateway, wait_ready
 
 

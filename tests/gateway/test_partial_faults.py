@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 
 from backends.demo_models.digits import DigitsModel
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS, ADMIN_KEY, create_key
 from tests.servers import free_port, serve_app
 

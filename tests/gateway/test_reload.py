@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from gateway.app import create_app
 from gateway.config import load_config
+from gateway.http.app import create_app
 from router.hashing import bucket_of, pick_weighted
 from tests.conftest import ADMIN_KEY, create_key
 from tests.servers import free_port, serve_app
@@ -79,7 +79,7 @@ def test_sighup_reloads_a_running_server(tmp_path, digits):
     path.write_text(_config(digits.onnx_path, ONE, file_port))
     env = {**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)],
+        [sys.executable, "-m", "gateway.serve.cli", "serve", "--config", str(path), "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from backends.demo_models.digits import DigitsModel
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import create_key
 from tests.servers import serve_app
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 
 from backends.demo_models.digits import DigitsModel
 from backends.demo_models.tiny_llama import write_tiny_llama
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import create_key
 from tests.servers import serve_app
 

@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backends.base import Tensor, TensorResponse, TokenEvent
 from backends.demo_models.digits import digits_split
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.conftest import ADMIN_HEADERS, create_key
 from tests.servers import serve_app
 

@@ -46,7 +46,7 @@ models:
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "gateway.serve.cli", "serve", "--config", str(config)],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -19,9 +19,9 @@ import pytest
 from backends.base import GenerateRequest, SamplingParams
 from backends.demo_models.tiny_llama import write_tiny_llama
 from gateway.config import parse_config
-from gateway.core import GatewayCore
-from gateway.deployments import build_deployments, close_deployments, open_deployments
-from gateway.streams import GenerationStream, estimate_text_tokens
+from gateway.core.deployments import build_deployments, close_deployments, open_deployments
+from gateway.core.service import GatewayCore
+from gateway.core.streams import GenerationStream, estimate_text_tokens
 from policies.admission import Admission
 from policies.errors import QuotaExceeded
 from policies.keys import KeyService
@@ -36,7 +36,7 @@ PROMPT = [5, 6, 7, 8, 9, 10]
 
 @asynccontextmanager
 async def open_core(yaml: str) -> AsyncIterator[GatewayCore]:
-    """A GatewayCore over a memory store, wired as gateway.app's lifespan wires it."""
+    """A GatewayCore over a memory store, wired as gateway.http.app's lifespan wires it."""
     config = parse_config(yaml, base_dir=Path("."))
     deployments = build_deployments(config, {n: t.weight for n, t in config.tenants.items()})
     store = await open_store("memory://")

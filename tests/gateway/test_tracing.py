@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from backends.demo_models.digits import digits_split
 from fleetgate import tracing
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests import openai_upstream
 from tests.conftest import create_key
 from tests.servers import serve_app
@@ -100,7 +100,7 @@ def test_a_stream_is_traced_to_its_end_and_the_trace_goes_upstream(traced) -> No
 
 def test_tracing_is_off_by_default_and_free_while_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from gateway.config import TracingConfig
-    from gateway.telemetry import TracingSwitch
+    from gateway.observe.telemetry import TracingSwitch
 
     config = parse_config("state: {url: 'memory://'}", base_dir=Path("."))
     assert config.tracing == TracingConfig() and config.tracing.enabled is False

@@ -21,9 +21,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from backends.demo_models.digits import digits_split
 from fleetgate import tracing
-from gateway.app import create_app
 from gateway.config import TracingConfig, load_config, parse_config
-from gateway.telemetry import TracingSwitch, protocol_of
+from gateway.http.app import create_app
+from gateway.observe.telemetry import TracingSwitch, protocol_of
 from tests import openai_upstream
 from tests.conftest import ADMIN_KEY, create_key
 from tests.servers import free_port, serve_app

@@ -244,8 +244,8 @@ def test_remote_v2_backend_chains_to_another_fleetgate(gateway, digits, rows, mo
     """A second gateway whose deployment is the first gateway, over the Open Inference Protocol."""
     from pathlib import Path
 
-    from gateway.app import create_app
     from gateway.config import parse_config
+    from gateway.http.app import create_app
     from tests.conftest import create_key
     from tests.servers import serve_app
 

@@ -12,7 +12,14 @@ import pytest
 import yaml
 
 from gateway.config import ConfigError, parse_config
-from gateway.graph_rows import GraphMisconfigured, Value, common_rows, condition_rows, first_covering, take
+from gateway.core.graph_rows import (
+    GraphMisconfigured,
+    Value,
+    common_rows,
+    condition_rows,
+    first_covering,
+    take,
+)
 from router.graphs import StepCondition, check_graph
 from tests.graph_models import GraphModels, ensemble_steps, step_sections, write_graph_models
 
@@ -198,7 +205,7 @@ def test_check_config_cli_prints_one_line(models: GraphModels, tmp_path: Path) -
     bad = tmp_path / "bad.yaml"
     bad.write_text(_config(models, _ensemble(b={"model": "mlp-b", "inputs": {"x": "a.probs"}})))
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", str(bad)],
+        [sys.executable, "-m", "gateway.serve.cli", "check-config", str(bad)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -209,7 +216,7 @@ def test_check_config_cli_prints_one_line(models: GraphModels, tmp_path: Path) -
     good = tmp_path / "good.yaml"
     good.write_text(_config(models, _ensemble()))
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "check-config", str(good)],
+        [sys.executable, "-m", "gateway.serve.cli", "check-config", str(good)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,7 +1,7 @@
 """Fixtures of the gateway-level tenancy tests: configs with private models, gateways in processes.
 
 In-process gateways (tests.servers.serve_app) serve the isolation and rate-limit tests; the replica
-and durability tests run real `python -m gateway.cli serve` processes, so a SIGKILL and a second
+and durability tests run real `python -m gateway.serve.cli serve` processes, so a SIGKILL and a second
 process sharing Redis are the real thing.
 """
 
@@ -89,7 +89,7 @@ def admin_create_key(url: str, tenant: str, **extra: object) -> tuple[str, str]:
 
 @dataclass
 class GatewayProcess:
-    """A `python -m gateway.cli serve` child process."""
+    """A `python -m gateway.serve.cli serve` child process."""
 
     proc: subprocess.Popen[bytes]
     url: str
@@ -112,7 +112,7 @@ def start_gateway(config: Path, log: Path) -> GatewayProcess:
     env = {**os.environ, "FLEETGATE_ADMIN_KEY": ADMIN_KEY, "TF_CPP_MIN_LOG_LEVEL": "3"}
     out = log.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)],
+        [sys.executable, "-m", "gateway.serve.cli", "serve", "--config", str(config), "--port", str(port)],
         cwd=ROOT,
         env=env,
         stdout=out,

@@ -18,7 +18,7 @@ from tests.tenancy.conftest import ROOT, write_config
 
 def fleetgate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gateway.serve.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
 
 

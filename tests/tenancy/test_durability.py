@@ -95,7 +95,7 @@ tenants:
         second.kill(signal.SIGTERM)
     day, month = _requests(rows, len("2026-11-21")), _requests(rows, len("2026-11"))
     cli = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "usage", "--config", str(config), "--tenant", "d"],
+        [sys.executable, "-m", "gateway.serve.cli", "usage", "--config", str(config), "--tenant", "d"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -123,7 +123,7 @@ def test_reservations_of_a_killed_gateway_come_back_within_seconds(digits, upstr
     not after the 300 s lease TTL."""
     import time
 
-    from gateway.liveness import HEARTBEAT_TTL_S, RECOVER_EVERY_S
+    from gateway.serve.liveness import HEARTBEAT_TTL_S, RECOVER_EVERY_S
 
     config = write_config(
         tmp_path / "gw.yaml",

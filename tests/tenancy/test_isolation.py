@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import create_app
 from gateway.config import parse_config
+from gateway.http.app import create_app
 from tests.servers import serve_app
 from tests.tenancy.conftest import (
     ADMIN_HEADERS,

@@ -174,8 +174,8 @@ def test_folders_saved_by_transformers_chat_through_the_gateway_as_hugging_face_
     from openai import OpenAI
     from transformers import GenerationConfig
 
-    from gateway.app import create_app
     from gateway.config import parse_config
+    from gateway.http.app import create_app
     from tests.conftest import create_key
     from tests.servers import serve_app
 

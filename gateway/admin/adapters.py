@@ -1,0 +1,121 @@
+"""Admin API for LoRA adapters: list, load and unload them on a running gateway, no restart.
+
+    GET    /admin/adapters                                  every deployment's adapters and load errors
+    POST   /admin/deployments/{deployment}/adapters         {"name": ..., "path": ...}: load (or replace)
+    DELETE /admin/deployments/{deployment}/adapters/{name}  unload
+
+Loading reads and checks the adapter off the event loop, then registers it between two engine
+steps; unloading refuses new requests for the name at once while the ones in flight run to their
+end. The adapter's model name appears to tenants whose `models:` globs match it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+import structlog
+from litestar import Request, Response, delete, get, post
+
+from backends.errors import InvalidInput
+from fleetgate.errors import GatewayError
+from gateway.admin.guard import ADMIN_GUARD
+from gateway.config_checks import model_name_problem
+from gateway.core.calls import Call
+from gateway.core.deployments import Deployment
+from gateway.core.operations import Operations
+from gateway.core.service import GatewayCore
+from gateway.http.requests import http_failure, json_response, read_admin_json
+
+log = structlog.get_logger(__name__)
+
+class LoadAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    #: the PEFT adapter folder, on the gateway's file system
+    path: str
+
+
+def _lora_deployment(core: GatewayCore, deployment: str) -> Deployment:
+    if core.config.server.workers > 1:
+        raise GatewayError(
+            409,
+            "adapters_need_one_worker",
+            "with server.workers > 1 a run-time change would reach one worker only: declare the adapter "
+            "under the deployment's `adapters` and restart",
+        )
+    dep = core.deployments.get(deployment)
+    if dep is None:
+        raise GatewayError(404, "deployment_not_found", f"no deployment {deployment!r}")
+    if not hasattr(dep.backend, "load_adapter"):
+        raise InvalidInput(
+            f"deployment {deployment!r} ({dep.spec.backend}) does not serve LoRA adapters; torch_llm does"
+        )
+    return dep
+
+
+def _check_name(core: GatewayCore, name: str, deployment: str) -> None:
+    # the model-name rule: whatever loads here can be addressed by the DELETE below
+    problem = model_name_problem(name)
+    if problem is not None:
+        raise InvalidInput(f"adapter name: {problem}")
+    if name in core.config.models or name in core.config.graphs:
+        raise InvalidInput(f"{name!r} is a model in the config; an adapter needs a name of its own")
+    owner = core.adapter_models.get(name)
+    if owner is not None and owner != deployment:
+        raise InvalidInput(f"adapter {name!r} is served by deployment {owner!r}; unload it there first")
+
+
+@get("/admin/adapters", guards=ADMIN_GUARD)
+async def list_adapters(core: GatewayCore, call: Call) -> Response[bytes]:
+    try:
+        out = {}
+        for name, dep in core.deployments.items():
+            backend = dep.backend
+            if hasattr(backend, "load_adapter"):
+                out[name] = {"adapters": dict(backend.adapters), "errors": dict(backend.adapter_errors)}
+        call.done(200)
+        return json_response({"deployments": out})
+    except Exception as exc:  # noqa: BLE001 - answered as {"error": ...}
+        return http_failure(call, exc)
+
+
+@post("/admin/deployments/{deployment:str}/adapters", status_code=201, guards=ADMIN_GUARD)
+async def load_adapter(request: Request, core: GatewayCore, call: Call, deployment: str) -> Response[bytes]:
+    try:
+        body = await read_admin_json(request, LoadAdapterBody)
+        dep = _lora_deployment(core, deployment)
+        _check_name(core, body.name, deployment)
+        if not os.path.isdir(body.path):
+            raise InvalidInput(f"adapter folder {body.path!r} does not exist on the gateway")
+        await dep.backend.load_adapter(body.name, body.path)
+        Operations(core).serve_adapter(body.name, deployment)
+        log.info("adapter_loaded", deployment=deployment, adapter=body.name)
+        call.done(201)
+        return json_response(
+            {"name": body.name, "deployment": deployment, "parent": core.adapter_parent(body.name)}, 201
+        )
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+# `path`: an adapter name may hold `/` (`acme/support`), which a `str` parameter never matches
+@delete("/admin/deployments/{deployment:str}/adapters/{name:path}", status_code=200, guards=ADMIN_GUARD)
+async def unload_adapter(core: GatewayCore, call: Call, deployment: str, name: str) -> Response[bytes]:
+    name = name.removeprefix("/")  # the framework hands a path parameter over with its leading slash
+    try:
+        dep = _lora_deployment(core, deployment)
+        if core.adapter_models.get(name) != deployment:
+            raise GatewayError(
+                404, "adapter_not_found", f"deployment {deployment!r} serves no adapter {name!r}"
+            )
+        # routing stops first, so no new request is planned onto an adapter being unloaded
+        Operations(core).stop_serving_adapter(name)
+        await dep.backend.unload_adapter(name)
+        log.info("adapter_unloaded", deployment=deployment, adapter=name)
+        call.done(200)
+        return json_response({"name": name, "deployment": deployment, "unloaded": True})
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+ROUTES = [list_adapters, load_adapter, unload_adapter]

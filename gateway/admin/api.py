@@ -1,0 +1,134 @@
+"""Admin API under /admin/: keys, usage and canaries, guarded by the admin key, never a tenant key.
+
+Every route carries `ADMIN_GUARD` (gateway/admin/guard.py): the one check of the admin key.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+import structlog
+from litestar import Request, Response, delete, get, post
+
+from backends.errors import InvalidInput
+from fleetgate.errors import GatewayError
+from gateway.admin.guard import ADMIN_GUARD
+from gateway.core.calls import Call
+from gateway.core.operations import Operations
+from gateway.core.service import GatewayCore
+from gateway.http.requests import http_failure, json_response, read_admin_json
+from policies.types import KeyRecord
+
+log = structlog.get_logger(__name__)
+
+
+class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tenant: str
+    models: list[str] | None = None
+    expires_at: datetime | None = None
+    name: str | None = None
+
+
+# --- the actions, shared by these routes and the console (gateway/admin/console/) -----------------------
+
+
+async def create_tenant_key(core: GatewayCore, body: CreateKeyBody) -> tuple[KeyRecord, str]:
+    """Create a key of `body.tenant`; its record and its secret (shown once). 400 on bad input."""
+    try:
+        return await core.keys.create(body.tenant, body.models, body.expires_at, body.name)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+async def revoke_tenant_key(core: GatewayCore, key_id: str) -> None:
+    """Revoke a key on every replica (within a second); 404 when there is no such key."""
+    if not await core.keys.revoke(key_id):
+        raise GatewayError(404, "key_not_found", f"no key {key_id!r}")
+
+
+def restore_canary(core: GatewayCore, model: str, deployment: str) -> dict[str, object]:
+    """Give a rolled-back canary its configured weight back; 404 when it is not a canary route."""
+    try:
+        was_rolled_back, weight = Operations(core).restore_canary(model, deployment)
+    except KeyError:
+        raise GatewayError(
+            404, "canary_not_found", f"model {model!r} has no canary route {deployment!r}"
+        ) from None
+    log.info("canary_restored", model=model, deployment=deployment, was_rolled_back=was_rolled_back)
+    return {"model": model, "deployment": deployment, "restored": was_rolled_back, "weight": weight}
+
+
+# --- routes ----------------------------------------------------------------------------------------
+
+
+@post("/admin/keys", status_code=201, guards=ADMIN_GUARD)
+async def create_key(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+    try:
+        body = await read_admin_json(request, CreateKeyBody)
+        record, secret = await create_tenant_key(core, body)
+        call.tenant = body.tenant
+        call.done(201)
+        return json_response({"key": secret, **msgspec.to_builtins(record)}, 201)
+    except Exception as exc:  # noqa: BLE001 - answered as {"error": ...}
+        return http_failure(call, exc)
+
+
+@get("/admin/keys", guards=ADMIN_GUARD)
+async def list_keys(core: GatewayCore, call: Call, tenant: str | None = None) -> Response[bytes]:
+    try:
+        records = await core.keys.list(tenant)
+        call.done(200)
+        return json_response({"keys": msgspec.to_builtins(records)})
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+@delete("/admin/keys/{key_id:str}", status_code=200, guards=ADMIN_GUARD)
+async def revoke_key(core: GatewayCore, call: Call, key_id: str) -> Response[bytes]:
+    try:
+        await revoke_tenant_key(core, key_id)
+        call.done(200)
+        return json_response({"key_id": key_id, "revoked": True})
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+@get("/admin/usage", guards=ADMIN_GUARD)
+async def usage(core: GatewayCore, call: Call, tenant: str | None = None) -> Response[bytes]:
+    try:
+        rows = await core.admission.usage(tenant)
+        # A tenant removed from the config keeps its history; a name that is neither configured nor
+        # in the history is a typo, and an empty list would hide it.
+        if tenant is not None and not rows and tenant not in core.config.tenants:
+            raise GatewayError(
+                404, "tenant_not_found", f"no tenant {tenant!r} in the config or the usage history"
+            )
+        call.done(200)
+        return json_response({"usage": msgspec.to_builtins(rows)})
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+@get("/admin/canary", guards=ADMIN_GUARD)
+async def canary_status(core: GatewayCore, call: Call) -> Response[bytes]:
+    """Every canary route: rolled back or not, its window, and why it was rolled back."""
+    try:
+        call.done(200)
+        return json_response({"canaries": msgspec.to_builtins(core.router.canaries.status())})
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+@post("/admin/canary/{model:str}/{deployment:str}/restore", status_code=200, guards=ADMIN_GUARD)
+async def canary_restore(core: GatewayCore, call: Call, model: str, deployment: str) -> Response[bytes]:
+    """Give a rolled-back canary its configured weight back (its window starts afresh)."""
+    try:
+        answer = restore_canary(core, model, deployment)
+        call.done(200)
+        return json_response(answer)
+    except Exception as exc:  # noqa: BLE001
+        return http_failure(call, exc)
+
+
+ROUTES = [create_key, list_keys, revoke_key, usage, canary_status, canary_restore]

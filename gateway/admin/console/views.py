@@ -1,0 +1,224 @@
+"""What each console page shows, gathered from the live core (no HTML here: templates escape it).
+
+Each function returns plain dicts and lists for one template. They read the same objects the admin
+API reads (the key service, the usage store, the router, the deployments), so the console never
+shows a figure the API would not.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.core.service import GatewayCore
+from policies.types import KeyRecord, UsageRow
+
+#: the widest bar of a usage chart, in SVG units
+CHART_WIDTH = 170
+
+
+def _limits(spec: Any) -> dict[str, int]:
+    """The limits or quotas that are set (None means unlimited and is left out)."""
+    return {k: v for k, v in msgspec.structs.asdict(spec).items() if v is not None}
+
+
+def _chart(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bar lengths (tokens, or requests where no tokens were counted) for the tenant's chart."""
+    measure = "tokens" if any(r["tokens"] for r in rows) else "requests"
+    top = max((r[measure] for r in rows), default=0) or 1
+    return [
+        {
+            "label": r["model"],
+            "value": r[measure],
+            "unit": measure,
+            "y": 18 * i,
+            "width": max(1, round(CHART_WIDTH * r[measure] / top)),
+        }
+        for i, r in enumerate(rows)
+    ]
+
+
+async def tenants(core: GatewayCore, now: datetime | None = None) -> dict[str, Any]:
+    """Every configured tenant: weight, models, limits, quotas and this month's usage per model."""
+    now = now or datetime.now(UTC)
+    month, day = now.strftime("%Y-%m"), now.strftime("%Y-%m-%d")
+    usage: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    for row in await core.admission.usage(None):
+        if row.period in (month, day):
+            usage[row.tenant][row.model]["month" if row.period == month else "day"] = _counts(row)
+    out = []
+    for name, spec in sorted(core.config.tenants.items()):
+        rows = [
+            {
+                "model": model,
+                **periods.get("month", {"requests": 0, "tokens": 0}),
+                "today": periods.get("day", {"requests": 0, "tokens": 0}),
+            }
+            for model, periods in sorted(usage[name].items())
+        ]
+        out.append(
+            {
+                "name": name,
+                "weight": spec.weight,
+                "models": spec.models,
+                "limits": _limits(spec.limits),
+                "quotas": _limits(spec.quotas),
+                "key_limits": _limits(spec.key_limits) if spec.key_limits is not None else {},
+                "usage": rows,
+                "chart": _chart(rows),
+                "chart_height": 18 * len(rows),
+            }
+        )
+    return {"tenants": out, "month": month, "day": day}
+
+
+def _counts(row: UsageRow) -> dict[str, int]:
+    return {"requests": row.requests, "tokens": row.tokens}
+
+
+def key_rows(records: list[KeyRecord]) -> list[dict[str, Any]]:
+    """The keys table: newest first, state spelled out."""
+    now = datetime.now(UTC).timestamp()
+    rows = []
+    for r in reversed(records):
+        state = "revoked" if r.revoked_at else ("active" if r.active(now) else "expired")
+        rows.append(
+            {
+                "key_id": r.key_id,
+                "prefix": f"fg-{r.key_id}-…",
+                "tenant": r.tenant,
+                "name": r.name or "",
+                "models": ", ".join(r.models),
+                "created": _when(r.created_at),
+                "expires": _when(r.expires_at),
+                "last_used": _when(r.last_used_at),
+                "state": state,
+            }
+        )
+    return rows
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value is not None else ""
+
+
+def shadow_figures(text: str) -> dict[tuple[str, str], dict[str, float]]:
+    """Per (model, shadow deployment): requests mirrored by outcome, answers compared, exact text
+    matches, and the mean of the per-request max |difference|, out of the /metrics text."""
+    out: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    names = {
+        "fleetgate_shadow_compared_total": "compared",
+        "fleetgate_shadow_exact_match_total": "exact_match",
+        "fleetgate_shadow_shape_mismatch_total": "shape_mismatch",
+        "fleetgate_shadow_max_abs_diff_sum": "abs_diff_sum",
+        "fleetgate_shadow_max_abs_diff_count": "abs_diff_count",
+    }
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.labels.get("model", ""), sample.labels.get("shadow", ""))
+            if sample.name == "fleetgate_shadow_requests_total":
+                out[key][sample.labels.get("outcome", "")] += sample.value
+            elif sample.name in names:
+                out[key][names[sample.name]] += sample.value
+    for figures in out.values():
+        count = figures.pop("abs_diff_count", 0.0)
+        total = figures.pop("abs_diff_sum", 0.0)
+        figures["mean_max_abs_diff"] = total / count if count else float("nan")
+    return out
+
+
+def models(core: GatewayCore, metrics_text: str) -> dict[str, Any]:
+    """Every served model (routes, effective weights, canaries, shadow, fallbacks) and every deployment."""
+    canaries = {(c.model, c.deployment): c for c in core.router.canaries.status()}
+    shadows = shadow_figures(metrics_text)
+    out = []
+    for name in sorted(core.router.names()):
+        spec = core.router.get(name)
+        effective = core.router.effective_weights(name)
+        routes = []
+        for route in spec.routes:
+            canary = canaries.get((name, route.deployment))
+            routes.append(
+                {
+                    "deployment": route.deployment,
+                    "weight": route.weight,
+                    "effective": effective.get(route.deployment, 0.0),
+                    "canary": canary,
+                    "is_canary": bool(route.canary),
+                }
+            )
+        shadow = None
+        if spec.shadow is not None:
+            shadow = {
+                "deployment": spec.shadow.deployment,
+                "fraction": spec.shadow.fraction,
+                "figures": dict(shadows.get((name, spec.shadow.deployment), {})),
+            }
+        out.append(
+            {
+                "name": name,
+                "routes": routes,
+                "sticky": spec.sticky,
+                "balance": spec.balance,
+                "fallback": spec.fallback,
+                "versions": spec.versions,
+                "labels": spec.labels,
+                "shadow": shadow,
+                "adapter_of": core.adapter_models.get(name),
+            }
+        )
+    return {"models": out, "graphs": graphs(core), "deployments": deployments(core), "reloadable": True}
+
+
+def graphs(core: GatewayCore) -> list[dict[str, Any]]:
+    """Each model graph: its steps (the model each calls, its condition), outputs and readiness."""
+    out = []
+    for name, graph in sorted(core.config.graphs.items()):
+        steps = []
+        for step_name, step in graph.steps.items():
+            when = step.when
+            condition = ""
+            if when is not None:
+                bounds = [f"< {when.below:g}" if when.below is not None else "",
+                          f">= {when.at_least:g}" if when.at_least is not None else ""]  # fmt: skip
+                rows = "per row" if when.per_row else "whole request"
+                condition = f"{when.reduce}({when.tensor}) {' and '.join(b for b in bounds if b)}, {rows}"
+            inputs = ", ".join(f"{k} ← {v}" for k, v in step.inputs.items())
+            steps.append({"name": step_name, "model": step.model, "inputs": inputs, "when": condition})
+        outputs = {k: v if isinstance(v, str) else " | ".join(v) for k, v in graph.outputs.items()}
+        out.append({"name": name, "ready": core.graphs.ready(name), "steps": steps, "outputs": outputs})
+    return out
+
+
+def deployments(core: GatewayCore) -> list[dict[str, Any]]:
+    """Each deployment: readiness, backend, device, hardware, its breaker and its queue now."""
+    rows = []
+    for name, dep in sorted(core.deployments.items()):
+        stats = dep.queue.stats()
+        rows.append(
+            {
+                "name": name,
+                "ready": dep.ready,
+                "backend": dep.spec.backend,
+                "device": dep.device,
+                "hardware": dep.hardware,
+                "breaker": core.breakers.state(name),
+                "error": dep.load_error or "",
+                "policy": stats.policy,
+                "in_flight": stats.in_flight,
+                "max_concurrency": stats.max_concurrency,
+                "queued": stats.depth,
+            }
+        )
+    return rows
+
+
+def model_deployments(core: GatewayCore) -> dict[str, list[str]]:
+    """Each served model's route deployments (for its queue depth on the traffic page)."""
+    return {
+        name: [r.deployment for r in core.router.get(name).routes] for name in sorted(core.router.names())
+    }

@@ -1,0 +1,74 @@
+"""OpenAI `POST /v1/embeddings`, served by tensor deployments declared with `embedding:`.
+
+`input` may be a string, a list of strings, token ids, or lists of token ids; `encoding_format`
+`float` (JSON numbers) or `base64` (little-endian float32, as the OpenAI SDK decodes it);
+`dimensions` keeps the first N components (scaled back to unit length when the deployment
+normalizes; Matryoshka-style truncation, meaningful for models trained for it), checked against
+the model's width before admission.
+`usage.prompt_tokens` is what the call cost the tenant's token limits and quotas.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from litestar import Request, Response, post
+
+from gateway.core.calls import Call, ModelRef
+from gateway.core.results import EmbeddingsInput
+from gateway.core.service import GatewayCore
+from gateway.http.requests import http_failure, json_response, protocol_opt, read_body
+from gateway.wire.openai_schema import EmbeddingsBody, decode, embedding_inputs, embeddings_decoder
+from router.planner import split_model_name
+
+
+def _encoded(vector: np.ndarray, encoding: str) -> Any:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+    return vector.tolist()
+
+
+@post("/v1/embeddings", status_code=200, opt=protocol_opt("openai"))
+async def embeddings(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+    async def read() -> bytes:
+        return await read_body(
+            request,
+            core.config.server.max_body_bytes,
+            allowed_types=("application/json", ""),
+            headers=call.headers,
+        )
+
+    return await embed(core, call, read)
+
+
+async def embed(core: GatewayCore, call: Call, read: Callable[[], Awaitable[bytes]]) -> Response[bytes]:
+    """Serve an embeddings call whose JSON body `read` returns (the HTTP route, and batch lines)."""
+
+    async def load() -> EmbeddingsInput:
+        raw = await read()
+        body: EmbeddingsBody = decode(raw, embeddings_decoder)
+        name, version, label = split_model_name(body.model)
+        return EmbeddingsInput(ModelRef(name, version, label), embedding_inputs(body), body, body.dimensions)
+
+    try:
+        outcome = await core.serve_embeddings(call, load)
+        body = outcome.body
+        vectors = outcome.vectors
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
+            for i, v in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": outcome.tokens, "total_tokens": outcome.tokens}
+        call.done(200)
+        return json_response(
+            {"object": "list", "data": data, "model": body.model, "usage": usage},
+            headers=outcome.served.response_headers(call),
+        )
+    except Exception as exc:  # noqa: BLE001 - answered in the OpenAI envelope
+        return http_failure(call, exc)
+
+
+ROUTES = [embeddings]
