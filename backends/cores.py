@@ -2,13 +2,13 @@
 
 A process runs on the CPUs of its affinity (a container's cpuset, `taskset`). With `server.workers:
 N`, N gateway processes share them: the supervisor tells its workers how many they are
-(`FLEETGATE_WORKERS`, `gateway/workers.py`), and a runtime left at its default thread count takes
+(`FLEETGATE_WORKERS`, `gateway/serve/workers.py`), and a runtime left at its default thread count takes
 one worker's share of the CPUs instead of its own default (ONNX Runtime and torch: a thread per
 physical core; OpenVINO: every core). Otherwise each of N workers would start that many threads, N
 times what the cores hold, and each run would wait on threads the others hold. The share counts
 logical CPUs (what the affinity lists), so on a host with two hardware threads a core and two
 workers it equals those runtimes' own default. A thread count set in a deployment's options always
-wins. A gateway that is not a worker clears the variable (`gateway/cli.py`), so a stray one cannot
+wins. A gateway that is not a worker clears the variable (`gateway/serve/cli.py`), so a stray one cannot
 cap its runtimes.
 """
 

@@ -16,7 +16,7 @@ import msgspec.inspect as mi
 
 from fleetgate.spec import SpecBase
 
-__all__ = ["SpecBase", "decode_options", "device_problem", "with_choices"]  # SpecBase: re-exported for the adapters' option Structs
+__all__ = ["SpecBase", "decode_options", "with_choices"]  # SpecBase: re-exported for the adapters' option Structs
 
 
 OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
@@ -84,23 +84,6 @@ def _literals(node: Any) -> list[Any]:
     return values
 
 
-def device_problem(backend: str, device: str) -> str | None:
-    """Why `device` is not a device of `backend` (naming the valid ones), or None when it is.
-
-    The rules live with each backend's options; `tfserving` and `remote` run elsewhere, so their
-    `device` is a free label of the upstream's hardware and any value goes.
-    """
-    if backend == "torch_llm":
-        from backends.torch_llm.options import device_problem as torch_device_problem
-
-        return torch_device_problem(device)
-    if backend == "openvino":
-        from backends.openvino.options import device_problem as openvino_device_problem
-
-        return openvino_device_problem(device)
-    if backend == "onnxruntime":
-        return onnx_device_problem(device)
-    return None
 
 
 #: `device:` of an onnxruntime deployment: a label until the session tells where it runs (the

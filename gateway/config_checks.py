@@ -8,16 +8,27 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 import yaml
 
+from backends.devices import device_problem as spec_device_problem
 from backends.spec import DeploymentSpec
-from backends.spec import device_problem as spec_device_problem
 
-if TYPE_CHECKING:
-    from gateway.config import Config
+
+class Config(Protocol):
+    """What these checks read of a decoded config (gateway.config.Config has it)."""
+
+    @property
+    def deployments(self) -> Mapping[str, DeploymentSpec]: ...
+
+    @property
+    def models(self) -> Mapping[str, Any]: ...
+
+    @property
+    def graphs(self) -> Mapping[str, Any]: ...
+
 
 class ConfigError(ValueError):
     """A config that cannot be served. The message is one line and names the path."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 _L = ("deployment",)
-#: one series per live worker with `server.workers > 1` (see gateway/metrics.py's LIVE_WORKERS_ONLY)
+#: one series per live worker with `server.workers > 1` (see gateway/observe/metrics.py's LIVE_WORKERS_ONLY)
 _LIVE = "liveall"
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 

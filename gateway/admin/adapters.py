@@ -22,7 +22,7 @@ from fleetgate.errors import GatewayError
 from gateway.admin.guard import ADMIN_GUARD
 from gateway.config_checks import model_name_problem
 from gateway.core.calls import Call
-from gateway.core.deployments import Deployment
+from gateway.core.fleet.deployments import Deployment
 from gateway.core.operations import Operations
 from gateway.core.service import GatewayCore
 from gateway.http.requests import http_failure, json_response, read_admin_json

@@ -14,8 +14,8 @@ import structlog
 
 from backends.base import Capability
 from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput
-from gateway.core.deployments import Deployment
-from gateway.core.outcomes import Outcomes
+from gateway.core.fleet.deployments import Deployment
+from gateway.core.fleet.outcomes import Outcomes
 from gateway.observe import metrics
 from router.health import CircuitBreakers
 from router.planner import Plan

@@ -15,7 +15,7 @@ from backends.base import Capability, EmbedRequest
 from backends.embedding import as_embedding_adapter
 from gateway.core.admit import Admitter
 from gateway.core.attempts import Attempts, any_fault
-from gateway.core.deployments import Deployment
+from gateway.core.fleet.deployments import Deployment
 from gateway.core.queue_hints import QueueHints
 from gateway.core.queue_turn import run_in_turn
 from gateway.core.results import EmbeddingsInput, EmbeddingsOutcome, Served

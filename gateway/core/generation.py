@@ -24,7 +24,7 @@ from backends.base import (
 from fleetgate import tracing
 from gateway.core.admit import Admitter
 from gateway.core.attempts import Attempts, any_fault
-from gateway.core.deployments import Deployment
+from gateway.core.fleet.deployments import Deployment
 from gateway.core.queue_hints import NO_HINTS, QueueHints
 from gateway.core.queue_turn import take_turn
 from gateway.core.results import Served

@@ -11,7 +11,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from fleetgate import tracing
-from gateway.core.deployments import Deployment
+from gateway.core.fleet.deployments import Deployment
 from gateway.core.queue_hints import QueueHints
 from gateway.observe import metrics
 from policies.fair_queue import Ticket

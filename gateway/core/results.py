@@ -15,7 +15,7 @@ import numpy as np
 from backends.base import GenerateRequest, ModelMetadata, TensorRequest, TensorResponse
 from gateway.core.calls import Call, ModelRef
 from gateway.core.deadline import Deadline
-from gateway.core.deployments import Deployment
+from gateway.core.fleet.deployments import Deployment
 from gateway.core.streams import GenerationStream
 from router.planner import Plan
 

@@ -25,24 +25,26 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from backends.base import Capability, GenerateRequest, ModelMetadata, TensorRequest, TensorResponse
+from backends.base import Capability, ModelMetadata, TensorRequest, TensorResponse
 from backends.errors import InvalidInput, ModelNotFound
 from backends.validation import validate_request
 from fleetgate import tracing
 from fleetgate.errors import GatewayError
 from gateway.config import Config
-from gateway.core.adapter_models import base_model_of, declared_adapters, served_models
 from gateway.core.admit import Admitter
 from gateway.core.attempts import Attempts
 from gateway.core.calls import Call, ModelRef
 from gateway.core.deadline import Deadline
-from gateway.core.deployments import Deployment, FleetSignals
 from gateway.core.drain_state import DrainState
 from gateway.core.embeddings import EmbeddingsPath
+from gateway.core.fleet.adapter_models import base_model_of, declared_adapters, served_models
+from gateway.core.fleet.deployments import Deployment, FleetSignals
+from gateway.core.fleet.outcomes import Outcomes
+from gateway.core.fleet.shadowing import Shadows
 from gateway.core.generation import GenerationPath
-from gateway.core.graph_runner import GraphRunner
-from gateway.core.outcomes import Outcomes
+from gateway.core.graphs.runner import GraphRunner
 from gateway.core.queue_hints import BACKGROUND_HINTS, NO_HINTS, QueueHints, queue_hints
+from gateway.core.record import check_graph_version, end_span, record_server, span_attributes
 from gateway.core.results import (
     D,
     EmbeddingsInput,
@@ -54,10 +56,9 @@ from gateway.core.results import (
     StartedGeneration,
     TensorOutcome,
 )
-from gateway.core.shadowing import Shadows
-from gateway.core.streams import GenerationStream, StreamSettlement
+from gateway.core.streams import StreamSettlement
 from gateway.core.tensors import TensorPath
-from policies.admission import Admission, Reservation
+from policies.admission import Admission
 from policies.errors import Unauthenticated
 from policies.keys import KeyService
 from policies.principal import Principal
@@ -109,7 +110,7 @@ class GatewayCore:
         )
         self.generation = GenerationPath(deployments, admission, admitter, self.attempts, self.settlement)
         self.embeddings = EmbeddingsPath(admission, admitter, self.attempts)
-        #: the config's `graphs:`, served as models (gateway/core/graph_runner.py)
+        #: the config's `graphs:`, served as models (gateway/core/graphs/runner.py)
         self.graphs = GraphRunner(self)
 
     def served_models(self, config: Config | None = None) -> dict[str, ModelConfig]:
@@ -166,7 +167,7 @@ class GatewayCore:
         metadata), admit, attempt, settle, record. All of it under the call's deadline."""
         call.model = model.name
         with tracing.span(
-            "fleetgate.request", tracing.extract_context(call.headers), **_call_attributes(call)
+            "fleetgate.request", tracing.extract_context(call.headers), **span_attributes(call)
         ) as span:
             principal = await self.identify(call)
             if model.name in self.config.graphs:
@@ -179,7 +180,7 @@ class GatewayCore:
                 first = self.attempts.candidates(plan, Capability.TENSOR)[0]
                 decoded = await load(first.backend.metadata())
                 response, served = await self.tensors.infer(principal, plan, decoded.request, _hints(call))
-            _record_server(call, served, span)
+            record_server(call, served, span)
             return TensorOutcome(decoded, response, served)
 
     async def _serve_graph(
@@ -191,9 +192,9 @@ class GatewayCore:
         span: Any,
     ) -> TensorOutcome[D]:
         """A graph request: checked against the graph's inputs, admitted and charged once for the
-        graph, its steps run (gateway/core/graph_runner.py), and usage recorded per step beside it."""
+        graph, its steps run (gateway/core/graphs/runner.py), and usage recorded per step beside it."""
         self.check_visible(principal, model.name)
-        _graph_version(model)
+        check_graph_version(model)
         async with self.deadline(call).scope():
             meta = self.graphs.metadata(model.name)
             decoded = await load(meta)
@@ -210,7 +211,7 @@ class GatewayCore:
             await self.admission.reconcile(reservation, cost, parts=parts)
         plan = Plan(model=model.name, primary="", fallbacks=(), shadows=())
         served = Served(None, plan, self.admission.headers(reservation), result.description(model.name))
-        _record_server(call, served, span)
+        record_server(call, served, span)
         return TensorOutcome(decoded, result.response, served)
 
     async def serve_generation(
@@ -221,7 +222,7 @@ class GatewayCore:
         iterates the returned stream to its end or closes it; either settles (the settle step)."""
         # the request's span ends when its stream settles (GenerationStream), not here
         span = tracing.start_span(
-            "fleetgate.request", tracing.extract_context(call.headers), **_call_attributes(call)
+            "fleetgate.request", tracing.extract_context(call.headers), **span_attributes(call)
         )
         try:
             with tracing.current(span):
@@ -242,9 +243,9 @@ class GatewayCore:
                             principal, plan, request, prompt_tokens, given.n, hints, span
                         )
         except BaseException as exc:
-            _end_span(span, exc)
+            end_span(span, exc)
             raise
-        _record_server(call, served, span)
+        record_server(call, served, span)
         return StartedGeneration(streams[0], served, given.body, deadline, streams)
 
     async def serve_embeddings(
@@ -253,12 +254,12 @@ class GatewayCore:
         """Serve one embeddings call: identify, load, plan, room, then gateway/core/embeddings.py
         (bound, admit, tokenize off the loop, attempt, settle), record."""
         with tracing.span(
-            "fleetgate.request", tracing.extract_context(call.headers), **_call_attributes(call)
+            "fleetgate.request", tracing.extract_context(call.headers), **span_attributes(call)
         ) as span:
             principal, deadline, given, plan = await self._payload_call(call, load)
             async with deadline.scope():
                 outcome = await self.embeddings.embed(principal, plan, given, call.request_id, _hints(call))
-            _record_server(call, outcome.served, span)
+            record_server(call, outcome.served, span)
             return outcome
 
     async def _payload_call(
@@ -281,7 +282,7 @@ class GatewayCore:
         principal = await self.identify(call)
         if model.name in self.config.graphs:
             self.check_visible(principal, model.name)
-            _graph_version(model)
+            check_graph_version(model)
             name = model.name
             return ModelView(name, None, [], None, self.graphs.ready(name), lambda: self.graphs.metadata(name))
         plan = self.plan(principal, model.name, model.version, model.label, call.headers)
@@ -322,25 +323,6 @@ class GatewayCore:
     ) -> tuple[TensorResponse, Deployment]:
         """Attempt an admitted tensor request (a graph step: the graph was admitted once)."""
         return tuple(await self.tensors.run(principal, plan, request, hints))  # type: ignore[return-value]
-
-    async def estimate_prompt_tokens(self, plan: Plan, request: GenerateRequest) -> int:
-        return await self.generation.estimate_prompt_tokens(plan, request)
-
-    async def start_generation(
-        self,
-        principal: Principal,
-        plan: Plan,
-        request: GenerateRequest,
-        prompt_tokens: int,
-        hints: QueueHints = NO_HINTS,
-        span: Any = None,
-    ) -> tuple[GenerationStream, Served]:
-        """Admit and start one generation (gateway/core/generation.py)."""
-        return await self.generation.start(principal, plan, request, prompt_tokens, hints, span)
-
-    async def admit(self, principal: Principal, model: str, cost: int) -> Reservation:
-        """The admit step on its own (a caller that settles itself)."""
-        return await self._admitter.admit(principal, model, cost)
 
     # --- identity and visibility ----------------------------------------------------------------
 
@@ -422,49 +404,9 @@ class GatewayCore:
             dep.queue.check_room(principal.tenant)
 
 
-def _record_server(call: Call, served: Served, span: Any = None) -> None:
-    """Step record: who served, on the call (access log, metrics) and on the request span."""
-    dep = served.deployment
-    # a graph has no one deployment: its steps' are in its response header (and their spans)
-    name, backend = (dep.name, dep.spec.backend) if dep is not None else ("", "graph")
-    call.served_by(name, backend, dep.device if dep is not None else "")
-    if span is not None:
-        span.set_attributes(
-            {
-                "fleetgate.tenant": call.tenant,
-                "fleetgate.model": call.model,
-                "fleetgate.deployment": name,
-                "fleetgate.backend": backend,
-            }
-        )
-
-
-def _graph_version(model: ModelRef) -> None:
-    """A graph has no versions or labels: asking for one is asking for something that does not exist."""
-    if model.version is not None or model.label is not None:
-        raise ModelNotFound(f"graph {model.name!r} has no versions or labels; call it by its name")
-
-
 def _hints(call: Call) -> QueueHints:
     """The call's fair-queue hints: a batch job's line waits in the background class; an
     interactive call asks with its headers."""
     if call.principal is not None and call.principal.background is not None:
         return BACKGROUND_HINTS
     return queue_hints(call.headers)
-
-
-def _call_attributes(call: Call) -> dict[str, Any]:
-    """A request span's attributes: never the key, the prompt or the payload."""
-    return {
-        "fleetgate.protocol": call.protocol,
-        "fleetgate.model": call.model or None,
-        "fleetgate.request_id": call.request_id,
-    }
-
-
-def _end_span(span: Any, error: BaseException | None = None) -> None:
-    if span is None:
-        return
-    if error is not None:
-        span.set_attribute("error.type", type(error).__name__)
-    span.end()

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.base import BYTES_PER_TOKEN, GenerateRequest, TokenEvent, Usage, estimate_text_tokens
-from gateway.core.deployments import Deployment
-from gateway.core.shadowing import Shadows
+from gateway.core.fleet.deployments import Deployment
+from gateway.core.fleet.shadowing import Shadows
 from gateway.observe import metrics
 from policies.admission import Admission, Reservation
 from policies.fair_queue import Ticket

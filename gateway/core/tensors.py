@@ -10,12 +10,12 @@ from backends.errors import InvalidInput
 from backends.validation import validate_request
 from gateway.core.admit import Admitter
 from gateway.core.attempts import Attempted, Attempts
-from gateway.core.deployments import Deployment
+from gateway.core.fleet.deployments import Deployment
+from gateway.core.fleet.shadowing import Shadows
 from gateway.core.queue_hints import NO_HINTS, QueueHints
 from gateway.core.queue_turn import run_in_turn
 from gateway.core.results import Served
 from gateway.core.row_slices import CONTINUING_PRIORITY, join_row_slices, row_slices
-from gateway.core.shadowing import Shadows
 from policies.admission import Admission
 from policies.principal import Principal
 from router.planner import Plan

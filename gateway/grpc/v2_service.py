@@ -18,8 +18,8 @@ from gateway.core.results import ModelView
 from gateway.core.service import GatewayCore
 from gateway.grpc.status import abort_with, metadata_of, trailing_metadata
 from gateway.grpc.v2_codec import DecodedModelInfer, decode_model_infer, encode_model_infer
-from gateway.http.kserve import SERVER_NAME, SERVER_VERSION
 from gateway.wire.credentials import bearer_key
+from gateway.wire.v2_codec import SERVER_NAME, SERVER_VERSION
 
 PROTOCOL = "v2-grpc"
 

@@ -31,14 +31,13 @@ from gateway.batches.routes import ROUTES as BATCH_ROUTES
 from gateway.batches.service import BatchService
 from gateway.config import Config, ConfigError
 from gateway.core.calls import register_metric_models
-from gateway.core.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
 from gateway.core.drain_state import DrainState
+from gateway.core.fleet.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
 from gateway.core.service import GatewayCore
 from gateway.grpc.server import check_grpc_port, start_grpc
-from gateway.http import kserve, openai, openai_embeddings, openapi, tfserving
+from gateway.http import kserve, openai, openai_embeddings, openapi, probes, tfserving
 from gateway.http.errors import error_response
 from gateway.http.requests import DEPENDENCIES, http_failure, open_call
-from gateway.observe import probes
 from gateway.observe.telemetry import TracingSwitch
 from gateway.serve import liveness
 from gateway.serve.health_listener import start_configured

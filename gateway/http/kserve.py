@@ -19,11 +19,9 @@ from gateway.http.requests import (
     protocol_opt,
     read_body,
 )
-from gateway.wire.v2_codec import DecodedInfer, decode_infer, encode_infer
+from gateway.wire.v2_codec import SERVER_NAME, SERVER_VERSION, DecodedInfer, decode_infer, encode_infer
 
 V2 = protocol_opt("v2")
-SERVER_NAME = "fleetgate"
-SERVER_VERSION = "0.1.0"
 #: the protocol extensions served (say only what is served: no repository routes over HTTP)
 EXTENSIONS = ["binary_tensor_data"]
 

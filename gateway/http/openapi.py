@@ -28,9 +28,8 @@ from gateway.admin.guard import ADMIN_GUARD
 from gateway.admin.reload import ROUTES as RELOAD_ROUTES
 from gateway.batches.routes import ROUTES as BATCH_ROUTES
 from gateway.batches.routes import CreateBatch
-from gateway.http import kserve, openai, openai_embeddings, tfserving
+from gateway.http import kserve, openai, openai_embeddings, probes, tfserving
 from gateway.http.requests import DEPENDENCIES
-from gateway.observe import probes
 from gateway.wire.openai_schema import ChatBody, CompletionBody, EmbeddingsBody
 from gateway.wire.v2_codec import InferRequestJSON
 

@@ -29,7 +29,7 @@ _MAX_HEADER_BYTES = 8192
 
 
 def _answer(path: str, ready: Callable[[], bool]) -> tuple[int, dict[str, object]]:
-    """The status and body the main port's route of the same path answers (gateway/observe/probes.py,
+    """The status and body the main port's route of the same path answers (gateway/http/probes.py,
     gateway/http/kserve.py); 404 for any other path."""
     if path == "/health/live":
         return 200, {"status": "live"}

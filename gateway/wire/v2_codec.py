@@ -18,6 +18,10 @@ from backends.errors import InvalidInput
 from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from backends.validation import require_finite
 
+#: what the v2 server metadata endpoints (HTTP and gRPC) answer
+SERVER_NAME = "fleetgate"
+SERVER_VERSION = "0.1.0"
+
 
 class _InputJSON(msgspec.Struct, kw_only=True):
     name: str

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.config import parse_config
-from gateway.core.deployments import build_deployments
+from gateway.core.fleet.deployments import build_deployments
 from policies.fair_queue.spec import TENSOR_BURST_PER_SLOT
 
 

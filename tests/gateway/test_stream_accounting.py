@@ -1,6 +1,6 @@
 """What a generation stream is charged when the client reads it all, slowly, partly or not at all.
 
-Through the real request path (`GatewayCore.start_generation`) to the real torch_llm engine (a tiny
+Through the real request path (`GatewayCore.generation.start`) to the real torch_llm engine (a tiny
 random-weight Llama) and to the OpenAI upstream of tests/openai_upstream.py behind the remote
 backend. A client that goes away is the protocol layer closing the stream (`aclose`), as it does on
 a disconnect; tests/gateway/test_openai_remote.py covers the disconnect over real HTTP.
@@ -19,7 +19,7 @@ import pytest
 from backends.base import GenerateRequest, SamplingParams
 from backends.demo_models.tiny_llama import write_tiny_llama
 from gateway.config import parse_config
-from gateway.core.deployments import build_deployments, close_deployments, open_deployments
+from gateway.core.fleet.deployments import build_deployments, close_deployments, open_deployments
 from gateway.core.service import GatewayCore
 from gateway.core.streams import GenerationStream, estimate_text_tokens
 from policies.admission import Admission
@@ -88,7 +88,7 @@ def llm_request(rid: str, max_tokens: int) -> GenerateRequest:
 
 async def start(core: GatewayCore, model: str, request: GenerateRequest) -> GenerationStream:
     plan = core.plan(ACME, model, None, None, {})
-    events, _ = await core.start_generation(ACME, plan, request, await core.estimate_prompt_tokens(plan, request))
+    events, _ = await core.generation.start(ACME, plan, request, await core.generation.estimate_prompt_tokens(plan, request))
     return events
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gateway.config import ConfigError, parse_config
-from gateway.core.graph_rows import (
+from gateway.core.graphs.rows import (
     GraphMisconfigured,
     Value,
     common_rows,

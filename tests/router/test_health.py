@@ -68,7 +68,7 @@ def test_no_answer_frees_the_probe_and_keeps_the_count():
     assert b.state("never-seen") == CLOSED
 
 
-# --- what the gateway feeds the breakers (gateway.core.outcomes) -------------------------------------
+# --- what the gateway feeds the breakers (gateway.core.fleet.outcomes) -------------------------------------
 
 GATEWAY_YAML = """
 state: {url: "memory://"}
@@ -82,8 +82,8 @@ models:
 def _half_open_outcomes(tmp_path):  # type: ignore[no-untyped-def]
     """A real deployment (never opened) whose circuit is half-open with its probe in flight."""
     from gateway.config import parse_config
-    from gateway.core.deployments import build_deployments
-    from gateway.core.outcomes import Outcomes
+    from gateway.core.fleet.deployments import build_deployments
+    from gateway.core.fleet.outcomes import Outcomes
     from router.load import ServiceTimes
     from router.planner import Router
 

@@ -21,8 +21,8 @@ from gateway.admin.console.traffic import TrafficWindow, figures
 from gateway.admin.guard import admin_key, verify_admin_key
 from gateway.admin.reload import reload_or_refuse
 from gateway.core.service import GatewayCore
+from gateway.http.probes import exposition
 from gateway.http.requests import json_response
-from gateway.observe.probes import exposition
 
 log = structlog.get_logger(__name__)
 

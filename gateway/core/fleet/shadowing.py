@@ -18,7 +18,7 @@ import msgspec
 import structlog
 
 from backends.base import Capability, GenerateRequest, TensorRequest, TensorResponse
-from gateway.core.deployments import Deployment
+from gateway.core.fleet.deployments import Deployment
 from gateway.observe import metrics
 from router.compare import compare_tensors, compare_text
 from router.planner import Plan

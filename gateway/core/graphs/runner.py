@@ -24,8 +24,8 @@ from backends.errors import BackendUnavailable, InvalidInput
 from fleetgate import tracing
 from fleetgate.errors import ServingError
 from gateway.config import Config
-from gateway.core.deployments import Deployment
-from gateway.core.graph_rows import Rows, Value, common_rows, condition_rows, first_covering, take
+from gateway.core.fleet.deployments import Deployment
+from gateway.core.graphs.rows import Rows, Value, common_rows, condition_rows, first_covering, take
 from gateway.core.queue_hints import QueueHints
 from gateway.observe import metrics
 from policies.principal import Principal

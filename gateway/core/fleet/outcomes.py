@@ -11,7 +11,7 @@ from backends.errors import (
     InvalidInput,
     ModelNotFound,
 )
-from gateway.core.deployments import Deployment
+from gateway.core.fleet.deployments import Deployment
 from gateway.observe import metrics
 from router.health import CircuitBreakers
 from router.load import ServiceTimes
