@@ -104,8 +104,11 @@ def onnx_device_problem(device: str) -> str | None:
 class BatchingSpec(SpecBase):
     """Dynamic batching for tensor backends (merge concurrent requests along dimension 0)."""
 
+    #: most rows in one merged batch
     max_batch_size: int = 32
+    #: how long the first request of a batch may wait for company (see `mode`)
     max_delay_ms: float = 2.0
+    #: requests waiting for a batch at most; one more is refused (backend unavailable)
     max_queue: int = 1024
     #: `delay` (the default): a request that finds the runtime idle runs at once; the first request
     #: of a batch waits up to `max_delay_ms` for company only while callers overlap (several queued,
@@ -155,6 +158,7 @@ class EmbeddingSpec(SpecBase):
 class DeploymentSpec(SpecBase):
     """One deployment. Which fields apply depends on `backend` (see each adapter)."""
 
+    #: the runtime or server that runs the model; its `options` are listed per backend
     backend: Literal["onnxruntime", "openvino", "tfserving", "remote", "torch_llm"]
     #: local model path (file or folder) for in-process runtimes
     model: str | None = None
@@ -176,10 +180,12 @@ class DeploymentSpec(SpecBase):
     timeout_s: float = 60.0
     #: free-form hardware label shown on metrics and in the response header (e.g. "h200", "xeon")
     hardware: str | None = None
+    #: merge concurrent tensor requests into one runtime call (null: every request runs alone)
     batching: BatchingSpec | None = None
     #: serve this tensor deployment as a sentence-embedding model (onnxruntime, openvino)
     embedding: EmbeddingSpec | None = None
     #: LoRA adapters on this base model (torch_llm): model name -> PEFT adapter folder. Each name is
     #: a model clients call, routed to this deployment and tenant-scoped like any model.
     adapters: dict[str, str] = msgspec.field(default_factory=dict)
+    #: the backend's own settings, decoded into its options Struct (see below)
     options: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -32,10 +32,15 @@ from router.spec import BreakerConfig, ModelConfig
 
 
 class ServerConfig(SpecBase):
+    #: address the HTTP port (and the gRPC port) listens on; `0.0.0.0` for every interface
     host: str = "127.0.0.1"
+    #: the HTTP port (`fleetgate serve --port` overrides it); 0 picks a free one
     port: int = 8000
+    #: largest request body (and gRPC message) accepted; a larger one is refused with 413
     max_body_bytes: int = 16 * 1024 * 1024
+    #: a request not finished this long after it arrived is answered 504 (end-to-end deadline)
     request_timeout_s: float = 120.0
+    #: the least severe log lines written (JSON lines on stdout)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     #: when /health/ready and /v2/health/ready answer 200: `any` deployment can serve (the default:
     #: one broken upstream must not take the whole gateway out of a load balancer), or `all` are loaded
@@ -197,6 +202,7 @@ class TracingConfig(SpecBase):
     step_spans: bool = False
     #: ended spans are sent every this many seconds, or sooner once `export_batch_size` wait
     export_interval_s: float = 1.0
+    #: most spans in one export
     export_batch_size: int = 2048
     #: spans waiting past this (the collector slow or down) are dropped, never held
     max_queued_spans: int = 20_000
@@ -234,12 +240,19 @@ class DeploymentConfig(DeploymentSpec):
 
 
 class Config(SpecBase):
+    #: the listening ports, connection limits, timeouts and drain
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    #: where keys, limits, quotas and usage are kept (shared by workers and replicas)
     state: StateConfig = msgspec.field(default_factory=StateConfig)
+    #: the admin API and console's keys
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
+    #: OpenTelemetry traces (docs/tracing.md)
     tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
+    #: tenant name -> fair-share weight, limits, quotas and the models it may see
     tenants: dict[str, TenantSpec] = msgspec.field(default_factory=dict)
+    #: deployment name -> one running model on one backend
     deployments: dict[str, DeploymentConfig] = msgspec.field(default_factory=dict)
+    #: model name (what clients ask for) -> the deployments that serve it (docs/routing.md)
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
     #: models made of other models: steps, tensor mapping, cascades (router/graphs.py)
     graphs: dict[str, GraphConfig] = msgspec.field(default_factory=dict)

@@ -27,8 +27,11 @@ def _check_positive(owner: str, **values: int | None) -> None:
 class Limits(SpecBase):
     """Rate limits. `None` means unlimited. Rates are smooth (token bucket over one minute)."""
 
+    #: requests per minute; beyond, 429 with Retry-After
     requests_per_minute: int | None = None
+    #: tokens (prompt + output, or tensor rows) per minute; beyond, 429 with Retry-After
     tokens_per_minute: int | None = None
+    #: requests in flight at once; one more gets 429
     max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
@@ -43,9 +46,13 @@ class Limits(SpecBase):
 class Quotas(SpecBase):
     """Budgets per UTC calendar day and month. `None` means unlimited."""
 
+    #: tokens per UTC day; beyond, 429 until the day ends
     tokens_per_day: int | None = None
+    #: tokens per UTC calendar month
     tokens_per_month: int | None = None
+    #: requests per UTC day
     requests_per_day: int | None = None
+    #: requests per UTC calendar month
     requests_per_month: int | None = None
 
     def __post_init__(self) -> None:

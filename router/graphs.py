@@ -52,8 +52,11 @@ class StepCondition(SpecBase):
 
     #: an earlier step's output, `<step>.<output>`
     tensor: str
+    #: how a row of `tensor` becomes one number
     reduce: Literal["max", "min", "mean", "sum"] = "max"
+    #: the step runs where that number is below this
     below: float | None = None
+    #: the step runs where that number is at least this
     at_least: float | None = None
     #: true: the step runs on the rows that qualify only; false: on the whole request when any row does
     per_row: bool = False

@@ -40,7 +40,9 @@ class CanaryConfig(SpecBase):
 
 
 class RouteConfig(SpecBase):
+    #: the deployment this route sends requests to
     deployment: str
+    #: percent of the model's traffic (the weights of a model's routes add up to 100)
     weight: float = 100.0
     #: a canary route is watched and rolled back automatically when it misbehaves;
     #: `true` takes the default bounds, a mapping sets them
@@ -59,7 +61,9 @@ class RouteConfig(SpecBase):
 
 
 class ShadowConfig(SpecBase):
+    #: the deployment that gets a copy of requests; its answers are compared, never returned
     deployment: str
+    #: share of requests copied (0..1)
     fraction: float = 1.0
 
     def __post_init__(self) -> None:
@@ -68,6 +72,7 @@ class ShadowConfig(SpecBase):
 
 
 class ModelConfig(SpecBase):
+    #: the deployments serving this model and their share of traffic (an A/B split, a canary)
     routes: list[RouteConfig]
     #: what keeps one user on one variant: tenant | key | header:<name> | none
     sticky: str = "tenant"
@@ -75,7 +80,9 @@ class ModelConfig(SpecBase):
     #: form one pool, and a request that lands in a pool goes to the member with the least expected
     #: wait (stickiness within a pool is given up on purpose: load decides, not the user)
     balance: Literal["weighted", "least_wait"] = "weighted"
+    #: mirror a share of requests to another deployment
     shadow: ShadowConfig | None = None
+    #: deployments tried in order when the routed one fails or is unavailable
     fallback: list[str] = msgspec.field(default_factory=list)
     #: explicit versions (`/versions/{v}`, `model:v`) -> deployment
     versions: dict[str, str] = msgspec.field(default_factory=dict)

@@ -12,6 +12,7 @@ class TFServingOptions(SpecBase):
     version: int | None = None
     #: a version label such as "stable" or "canary"
     version_label: str | None = None
+    #: the SavedModel signature called
     signature_name: str = "serving_default"
     #: largest gRPC message sent or received
     max_message_bytes: int = 64 * 1024 * 1024
