@@ -8,7 +8,7 @@ graph's outputs are named step outputs. A step may be conditional on an earlier 
 
 This module holds the declaration and its structural checks (names, cycles, conditions), and the
 order the steps can run in. Tensor checks that need models' signatures are in `router/graph_types.py`;
-running a graph is `gateway/graph_runner.py`.
+running a graph is `gateway/core/graphs/runner.py`.
 """
 
 from __future__ import annotations
