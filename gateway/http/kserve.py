@@ -92,7 +92,7 @@ async def model_version_ready(core: GatewayCore, call: Call, model: str, version
 
 
 async def infer_model(request: Request, core: GatewayCore, call: Call, model: ModelRef) -> ASGIApp:
-    """v2 `/infer`: Litestar's routes and gateway/http/hot_routes.py's fast path call this."""
+    """v2 `/infer`: Litestar's route calls this."""
 
     async def load(meta: ModelMetadata) -> DecodedInfer:
         body = await read_body(request, core.config.server.max_body_bytes, headers=call.headers)

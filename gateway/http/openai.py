@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
+from litestar.response import Stream
 from litestar.types import ASGIApp
 
 from backends.base import TokenLogprob, Usage
@@ -164,7 +165,7 @@ def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
 
 
 async def generate_route(request: Request, core: GatewayCore, call: Call, chat: bool) -> ASGIApp:
-    """`/v1/(chat/)completions`: Litestar's routes and gateway/http/hot_routes.py's fast path call this."""
+    """`/v1/(chat/)completions`, as Litestar's routes call it."""
 
     async def read() -> bytes:
         return await read_body(
@@ -174,7 +175,11 @@ async def generate_route(request: Request, core: GatewayCore, call: Call, chat: 
             headers=call.headers,
         )
 
-    return await generate(core, call, chat, read)
+    answer = await generate(core, call, chat, read)
+    if isinstance(answer, Stream):
+        # an SSE stream keeps its own media type: Litestar would give it the route's (JSON)
+        return answer.to_asgi_response(request.app, request, media_type=answer.media_type)
+    return answer
 
 
 async def generate(

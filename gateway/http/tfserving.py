@@ -43,7 +43,7 @@ async def predict_route(
     request: Request, core: GatewayCore, call: Call, model: str, segment: str, slot: str
 ) -> Response[bytes]:
     """`segment` is the last path segment (`name:predict`); its name fills `slot` (model/version/label).
-    Litestar's routes and gateway/http/hot_routes.py's fast path call this."""
+    Litestar's route calls this."""
     call.model = model
 
     async def load(meta: ModelMetadata) -> PredictRequest:
