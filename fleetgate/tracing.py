@@ -9,7 +9,7 @@ to `enable`. This module keeps the call sites small and the same whether tracing
 - `start_span(...)` / `current(span)`: a root span the caller ends later (a stream ends after the
   handler returned).
 - `child(name, **attributes)`: a span under the current one (kind INTERNAL); a no-op when tracing
-  is off or the trace is not sampled. The gateway's own steps (`STEP_SPANS`) are made only while
+  is off or the trace is not sampled. The gateway's own steps (`step(...)`: authenticate, route, admit, queue) are made only while
   `enable(..., step_spans=True)`: each is an SDK span on every request, and what they would show
   (time before the backend) is the gap between the root span's start and the backend's span.
 - `trace_headers()`: W3C `traceparent` / `tracestate` of the current span, for calls to other servers.
@@ -29,12 +29,10 @@ from typing import Any
 
 _NULL = contextlib.nullcontext()
 
-#: sub-spans timing the gateway's own steps rather than a backend: made only with `step_spans`
-STEP_SPANS = frozenset({"authenticate", "route", "admit", "queue"})
 
 #: the SDK tracer while tracing is on, None while off (every function checks this first)
 _tracer: Any = None
-_skipped: frozenset[str] = STEP_SPANS  # `child` names answered with the no-op
+_step_spans = False  # whether `step` makes spans (`tracing.step_spans`)
 _api: Any = None  # the OpenTelemetry API pieces this layer calls, bound by `enable`
 
 
@@ -135,13 +133,13 @@ def enabled() -> bool:
 
 def enable(provider: Any, step_spans: bool = False) -> None:
     """Turn tracing on: spans come from `provider` (an SDK `TracerProvider`, whose sampler decides
-    what is kept and whose processors export); `step_spans` adds the `STEP_SPANS` under requests."""
-    global _tracer, _skipped, _api
+    what is kept and whose processors export); `step_spans` makes `step` spans too."""
+    global _tracer, _step_spans, _api
     from fleetgate import __version__
 
     if _api is None:
         _api = _Api()
-    _skipped = frozenset() if step_spans else STEP_SPANS
+    _step_spans = step_spans
     _tracer = provider.get_tracer("fleetgate", __version__)
 
 
@@ -174,12 +172,17 @@ def span(name: str, context: Any = None, **attributes: Any) -> Any:
 
 
 def child(name: str, **attributes: Any) -> Any:
-    """A span under the current one, or a no-op when tracing is off, this trace is not sampled or
-    `name` is a step span while those are off."""
+    """A span under the current one, or a no-op when tracing is off or this trace is not sampled."""
     tracer = _tracer
-    if tracer is None or name in _skipped or not _api.current_span().is_recording():
+    if tracer is None or not _api.current_span().is_recording():
         return _NULL
     return Span(tracer.start_span(name, None, _api.internal, _clean(attributes)))
+
+
+def step(name: str, **attributes: Any) -> Any:
+    """A span timing one of the gateway's own steps (authenticate, route, admit, queue): a `child`
+    only while `step_spans` is on; otherwise the no-op (each would cost an SDK span a request)."""
+    return child(name, **attributes) if _step_spans else _NULL
 
 
 def current(started: Span | None) -> Any:

@@ -24,16 +24,16 @@ MAX_MODULES = 15
 #: a number when the code shrinks; never raise one (split the module instead).
 KNOWN_LARGE: dict[str, int] = {
     "policies/stores/sqlite_store.py": 731,
-    "policies/admission.py": 520,
-    "gateway/config.py": 520,
-    "backends/torch_llm/backend.py": 500,
-    "policies/stores/redis_store.py": 445,
-    "gateway/serve/cli.py": 430,
-    "backends/batcher.py": 415,
-    "backends/torch_llm/engine.py": 415,
-    "gateway/core/service.py": 415,
-    "backends/torch_llm": 35,
-    "backends": 19,
+    "gateway/config.py": 516,
+    "policies/admission.py": 511,
+    "backends/torch_llm/backend.py": 498,
+    "policies/stores/redis_store.py": 443,
+    "gateway/serve/cli.py": 420,
+    "backends/batcher.py": 414,
+    "gateway/core/service.py": 412,
+    "backends/torch_llm/engine.py": 411,
+    "backends/torch_llm": 34,
+    "backends": 17,
     "gateway/core": 16,
 }
 
@@ -161,12 +161,6 @@ def test_no_file_level_import_cycle() -> None:
         if module not in index:
             visit(module)
     assert cycles == []
-
-
-def test_the_grpc_room_never_imports_the_http_room() -> None:
-    offenders = [m for m, t in GRAPH.items() if m.startswith("gateway.grpc") and any(
-        x.startswith("gateway.http") for x in t)]
-    assert offenders == []
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -28,7 +28,7 @@ class Admitter:
             PolicyError: a limit or quota refused (counted in the rejections metric).
         """
         try:
-            with tracing.child("admit", **{"fleetgate.cost": cost}):
+            with tracing.step("admit", **{"fleetgate.cost": cost}):
                 granted = self._admission.admit_at_once(principal, model, cost)
                 if granted is not None:
                     return granted

@@ -19,10 +19,6 @@ class Operations:
     def __init__(self, core: GatewayCore) -> None:
         self._core = core
 
-    @property
-    def core(self) -> GatewayCore:
-        return self._core
-
     def apply_config(self, new: Config) -> None:
         """Swap the live config of a running gateway. Raises ConfigError when it cannot be applied
         (nothing changes then: a refused reload leaves the running config whole)."""

@@ -26,7 +26,7 @@ async def take_turn(
     `continuing` puts a later slice of a started request first among its own tenant's requests.
     """
     queued_at = time.perf_counter()
-    with tracing.child("queue", **{"fleetgate.deployment": dep.name}):
+    with tracing.step("queue", **{"fleetgate.deployment": dep.name}):
         ticket = await dep.queue.acquire(
             tenant,
             cost,

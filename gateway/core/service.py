@@ -32,7 +32,7 @@ from fleetgate import tracing
 from fleetgate.errors import GatewayError
 from gateway.config import Config
 from gateway.core.admit import Admitter
-from gateway.core.attempts import Attempts
+from gateway.core.attempts import Attempted, Attempts
 from gateway.core.calls import Call, ModelRef
 from gateway.core.deadline import Deadline
 from gateway.core.drain_state import DrainState
@@ -153,7 +153,7 @@ class GatewayCore:
         elif call.api_key is None:
             raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
         else:
-            with tracing.child("authenticate"):
+            with tracing.step("authenticate"):
                 principal = await self.keys.authenticate(call.api_key)
         if principal.tenant not in self.config.tenants:
             raise Unauthenticated("the API key belongs to a tenant that is no longer configured")
@@ -320,9 +320,9 @@ class GatewayCore:
 
     async def run_tensors(
         self, principal: Principal, plan: Plan, request: TensorRequest, hints: QueueHints = NO_HINTS
-    ) -> tuple[TensorResponse, Deployment]:
+    ) -> Attempted[TensorResponse]:
         """Attempt an admitted tensor request (a graph step: the graph was admitted once)."""
-        return tuple(await self.tensors.run(principal, plan, request, hints))  # type: ignore[return-value]
+        return await self.tensors.run(principal, plan, request, hints)
 
     # --- identity and visibility ----------------------------------------------------------------
 
@@ -389,7 +389,7 @@ class GatewayCore:
             raise InvalidInput(
                 f"model {model!r} is a graph of tensor models; call it on the v2 or TF Serving endpoints"
             )
-        with tracing.child("route"):
+        with tracing.step("route"):
             return self.router.plan(model, version=version, label=label, principal=principal, headers=headers)
 
     def check_room(self, principal: Principal, plan: Plan) -> None:
