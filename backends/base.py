@@ -106,6 +106,26 @@ class TensorResponse(msgspec.Struct, kw_only=True):
 # --- text generation ---------------------------------------------------------------------------
 
 
+class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """A constraint on the generated text, enforced token by token by the engine's grammar.
+
+    Exactly one field is set. Every protocol's request fields (OpenAI `response_format`, vLLM's
+    `structured_outputs` and `guided_*`, a tool choice that must be called) map to this one shape,
+    so a backend enforces one thing, and a compiled grammar is cached by it (it is hashable).
+    """
+
+    #: a JSON schema, as canonical JSON text (sorted keys): the output is one JSON value it accepts
+    json_schema: str | None = None
+    #: any JSON object (OpenAI's `{"type": "json_object"}`)
+    json_object: bool = False
+    #: a regular expression the whole output matches
+    regex: str | None = None
+    #: the output is exactly one of these strings
+    choice: tuple[str, ...] | None = None
+    #: a grammar in EBNF (GBNF/xgrammar syntax), rooted at `root`
+    grammar: str | None = None
+
+
 class SamplingParams(msgspec.Struct, kw_only=True):
     """How to pick tokens. temperature == 0 means greedy."""
 
@@ -133,6 +153,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     #: fields the caller left unset (an OpenAI request without `temperature`...): a backend may
     #: fill them from the model's own defaults (`generation_config.json`), as vLLM does
     model_defaults: frozenset[str] = frozenset()
+    #: the output must follow this constraint (None: free text)
+    structured: StructuredOutput | None = None
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
@@ -169,6 +191,12 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     #: min_tokens), as the client sent them: a remote upstream receives them, a backend that cannot
     #: honour one refuses the request naming it (never drops it silently)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: OpenAI `tools` (function definitions, as the client sent them), rendered into the prompt by the
+    #: model's own chat template; the backend parses the model's tool calls out of its output
+    tools: list[dict[str, Any]] | None = None
+    #: OpenAI `tool_choice` as sent ("none" | "auto" | "required" | {"type": "function", ...})
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 class Usage(msgspec.Struct, kw_only=True):
