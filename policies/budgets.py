@@ -1,0 +1,123 @@
+"""Budgets in money per UTC day and month, on a tenant and on a key.
+
+A budget is a period counter of micro-USD (`b:t:<tenant>:usd:d:2026-11-21`, `b:k:<key_id>:usd:m:2026-11`)
+checked and reserved at admission in the same all-or-nothing store step as the token quotas, at the
+request's worst case (every prompt token, `max_tokens` at the output price, the per-request price),
+and settled at the real cost: the counters are the quotas' counters, so a budget is exact across
+replicas on Redis and survives kill -9 the same way (an orphaned reservation is refunded).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import msgspec
+
+from fleetgate.spec import SpecBase
+from policies import quotas as q
+from policies.pricing import micros_of, usd
+from policies.stores.base import CounterOp
+
+
+class Budget(SpecBase):
+    """A spending limit in USD per UTC day and/or calendar month. `None` means unlimited."""
+
+    #: USD per UTC day; beyond, 429 until the day ends
+    usd_per_day: float | None = None
+    #: USD per UTC calendar month; beyond, 429 until the month ends
+    usd_per_month: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("usd_per_day", "usd_per_month"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"budget.{name} must be a finite number > 0 or null, got {value!r}")
+
+
+class BudgetCheck(msgspec.Struct, frozen=True):
+    """One budget of a request's admission: whose, which period, its limit and counter."""
+
+    #: "tenant 'acme'" or "key 0123456789ab"
+    scope: str
+    #: "usd_per_day" | "usd_per_month"
+    name: str
+    limit_micros: int
+    key: str
+    resets_at: float
+
+    def op(self, cost_micros: int) -> CounterOp:
+        """The counter op reserving `cost_micros` (the limit is enforced at acquire, not at settle)."""
+        return CounterOp(self.key, self.limit_micros, cost_micros, self.resets_at + q.GRACE_S)
+
+    def reset_iso(self) -> str:
+        return datetime.fromtimestamp(self.resets_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def refusal(self, used_micros: int, cost_micros: int) -> str:
+        """Why a request was refused: the budget, what is left, when it resets."""
+        left = max(0, self.limit_micros - used_micros)
+        state = "is spent" if left == 0 else f"has {usd(left):.6f} USD left, less than this request may cost ({usd(cost_micros):.6f} USD)"  # fmt: skip
+        return (
+            f"budget {self.name} of {self.scope} {state} ({usd(used_micros):.6f} of "
+            f"{usd(self.limit_micros):.2f} USD used or reserved); it resets at {self.reset_iso()}"
+        )
+
+
+def budget_checks(scope: str, prefix: str, budget: Budget | None, now: float) -> list[BudgetCheck]:
+    """The budgets of one scope for the periods that contain `now`.
+
+    Args:
+        scope: how messages name the owner ("tenant 'acme'", "key 0123456789ab").
+        prefix: the owner's counter prefix ("t:acme", "k:0123456789ab").
+    """
+    if budget is None:
+        return []
+    day, month, d_end, m_end = q.periods(now)
+    table = [
+        ("usd_per_day", budget.usd_per_day, f"d:{day}", d_end),
+        ("usd_per_month", budget.usd_per_month, f"m:{month}", m_end),
+    ]
+    return [
+        BudgetCheck(scope, name, micros_of(limit), f"b:{prefix}:usd:{period}", end)
+        for name, limit, period, end in table
+        if limit is not None
+    ]
+
+
+class BudgetEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """A budget passed one of its alert thresholds (logged, on /metrics, to the webhook)."""
+
+    scope: str
+    budget: str
+    #: fraction of the budget, as configured (0.5, 0.8, 1.0)
+    threshold: float
+    used_usd: float
+    limit_usd: float
+    resets_at: str
+    #: the store counter this is about; the event's once-only mark is derived from it
+    counter: str
+
+
+def crossed(check: BudgetCheck, before: int, after: int, thresholds: list[float]) -> list[BudgetEvent]:
+    """The thresholds that spend or reservations moving from `before` to `after` micro-USD passed."""
+    return [
+        BudgetEvent(
+            scope=check.scope,
+            budget=check.name,
+            threshold=t,
+            used_usd=usd(after),
+            limit_usd=usd(check.limit_micros),
+            resets_at=check.reset_iso(),
+            counter=check.key,
+        )
+        for t in thresholds
+        if before < t * check.limit_micros <= after
+    ]
+
+
+def alert_once_op(event: BudgetEvent, resets_at: float) -> CounterOp:
+    """A counter that admits one increment: the first replica to take it sends the event, so each
+    threshold of each budget period is announced once across every replica."""
+    return CounterOp(f"{event.counter}:alert:{event.threshold:g}", 1, 1, resets_at + q.GRACE_S)
