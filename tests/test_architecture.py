@@ -24,7 +24,6 @@ MAX_MODULES = 15
 #: a number when the code shrinks; never raise one (split the module instead).
 KNOWN_LARGE: dict[str, int] = {
     "policies/stores/sqlite_store.py": 731,
-    "gateway/config.py": 516,
     "policies/admission.py": 511,
     "backends/torch_llm/backend.py": 498,
     "policies/stores/redis_store.py": 443,
@@ -101,7 +100,7 @@ def _room_of(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "gateway" or len(parts) == 1:
         return parts[0]
-    if parts[1] in ("config", "config_checks", "config_reference"):
+    if parts[1] in ("config", "config_reference"):
         return "gateway.config"
     return f"gateway.{parts[1]}"
 

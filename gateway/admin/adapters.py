@@ -20,7 +20,7 @@ from litestar import Request, Response, delete, get, post
 from backends.errors import InvalidInput
 from fleetgate.errors import GatewayError
 from gateway.admin.guard import ADMIN_GUARD
-from gateway.config_checks import model_name_problem
+from gateway.config.checks import model_name_problem
 from gateway.core.calls import Call
 from gateway.core.fleet.deployments import Deployment
 from gateway.core.operations import Operations

@@ -1,7 +1,8 @@
 """Checks of a config that msgspec's types cannot express (names, devices, providers, what a
 fallback serves) and YAML syntax errors, each as one `ConfigError` line naming the path.
 
-Kept apart from `gateway/config.py` (decoding, paths, references) so each stays one concern.
+Kept apart from the decoding (`loading.py`) and the cross-section checks (`references.py`) so each
+stays one concern.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from backends.spec import DeploymentSpec
 
 
 class Config(Protocol):
-    """What these checks read of a decoded config (gateway.config.Config has it)."""
+    """What these checks read of a decoded config (gateway.config.spec.Config has it)."""
 
     @property
     def deployments(self) -> Mapping[str, DeploymentSpec]: ...
