@@ -9,32 +9,16 @@ replicas on Redis and survives kill -9 the same way (an orphaned reservation is 
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
 import msgspec
 
-from fleetgate.spec import SpecBase
 from policies import quotas as q
 from policies.pricing import micros_of, usd
 from policies.stores.base import CounterOp
+from policies.types import Budget
 
-
-class Budget(SpecBase):
-    """A spending limit in USD per UTC day and/or calendar month. `None` means unlimited."""
-
-    #: USD per UTC day; beyond, 429 until the day ends
-    usd_per_day: float | None = None
-    #: USD per UTC calendar month; beyond, 429 until the month ends
-    usd_per_month: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("usd_per_day", "usd_per_month"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"budget.{name} must be a finite number > 0 or null, got {value!r}")
+__all__ = ["Budget", "BudgetCheck", "BudgetEvent", "alert_once_op", "budget_checks", "crossed"]
 
 
 class BudgetCheck(msgspec.Struct, frozen=True):

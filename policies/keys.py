@@ -25,7 +25,7 @@ import structlog
 from policies.errors import StoreUnavailable, Unauthenticated
 from policies.principal import Principal
 from policies.stores.base import StateStore, from_epoch, to_epoch
-from policies.types import KeyRecord
+from policies.types import Budget, KeyRecord, Limits
 
 log = structlog.get_logger(__name__)
 
@@ -96,8 +96,14 @@ class KeyService:
         models: list[str] | None = None,
         expires_at: datetime | None = None,
         name: str | None = None,
+        *,
+        limits: Limits | None = None,
+        budget: Budget | None = None,
     ) -> tuple[KeyRecord, str]:
         """Create a key; returns its record and its secret (the only time the secret is seen).
+
+        `limits` and `budget` are the key's own, enforced beside its tenant's (a key cannot get more
+        than its tenant: both must admit a request).
 
         Raises:
             ValueError: unknown tenant, an empty model glob, or an expiry in the past.
@@ -119,6 +125,8 @@ class KeyService:
                 name=name,
                 created_at=from_epoch(now),
                 expires_at=from_epoch(to_epoch(expires_at)),
+                limits=None if limits == Limits() else limits,
+                budget=None if budget == Budget() else budget,
             )
             if await self._store.put_key(record, hash_secret(key_id, secret)):
                 self._unknown.pop(key_id, None)
@@ -166,7 +174,9 @@ class KeyService:
         if self._tenants is not None and record.tenant not in self._tenants:
             raise Unauthenticated(f"API key {key_id} belongs to a tenant that is no longer configured")
         self._note_use(key_id, now)
-        return Principal(record.tenant, key_id, tuple(record.models))
+        return Principal(
+            record.tenant, key_id, tuple(record.models), limits=record.limits, budget=record.budget
+        )
 
     def _note_use(self, key_id: str, now: float) -> None:
         """Write the key's last use in the background, unless this replica wrote it within a minute."""

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from policies.types import Budget, Limits
+
 
 class Principal(msgspec.Struct, frozen=True):
     """Who is calling.
@@ -19,12 +21,16 @@ class Principal(msgspec.Struct, frozen=True):
             a `policies.held_settle.HeldSettle` that receives the request's settlement. Such
             requests skip the per-minute rate limits and concurrency limits (quotas still apply)
             and wait in the fair queue's background class.
+        limits: the key's own rate limits (beside the tenant's and its `key_limits`), or None.
+        budget: the key's own spending limit (beside the tenant's), or None.
     """
 
     tenant: str
     key_id: str
     models: tuple[str, ...] = ("*",)
     background: Any = None
+    limits: Limits | None = None
+    budget: Budget | None = None
 
     def can_see(self, model_name: str, tenant_models: list[str] | tuple[str, ...]) -> bool:
         """Whether this key may see `model_name`: both the key's and the tenant's globs must allow it."""

@@ -8,6 +8,7 @@ raised there into a `ValidationError` carrying the config path).
 from __future__ import annotations
 
 import fnmatch
+import math
 from datetime import datetime
 
 import msgspec
@@ -65,6 +66,23 @@ class Quotas(SpecBase):
         )
 
 
+class Budget(SpecBase):
+    """A spending limit in USD per UTC day and/or calendar month. `None` means unlimited."""
+
+    #: USD per UTC day; beyond, 429 until the day ends
+    usd_per_day: float | None = None
+    #: USD per UTC calendar month; beyond, 429 until the month ends
+    usd_per_month: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("usd_per_day", "usd_per_month"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"budget.{name} must be a finite number > 0 or null, got {value!r}")
+
+
 class TenantSpec(SpecBase):
     """One tenant: fair-share weight, tenant-wide limits and quotas, visible models, per-key limits.
 
@@ -74,6 +92,7 @@ class TenantSpec(SpecBase):
         quotas: day/month budgets shared by all keys of the tenant.
         models: globs (fnmatch) of the model names this tenant may see.
         key_limits: limits applied to each key of the tenant on its own (None: no per-key limits).
+        budget: spending limit in USD per day/month shared by all keys of the tenant (None: none).
     """
 
     weight: float = 1.0
@@ -81,6 +100,7 @@ class TenantSpec(SpecBase):
     quotas: Quotas = msgspec.field(default_factory=Quotas)
     models: list[str] = msgspec.field(default_factory=lambda: ["*"])
     key_limits: Limits | None = None
+    budget: Budget | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.weight, bool) or not (self.weight > 0) or self.weight == float("inf"):
@@ -118,6 +138,8 @@ class KeyRecord(msgspec.Struct, kw_only=True, frozen=True):
         expires_at: expiry time (UTC), or None for a key that does not expire.
         revoked_at: revocation time (UTC), or None while the key is not revoked.
         last_used_at: when the key last authenticated (UTC, to about a minute: see KeyService), or None.
+        limits: this key's own rate limits, beside its tenant's (None: only the tenant's).
+        budget: this key's own spending limit, beside its tenant's (None: only the tenant's).
     """
 
     key_id: str
@@ -128,6 +150,8 @@ class KeyRecord(msgspec.Struct, kw_only=True, frozen=True):
     expires_at: datetime | None = None
     revoked_at: datetime | None = None
     last_used_at: datetime | None = None
+    limits: Limits | None = None
+    budget: Budget | None = None
 
     def active(self, now: float) -> bool:
         """Whether the key authenticates at epoch time `now` (not revoked, not expired)."""
