@@ -26,7 +26,7 @@ speed (heap and code layout) cancels in the round's estimate sqrt((A_on / B_off)
 Competing for the same cores, a gateway that spends more CPU a request answers fewer of them, so the
 estimate is the throughput ratio the target is about. Written under `paired` in the same JSON.
 
-Writes bench/results/tracing.json. Run: `.venv/bin/python bench/bench_tracing.py [--rounds 8]` (a multiple of 4)
+Writes bench/results/tracing.json. Run: `.venv/bin/python -m bench.bench_tracing [--rounds 8]` (a multiple of 4)
 `[--paired-rounds 16]` (0: the sequential design only) `[--step-spans]`.
 """
 
@@ -315,7 +315,7 @@ tracing: {{{tracing}, otlp_endpoint: "http://127.0.0.1:{collector_port}/v1/trace
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "tracing.json").write_text(json.dumps(out, indent=2))
-    from plots import plot_tracing  # the PNG beside the JSON (bench/plots.py)
+    from bench.plots import plot_tracing  # the PNG beside the JSON (bench/plots.py)
 
     plot_tracing(out, RESULTS / "tracing.png")
     print(json.dumps(summary | {"collector": out["collector"]}, indent=1))
