@@ -9,16 +9,39 @@ replicas on Redis and survives kill -9 the same way (an orphaned reservation is 
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 import msgspec
 
+from fleetgate.spec import SpecBase
 from policies import quotas as q
 from policies.pricing import micros_of, usd
 from policies.stores.base import CounterOp
 from policies.types import Budget
 
-__all__ = ["Budget", "BudgetCheck", "BudgetEvent", "alert_once_op", "budget_checks", "crossed"]
+__all__ = ["Budget", "BudgetAlerts", "BudgetCheck", "BudgetEvent", "alert_once_op", "budget_checks", "crossed"]
+
+
+class BudgetAlerts(SpecBase):
+    """Events when a budget passes a share of itself, counting spend and reservations in flight:
+    each threshold of each budget period is announced once across every replica."""
+
+    #: shares of a budget that raise an event when passed (1.0: the budget is spent or refuses)
+    thresholds: list[float] = msgspec.field(default_factory=lambda: [0.5, 0.8, 1.0])
+    #: URL that each event is POSTed to as JSON, off the request path (null: logs and /metrics only)
+    webhook_url: str | None = None
+    #: seconds a webhook POST may take before it is abandoned (and logged)
+    webhook_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for t in self.thresholds:
+            if isinstance(t, bool) or not (0 < t <= 1):
+                raise ValueError(f"budget_alerts.thresholds must be in (0, 1], got {t!r}")
+        if not (math.isfinite(self.webhook_timeout_s) and self.webhook_timeout_s > 0):
+            raise ValueError("budget_alerts.webhook_timeout_s must be a finite number > 0")
+        if self.webhook_url is not None and not self.webhook_url.startswith(("http://", "https://")):
+            raise ValueError("budget_alerts.webhook_url must be an http:// or https:// URL")
 
 
 class BudgetCheck(msgspec.Struct, frozen=True):

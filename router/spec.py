@@ -8,6 +8,7 @@ from typing import Literal
 import msgspec
 
 from backends.spec import SpecBase
+from policies.pricing import Pricing
 
 
 class CanaryConfig(SpecBase):
@@ -88,6 +89,8 @@ class ModelConfig(SpecBase):
     versions: dict[str, str] = msgspec.field(default_factory=dict)
     #: labels (`/labels/{l}`, `model@l`) -> version
     labels: dict[str, str] = msgspec.field(default_factory=dict)
+    #: prices in USD of this model's requests (a deployment's own `pricing` wins; docs/pricing.md)
+    pricing: Pricing | None = None
 
     def __post_init__(self) -> None:
         if not self.routes:

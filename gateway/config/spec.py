@@ -15,7 +15,9 @@ import msgspec
 from backends.spec import DeploymentSpec, SpecBase
 from gateway.batches.config import BatchesConfig
 from gateway.config.server import ServerConfig
+from policies.budgets import BudgetAlerts
 from policies.fair_queue import QueueSpec
+from policies.pricing import Pricing
 from policies.types import TenantSpec
 from router.graphs import GraphConfig
 from router.spec import BreakerConfig, ModelConfig
@@ -96,6 +98,8 @@ class AdminConfig(SpecBase):
 class DeploymentConfig(DeploymentSpec):
     #: the fair queue in front of this deployment (defaults apply when omitted)
     queue: QueueSpec | None = None
+    #: prices in USD of the requests this deployment serves; wins over its model's (docs/pricing.md)
+    pricing: Pricing | None = None
 
 
 class Config(SpecBase):
@@ -119,6 +123,8 @@ class Config(SpecBase):
     breakers: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
     #: OpenAI Batch API: files directory and how jobs run (gateway/batches)
     batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)
+    #: events when a tenant's or key's budget passes a share of itself (docs/pricing.md)
+    budget_alerts: BudgetAlerts = msgspec.field(default_factory=BudgetAlerts)
 
 
 def with_listen_overrides(config: Config, listen: Mapping[str, Any]) -> Config:
