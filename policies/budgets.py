@@ -44,11 +44,12 @@ class BudgetAlerts(SpecBase):
             raise ValueError("budget_alerts.webhook_url must be an http:// or https:// URL")
 
 
-class BudgetCheck(msgspec.Struct, frozen=True):
+class BudgetCheck(msgspec.Struct, frozen=True, kw_only=True):
     """One budget of a request's admission: whose, which period, its limit and counter."""
 
-    #: "tenant 'acme'" or "key 0123456789ab"
-    scope: str
+    tenant: str
+    #: the key whose own budget this is, or None for the tenant's
+    key_id: str | None
     #: "usd_per_day" | "usd_per_month"
     name: str
     limit_micros: int
@@ -58,6 +59,11 @@ class BudgetCheck(msgspec.Struct, frozen=True):
     def op(self, cost_micros: int) -> CounterOp:
         """The counter op reserving `cost_micros` (the limit is enforced at acquire, not at settle)."""
         return CounterOp(self.key, self.limit_micros, cost_micros, self.resets_at + q.GRACE_S)
+
+    @property
+    def scope(self) -> str:
+        """How messages name the budget's owner."""
+        return f"tenant {self.tenant!r}" if self.key_id is None else f"key {self.key_id}"
 
     def reset_iso(self) -> str:
         return datetime.fromtimestamp(self.resets_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -72,22 +78,21 @@ class BudgetCheck(msgspec.Struct, frozen=True):
         )
 
 
-def budget_checks(scope: str, prefix: str, budget: Budget | None, now: float) -> list[BudgetCheck]:
-    """The budgets of one scope for the periods that contain `now`.
-
-    Args:
-        scope: how messages name the owner ("tenant 'acme'", "key 0123456789ab").
-        prefix: the owner's counter prefix ("t:acme", "k:0123456789ab").
-    """
+def budget_checks(tenant: str, key_id: str | None, budget: Budget | None, now: float) -> list[BudgetCheck]:
+    """The budgets of a tenant (`key_id` None) or of one of its keys, for the periods of `now`."""
     if budget is None:
         return []
+    prefix = f"t:{tenant}" if key_id is None else f"k:{key_id}"
     day, month, d_end, m_end = q.periods(now)
     table = [
         ("usd_per_day", budget.usd_per_day, f"d:{day}", d_end),
         ("usd_per_month", budget.usd_per_month, f"m:{month}", m_end),
     ]
     return [
-        BudgetCheck(scope, name, micros_of(limit), f"b:{prefix}:usd:{period}", end)
+        BudgetCheck(
+            tenant=tenant, key_id=key_id, name=name, limit_micros=micros_of(limit),
+            key=f"b:{prefix}:usd:{period}", resets_at=end,
+        )  # fmt: skip
         for name, limit, period, end in table
         if limit is not None
     ]
@@ -96,7 +101,10 @@ def budget_checks(scope: str, prefix: str, budget: Budget | None, now: float) ->
 class BudgetEvent(msgspec.Struct, frozen=True, kw_only=True):
     """A budget passed one of its alert thresholds (logged, on /metrics, to the webhook)."""
 
-    scope: str
+    tenant: str
+    #: the key whose own budget passed it, or None for the tenant's budget
+    key_id: str | None
+    #: "usd_per_day" | "usd_per_month"
     budget: str
     #: fraction of the budget, as configured (0.5, 0.8, 1.0)
     threshold: float
@@ -111,7 +119,8 @@ def crossed(check: BudgetCheck, before: int, after: int, thresholds: list[float]
     """The thresholds that spend or reservations moving from `before` to `after` micro-USD passed."""
     return [
         BudgetEvent(
-            scope=check.scope,
+            tenant=check.tenant,
+            key_id=check.key_id,
             budget=check.name,
             threshold=t,
             used_usd=usd(after),

@@ -212,3 +212,23 @@ GRAPH_STEP_ROWS = Counter(
     "Request rows per graph step and outcome: a per-row cascade runs a step on some rows and skips the rest.",
     ["graph", "step", "outcome"],
 )
+
+# --- money (docs/pricing.md) -----------------------------------------------------------------------
+
+SPEND = Counter(
+    "fleetgate_spend_usd_total",
+    "USD charged for settled requests at their model's or deployment's price, by tenant and model.",
+    ["tenant", "model"],
+)
+BUDGET_USED = Gauge(
+    "fleetgate_budget_used_ratio",
+    "Share of a tenant's budget spent or reserved (1: spent), as last seen by an admission here.",
+    ["tenant", "budget"],
+    multiprocess_mode="max",
+)
+BUDGET_ALERTS = Counter(
+    "fleetgate_budget_alerts_total",
+    "Budget thresholds passed (each once per budget period across replicas), by tenant, whose budget "
+    "(tenant or key: key ids are not labels) and threshold.",
+    ["tenant", "owner", "budget", "threshold"],
+)

@@ -69,7 +69,7 @@ def test_usd_edges() -> None:
 
 def test_budget_checks_and_their_refusal_name_the_budget_what_is_left_and_the_reset() -> None:
     now = 1_764_000_000.0  # 2025-11-24T16:00:00Z
-    checks = budget_checks("tenant 'acme'", "t:acme", Budget(usd_per_day=1.0, usd_per_month=20), now)
+    checks = budget_checks("acme", None, Budget(usd_per_day=1.0, usd_per_month=20), now)
     assert [(c.name, c.limit_micros, c.key) for c in checks] == [
         ("usd_per_day", 1_000_000, "b:t:acme:usd:d:2025-11-24"),
         ("usd_per_month", 20_000_000, "b:t:acme:usd:m:2025-11"),
@@ -78,11 +78,13 @@ def test_budget_checks_and_their_refusal_name_the_budget_what_is_left_and_the_re
     assert "usd_per_day" in message and "tenant 'acme'" in message
     assert "0.001000 USD left" in message and "2025-11-25T00:00:00Z" in message
     assert "is spent" in checks[0].refusal(used_micros=1_000_000, cost_micros=1)
-    assert budget_checks("x", "t:x", None, now) == []
+    assert budget_checks("x", None, None, now) == []
 
 
 def test_thresholds_crossed_once_by_a_move() -> None:
-    (check,) = budget_checks("tenant 'acme'", "t:acme", Budget(usd_per_day=1.0), 0.0)
+    (check,) = budget_checks("acme", None, Budget(usd_per_day=1.0), 0.0)
+    (key_check,) = budget_checks("acme", "0123456789ab", Budget(usd_per_day=1.0), 0.0)
+    assert key_check.key == "b:k:0123456789ab:usd:d:1970-01-01" and key_check.scope == "key 0123456789ab"
     assert [e.threshold for e in crossed(check, 400_000, 850_000, [0.5, 0.8, 1.0])] == [0.5, 0.8]
     assert crossed(check, 850_000, 900_000, [0.5, 0.8, 1.0]) == []
     assert [e.threshold for e in crossed(check, 900_000, 1_000_000, [0.5, 0.8, 1.0])] == [1.0]

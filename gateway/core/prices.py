@@ -1,0 +1,50 @@
+"""The prices of a call: the worst case reserved at admission, the real cost settled at the end.
+
+A deployment's `pricing` wins over its model's (`models.<name>.pricing`); a LoRA adapter served as a
+model is priced by its base deployment. Before a call runs, the deployment that will answer is not
+known (a fallback may), so its worst case is taken at the costliest price of its candidates; at the
+end it is charged at the price of the deployment that answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from gateway.core.fleet.deployments import Deployment
+from policies.pricing import Pricing, Usage, cost_micros, costliest, worst_case_micros
+from router.spec import ModelConfig
+
+
+class Prices:
+    """Prices of the live config (read at each call, so a reload's prices apply at once)."""
+
+    def __init__(
+        self, deployments: Mapping[str, Deployment], models: Callable[[], Mapping[str, ModelConfig]]
+    ) -> None:
+        self._deployments = deployments
+        self._models = models
+
+    def of(self, model: str, deployment: str | None) -> Pricing | None:
+        """The price of `model` served by `deployment`: the deployment's own, else the model's."""
+        dep = self._deployments.get(deployment) if deployment else None
+        if dep is not None and dep.spec.pricing is not None:
+            return dep.spec.pricing
+        spec = self._models().get(model)
+        return spec.pricing if spec is not None else None
+
+    def worst(
+        self,
+        model: str,
+        candidates: Iterable[Deployment],
+        *,
+        input_tokens: int = 0,
+        max_output_tokens: int = 0,
+        rows: int = 0,
+    ) -> int:
+        """The most a call may cost in micro-USD on any of `candidates`, reserved at admission."""
+        top = costliest([self.of(model, dep.name) for dep in candidates] or [self.of(model, None)])
+        return worst_case_micros(top, input_tokens=input_tokens, max_output_tokens=max_output_tokens, rows=rows)
+
+    def cost(self, model: str, deployment: Deployment | None, usage: Usage) -> int:
+        """What a call cost in micro-USD on the deployment that answered it."""
+        return cost_micros(self.of(model, deployment.name if deployment else None), usage)
