@@ -27,7 +27,6 @@ KNOWN_LARGE: dict[str, int] = {
     "policies/admission.py": 511,
     "backends/torch_llm/backend.py": 498,
     "policies/stores/redis_store.py": 443,
-    "gateway/serve/cli.py": 420,
     "backends/batcher.py": 414,
     "gateway/core/service.py": 412,
     "backends/torch_llm/engine.py": 411,

@@ -1,0 +1,32 @@
+"""`fleetgate usage --config FILE [--tenant T]`: usage per tenant, model and period, from the state store."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from gateway.config import load_config
+from gateway.serve.commands.base import AddParser
+from gateway.serve.commands.store import check_tenant, with_store
+
+
+def register(add_parser: AddParser) -> None:
+    p = add_parser("usage", help="usage per tenant, model and period")
+    p.add_argument("--config", required=True)
+    p.add_argument("--tenant")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    check_tenant(config, args.tenant)
+
+    async def report(_: Any, admission: Any) -> int:
+        rows = await admission.usage(args.tenant)
+        print("tenant\tmodel\tperiod\trequests\ttokens")
+        for row in rows:
+            print(f"{row.tenant}\t{row.model}\t{row.period}\t{row.requests}\t{row.tokens}")
+        return 0
+
+    return asyncio.run(with_store(config, report))
