@@ -273,6 +273,9 @@ def main() -> None:
     parser.add_argument("--policy-seconds", type=float, default=3.0)
     parser.add_argument("--tensor-seconds", type=float, default=3.0)
     parser.add_argument("--starts", type=int, default=1, help="LLM starts on empty caches per checkout (0: none)")
+    parser.add_argument(
+        "--before-starts", type=int, help="at most this many for --before (its start may compile for minutes)"
+    )
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "house_before_after.json")
     args = parser.parse_args()
@@ -280,6 +283,7 @@ def main() -> None:
     imports = {t.label: check_imports(t) for t in trees}
     started, load_before = time.perf_counter(), os.getloadavg()
     rounds: list[dict[str, Any]] = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="house-") as tmp:
         for index in range(args.rounds):
             result: dict[str, Any] = {"order": []}
@@ -291,14 +295,18 @@ def main() -> None:
                 }
                 sys.stderr.write(f"round {index + 1} {tree.label} done at {time.perf_counter() - started:.0f} s\n")
             rounds.append(result)
+            # kept as it goes (bench/results/*.tmp is ignored by git): a late failure keeps the rounds
+            args.out.with_suffix(".tmp").write_text(json.dumps(rounds))
         starts: dict[str, list[dict[str, Any]]] = {t.label: [] for t in trees}
         if args.starts:
             from backends.demo_models.tiny_llama import write_tiny_llama
 
             model = Path(tmp) / "tiny-llama"
             write_tiny_llama(model)
-            for _ in range(args.starts):
+            for index in range(args.starts):
                 for tree in trees:
+                    if tree.label == "before" and args.before_starts is not None and index >= args.before_starts:
+                        continue
                     cpu0 = children_cpu_s()
                     point = measure_start(tree, model, args.start_timeout)
                     point["cpu_s_until_stopped"] = round(children_cpu_s() - cpu0, 1)
@@ -321,6 +329,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    args.out.with_suffix(".tmp").unlink(missing_ok=True)
     plot(report, args.out.with_suffix(".png"))
     for key, row in report["fleetgate"].items():
         print(f"{key:55s} {row['before']:10.3f} {row['after']:10.3f} {row['after_over_before']:6.3f}x "
