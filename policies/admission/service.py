@@ -1,82 +1,32 @@
-"""Admission: check and reserve every limit and quota of a request, reconcile when it ends.
+"""`Admission`: check and reserve every limit and quota of a request, settle it when it ends.
 
-`admit` builds one all-or-nothing store acquire: per tenant and per key, requests/min (cost 1),
-tokens/min (cost = prompt tokens + max_tokens, reserved up front), concurrency (a lease that expires
-if this replica dies), and the tenant's day/month quotas. `reconcile` refunds what was reserved but not
-used, records usage per tenant+model+period and releases the concurrency slot, once per reservation.
-
-Background requests (batch jobs' lines, `Principal.background`) are admitted against quotas only,
-never fail open, and their settlement is handed to their `HeldSettle`; `commit` writes it later
-together with the line's done mark, in one atomic store step (gateway/batches/job.py).
+`admit` builds one all-or-nothing store acquire; `reconcile` settles it once (the settles
+themselves are built in `settles.py`, the errors of a refusal in `refusals.py`); `commit` writes a
+background request's held settlement with its marks; `recover` gives back what dead processes
+reserved; `check_stream` renews a long stream's concurrency lease.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from secrets import token_hex as random_hex
 from typing import Any
 
-import msgspec
 import structlog
 
 from policies import quotas as q
 from policies import ratelimit as rl
-from policies.errors import NeverAdmitted, QuotaExceeded, RateLimited, StoreUnavailable, Unauthenticated
+from policies.admission.refusals import refusal, refuse_never_fitting
+from policies.admission.reservation import Reservation, unchecked_tenants
+from policies.admission.settles import late_settle, orphan_settle, reconcile_settle, whole_charge
+from policies.errors import QuotaExceeded, StoreUnavailable, Unauthenticated
 from policies.principal import Principal
 from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
-from policies.types import Limits, Quotas, TenantSpec, UsageRow
+from policies.types import TenantSpec, UsageRow
 
 log = structlog.get_logger(__name__)
-
-
-class Reservation(msgspec.Struct, kw_only=True):
-    """What `admit` took for one request; hand it back to `reconcile` exactly once (more is a no-op).
-
-    Attributes:
-        id: unique id (also the store's settle id, so a repeated reconcile is harmless).
-        tenant, key_id, model: who and what.
-        cost_tokens: tokens reserved (tokens/min buckets and token quotas).
-        day, month: UTC periods charged (a request that ends after midnight stays on its first day).
-        headers: x-ratelimit-* headers computed at admission.
-        degraded: admitted while the store was down (fail open), against this replica's local state.
-        settled: reconcile has run.
-    """
-
-    id: str
-    tenant: str
-    key_id: str
-    model: str
-    cost_tokens: int
-    admitted_at: float
-    day: str
-    month: str
-    token_buckets: list[rl.RateCheck]
-    token_quotas: list[CounterOp]
-    request_quotas: list[CounterOp]
-    lease_keys: list[str]
-    headers: dict[str, str]
-    degraded: bool = False
-    settled: bool = False
-    renewed_at: float = 0.0
-    #: a background request's HeldSettle: `reconcile` hands it the settlement instead of applying it
-    held: Any = None
-
-
-_NO_LIMITS, _NO_QUOTAS = Limits(), Quotas()
-
-
-def _unchecked_tenants(tenants: Mapping[str, TenantSpec]) -> frozenset[str]:
-    """The tenants with no limit, per-key limit or quota configured (once per config, not per request)."""
-    return frozenset(
-        name
-        for name, spec in tenants.items()
-        if spec.limits == _NO_LIMITS
-        and (spec.key_limits is None or spec.key_limits == _NO_LIMITS)
-        and spec.quotas == _NO_QUOTAS
-    )
 
 
 class Admission:
@@ -108,7 +58,7 @@ class Admission:
         self._store = store
         self._tenants = dict(tenants)
         #: tenants with no limit, key limit or quota: admitted at once (`admit_at_once`)
-        self._unchecked = _unchecked_tenants(self._tenants)
+        self._unchecked = unchecked_tenants(self._tenants)
         self._clock = clock
         self._fail_open_s = fail_open_s
         self._lease_ttl_s = lease_ttl_s
@@ -132,7 +82,7 @@ class Admission:
     def update_tenants(self, tenants: Mapping[str, TenantSpec]) -> None:
         """Replace the tenant specs (config reload); state in the store carries over."""
         self._tenants = dict(tenants)
-        self._unchecked = _unchecked_tenants(self._tenants)
+        self._unchecked = unchecked_tenants(self._tenants)
 
     async def admit(self, principal: Principal, model: str, cost_tokens: int) -> Reservation:
         """Check and reserve every limit and quota for one request.
@@ -161,7 +111,7 @@ class Admission:
         )
         buckets, leases = t_buckets + k_buckets, t_leases + k_leases
         quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
-        _refuse_never_fitting(buckets, quota_checks, cost_tokens, principal.tenant)
+        refuse_never_fitting(buckets, quota_checks, cost_tokens, principal.tenant)
         counters = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
         lease_id = f"{self.instance}.{random_hex(12)}"
         # what to give back should this process die before settling (see `recover`)
@@ -178,7 +128,9 @@ class Admission:
         result, degraded = await self._acquire(kwargs, now, fail_open=held is None)
         headers = rl.ratelimit_headers(buckets, result.buckets)
         if not result.ok:
-            self._refuse(principal.tenant, result, buckets, leases, quota_checks, headers, now)
+            error = refusal(principal.tenant, result, buckets, leases, quota_checks, headers, now)
+            self.stats["quota_exceeded" if isinstance(error, QuotaExceeded) else "rate_limited"] += 1
+            raise error
         return self._granted(
             principal,
             model,
@@ -273,55 +225,6 @@ class Admission:
             await self._flush_pending()
         return result, False
 
-    def _refuse(
-        self,
-        tenant: str,
-        result: AcquireResult,
-        buckets: list[rl.RateCheck],
-        leases: list[rl.ConcurrencyCheck],
-        quota_checks: list[q.QuotaCheck],
-        headers: dict[str, str],
-        now: float,
-    ) -> None:
-        """Raise the error of a refused acquire: a spent quota first, else the longest rate wait."""
-        for d in result.denials:
-            if d.kind == "counter":
-                c = quota_checks[d.index]
-                self.stats["quota_exceeded"] += 1
-                reset = datetime.fromtimestamp(c.resets_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                used = result.counters[d.index]
-                # the counter holds what was used before this request: when it is under the limit,
-                # only this request's own reservation does not fit what is left
-                state = "is spent" if used >= c.limit else f"has {c.limit - used} {c.unit} left, too few for this request"
-                raise QuotaExceeded(
-                    f"{c.name} quota of tenant {tenant!r} {state} "
-                    f"({used} of {c.limit} {c.unit} used); it resets at {reset}",
-                    retry_after_s=c.resets_at - now,
-                    headers=headers,
-                )
-        self.stats["rate_limited"] += 1
-        retries = [d.retry_after_s for d in result.denials if d.kind == "bucket"]
-        d = result.denials[0]
-        if d.kind == "bucket" and d.retry_after_s is None:  # checked before acquiring; kept for safety
-            b = buckets[d.index]
-            raise NeverAdmitted(
-                f"request needs {int(b.op.cost)} {b.unit}, more than the {b.name} limit of {b.scope} "
-                f"({b.limit}) can ever hold",
-                headers=headers,
-            )
-        if d.kind == "lease":
-            c = leases[d.index]
-            raise RateLimited(
-                f"max_concurrency of {c.scope} reached ({c.limit})", retry_after_s=1.0, headers=headers
-            )
-        b = buckets[d.index]
-        wait = max(r for r in retries if r is not None)
-        raise RateLimited(
-            f"{b.name} limit of {b.scope} reached ({b.limit}); retry in {wait:.3f} s",
-            retry_after_s=wait,
-            headers=headers,
-        )
-
     async def reconcile(
         self,
         reservation: Reservation,
@@ -345,31 +248,17 @@ class Admission:
             return
         reservation.settled = True
         r = reservation
-        delta = actual_tokens - r.cost_tokens
         requests = 0 if failed else 1
-        usage = [UsageDelta(r.tenant, r.model, p, requests, actual_tokens) for p in (r.day, r.month)]
-        usage += [UsageDelta(r.tenant, m, p, 1, n) for m, n in (parts or {}).items() for p in (r.day, r.month)]
-        counters = [CounterOp(c.key, None, delta, c.expires_at) for c in r.token_quotas]
-        if failed:
-            counters += [CounterOp(c.key, None, -1, c.expires_at) for c in r.request_quotas]
-        settle = dict(
-            settle_id=r.id,
-            lease_id=r.id,
-            buckets=[b.with_cost(delta) for b in r.token_buckets],
-            release=r.lease_keys,
-            counters=counters,
-            usage=usage,
-            now=self._clock(),
-        )
+        now = self._clock()
+        settle = reconcile_settle(r, actual_tokens, failed, parts, now)
+        usage = settle["usage"]
         if r.held is not None:  # a batch line: committed by its runner with the line's record
-            r.held.hold(settle, self._late_settle(r, actual_tokens, requests, usage))
+            r.held.hold(settle, late_settle(r, actual_tokens, requests, usage, now))
             return
         if r.degraded:
             await self._local.settle(**settle)
             # The shared store never saw this request: charge it there (quotas, usage) when it is back.
-            charge = [CounterOp(c.key, None, actual_tokens, c.expires_at) for c in r.token_quotas]
-            charge += [CounterOp(c.key, None, requests, c.expires_at) for c in r.request_quotas]
-            settle = dict(settle, buckets=[], release=[], counters=charge)
+            settle = dict(settle, buckets=[], release=[], counters=whole_charge(r, actual_tokens, requests))
         try:
             applied = await self._store.settle(**settle)
         except StoreUnavailable as exc:
@@ -390,19 +279,8 @@ class Admission:
         The reclaim refunded the whole reservation; the request did run, so its usage is recorded
         and its real cost charged to the quotas, once (its own settle id).
         """
-        await self._store.settle(**self._late_settle(r, actual_tokens, requests, usage))
+        await self._store.settle(**late_settle(r, actual_tokens, requests, usage, self._clock()))
         log.warning("reclaimed_reservation_settled_late", reservation=r.id)
-
-    def _late_settle(
-        self, r: Reservation, actual_tokens: int, requests: int, usage: list[UsageDelta]
-    ) -> dict[str, Any]:
-        """The settle of a reservation already refunded by a reclaim: its whole real cost, once."""
-        charge = [CounterOp(c.key, None, actual_tokens, c.expires_at) for c in r.token_quotas]
-        charge += [CounterOp(c.key, None, requests, c.expires_at) for c in r.request_quotas]
-        return dict(
-            settle_id=f"late:{r.id}", lease_id=r.id, buckets=[], release=[], counters=charge, usage=usage,
-            now=self._clock(),
-        )  # fmt: skip
 
     async def commit(self, held: Any, marks: list[Mark]) -> None:
         """Write a background request's `marks` with its held settlement in one atomic store step
@@ -441,15 +319,7 @@ class Admission:
         now = self._clock()
         orphans = await self._store.orphans(now)
         for rid, journal in orphans:
-            await self._store.settle(
-                settle_id=rid,
-                lease_id=rid,
-                buckets=[],
-                release=journal.leases,
-                counters=[CounterOp(c.key, None, -c.cost, c.expires_at) for c in journal.counters],
-                usage=[],
-                now=now,
-            )
+            await self._store.settle(**orphan_settle(rid, journal, now))
         if orphans:
             log.warning("orphaned_reservations_released", count=len(orphans))
         return len(orphans)
@@ -489,23 +359,3 @@ class Admission:
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
         """Usage rows per tenant, model and period (days "2026-11-21" and months "2026-11")."""
         return await self._store.usage(tenant)
-
-
-def _refuse_never_fitting(
-    buckets: list[rl.RateCheck], quota_checks: list[q.QuotaCheck], cost_tokens: int, tenant: str
-) -> None:
-    """Raise NeverAdmitted, before any store round trip, for a request that no wait can admit: it
-    needs more than a bucket's whole capacity or a quota's whole period (a 429 would have the
-    client retry forever)."""
-    for b in buckets:
-        if b.op.cost > b.op.capacity:
-            raise NeverAdmitted(
-                f"request needs {int(b.op.cost)} {b.unit}, more than the {b.name} limit of {b.scope} "
-                f"({b.limit}) can ever hold"
-            )
-    for c in quota_checks:
-        if c.unit == "tokens" and cost_tokens > c.limit:
-            raise NeverAdmitted(
-                f"request needs {cost_tokens} tokens, more than the {c.name} quota of tenant {tenant!r} "
-                f"({c.limit}) can ever hold"
-            )
