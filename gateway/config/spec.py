@@ -17,6 +17,7 @@ from gateway.batches.config import BatchesConfig
 from gateway.config.server import ServerConfig
 from policies.budgets import BudgetAlerts
 from policies.fair_queue import QueueSpec
+from policies.jwt_auth import AuthSpec
 from policies.pricing import Pricing
 from policies.types import TenantSpec
 from router.graphs import GraphConfig
@@ -109,6 +110,8 @@ class Config(SpecBase):
     state: StateConfig = msgspec.field(default_factory=StateConfig)
     #: the admin API and console's keys
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
+    #: how callers may identify besides API keys: JWT / OIDC bearer tokens (README, tenancy)
+    auth: AuthSpec = msgspec.field(default_factory=AuthSpec)
     #: OpenTelemetry traces (docs/tracing.md)
     tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
     #: tenant name -> fair-share weight, limits, quotas and the models it may see

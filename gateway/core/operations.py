@@ -28,11 +28,13 @@ class Operations:
             raise ConfigError(f"deployment changes need a restart ({'; '.join(changes)}) - at `$.deployments`")
         if new.server != core.config.server or new.state != core.config.state:
             raise ConfigError("server and state changes need a restart - at `$.server` / `$.state`")
+        if new.auth != core.config.auth:
+            raise ConfigError("auth changes need a restart - at `$.auth`")
         taken = sorted((set(new.models) | set(new.graphs)) & set(core.adapter_models))
         if taken:
             raise ConfigError(f"model names {taken} are served LoRA adapters; unload them first - at `$.models`")
         weights = {name: t.weight for name, t in new.tenants.items()}
-        core.keys.update_tenants(list(new.tenants))
+        core.identity.update_tenants(list(new.tenants))
         core.admission.update_tenants(new.tenants)
         for dep in core.deployments.values():
             dep.queue.update_weights(weights)

@@ -60,6 +60,7 @@ from gateway.core.streams import StreamSettlement
 from gateway.core.tensors import TensorPath
 from policies.admission import Admission
 from policies.errors import Unauthenticated
+from policies.identity import Identity
 from policies.keys import KeyService
 from policies.principal import Principal
 from router.health import CircuitBreakers
@@ -90,6 +91,7 @@ class GatewayCore:
         self.deployments = deployments
         self.router = router
         self.keys = keys
+        self.identity = Identity(keys, config.auth, list(config.tenants))  # API keys, and JWTs (auth.jwt)
         self.admission = admission
         self.breakers = breakers or CircuitBreakers()
         self.service_times = service_times or ServiceTimes()
@@ -150,11 +152,9 @@ class GatewayCore:
             )
         if call.principal is not None:  # made by the gateway itself (a batch line), already known
             principal = call.principal
-        elif call.api_key is None:
-            raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`")
         else:
             with tracing.step("authenticate"):
-                principal = await self.keys.authenticate(call.api_key)
+                principal = await self.identity.authenticate(call.api_key)
         if principal.tenant not in self.config.tenants:
             raise Unauthenticated("the API key belongs to a tenant that is no longer configured")
         call.tenant = principal.tenant

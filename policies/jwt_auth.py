@@ -1,0 +1,383 @@
+"""JWT / OIDC bearer tokens: the second authenticator beside API keys (policies/identity.py picks).
+
+A token is verified against the issuer's JWKS (`auth.jwt.jwks_url`) with PyJWT
+(docs/decisions/jwt-library.md). The key set is fetched over HTTP (httpx), kept in memory, and
+fetched again when a token names a `kid` it does not hold (the issuer rotated its signing key);
+those fetches are rate-limited to one per `refresh_interval_s`, so a flood of made-up `kid`s
+cannot turn the gateway into a load generator against the issuer. With the key cached, a request
+does no network at all. A verified token is remembered (bounded LRU) until it expires, so a client
+that presents the same token again costs a dictionary lookup and a clock compare.
+
+Every refusal is an `InvalidToken` (401) whose code names the reason class and whose message never
+contains the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any
+
+import httpx
+import jwt
+import msgspec
+import structlog
+
+from fleetgate.spec import SpecBase
+from policies.errors import Unauthenticated
+from policies.principal import Principal
+
+log = structlog.get_logger(__name__)
+
+#: signature algorithms of public keys: what an issuer's JWKS can verify. `none` and the HMAC
+#: algorithms (HS*) are never accepted: a JWKS is public, and an HS* token "signed" with a public
+#: key is the classic algorithm-confusion forgery.
+PUBLIC_KEY_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
+#: verified tokens remembered at once (oldest forgotten first)
+_MAX_VERIFIED = 10_000
+#: the subject a token without `subject_claim` is counted under (one per tenant)
+TENANT_SUBJECT = "jwt"
+
+
+class JwtSpec(SpecBase):
+    #: the `iss` every token must carry (exactly)
+    issuer: str
+    #: the `aud` a token must name (one of these, when a list)
+    audience: str | list[str]
+    #: the issuer's JSON Web Key Set (for OIDC: the `jwks_uri` of its discovery document)
+    jwks_url: str
+    #: the claim that names the tenant; it must be a configured tenant
+    tenant_claim: str = "tenant"
+    #: the claim that names the key-like subject that per-key limits and budgets apply to (it takes
+    #: the place of the API key id); null: every token of a tenant counts as one subject, `jwt`
+    subject_claim: str | None = "sub"
+    #: accepted signature algorithms (public-key ones only: RS*, PS*, ES*, EdDSA)
+    algorithms: list[str] = msgspec.field(default_factory=lambda: ["RS256"])
+    #: clock skew allowed when checking `exp` and `nbf`, in seconds
+    leeway_s: float = 30.0
+    #: the key set is fetched again (on an unknown `kid`) at most once per this many seconds
+    refresh_interval_s: float = 30.0
+    #: the key set is also fetched again, in the background, once it is this old (keys retire)
+    max_age_s: float = 3600.0
+    #: how long one fetch of the key set may take
+    fetch_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.jwks_url.startswith(("http://", "https://")):
+            raise ValueError("jwks_url must be an http:// or https:// URL")
+        if not self.algorithms:
+            raise ValueError("algorithms must name at least one algorithm")
+        bad = sorted(set(self.algorithms) - PUBLIC_KEY_ALGORITHMS)
+        if bad:
+            raise ValueError(
+                f"algorithms {bad} are not public-key algorithms a JWKS can verify "
+                f"(allowed: {', '.join(sorted(PUBLIC_KEY_ALGORITHMS))})"
+            )
+        if not self.issuer or not self.audience or not self.tenant_claim:
+            raise ValueError("issuer, audience and tenant_claim must not be empty")
+        if self.leeway_s < 0 or self.refresh_interval_s < 0 or self.fetch_timeout_s <= 0:
+            raise ValueError("leeway_s and refresh_interval_s must be >= 0, fetch_timeout_s > 0")
+        if self.max_age_s < self.refresh_interval_s:
+            raise ValueError("max_age_s must be >= refresh_interval_s")
+
+
+class AuthSpec(SpecBase):
+    #: JWT / OIDC bearer tokens accepted beside API keys; null: API keys only
+    jwt: JwtSpec | None = None
+
+
+class InvalidToken(Unauthenticated):
+    """A bearer token that is not accepted; `code` names the reason class (`token_expired`, ...)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = f"token_{reason}"
+
+
+def looks_like_jwt(raw: str) -> bool:
+    """Whether a credential has a JWT's shape: three dot-separated parts whose header parses.
+    API keys (`fg-<id>-<secret>`) never contain a dot."""
+    if raw.count(".") != 2:
+        return False
+    try:
+        jwt.get_unverified_header(raw)
+    except jwt.PyJWTError:
+        return False
+    return True
+
+
+async def fetch_url(url: str, timeout_s: float) -> bytes:
+    """GET `url` (the key set); raises on a transport error or a non-2xx answer."""
+    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client:
+        response = await client.get(url, headers={"accept": "application/json"})
+        response.raise_for_status()
+        return response.content
+
+
+class KeyRing:
+    """The issuer's signing keys by `kid`, fetched on demand and at most once per interval.
+
+    Args:
+        url: the JWKS URL.
+        clock: seconds now (injected so tests move time).
+        refresh_interval_s: least time between two fetches.
+        max_age_s: a key set this old is fetched again in the background.
+        fetch: GETs the URL (tests may count calls); `fetch_url` by default.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        clock: Callable[[], float],
+        refresh_interval_s: float,
+        max_age_s: float,
+        fetch: Callable[[str], Awaitable[bytes]],
+    ) -> None:
+        self._url = url
+        self._clock = clock
+        self._interval = refresh_interval_s
+        self._max_age = max_age_s
+        self._fetch = fetch
+        self._keys: dict[str, dict[str, Any]] = {}
+        self._fetched_at: float | None = None  # last attempt, successful or not
+        self._loaded_at: float | None = None  # last success
+        self._inflight: asyncio.Future[None] | None = None
+        #: bumped whenever the key set changes (verified tokens of a retired key are forgotten)
+        self.generation = 0
+        #: fetches made (successful or not), for metrics and tests
+        self.fetches = 0
+
+    async def key(self, kid: str) -> dict[str, Any] | None:
+        """The JWK named `kid`; an unknown one fetches the set again, unless the last fetch was
+        less than `refresh_interval_s` ago (then None at once). Concurrent callers share one fetch."""
+        found = self._keys.get(kid)
+        now = self._clock()
+        if found is not None:
+            if self._loaded_at is not None and now - self._loaded_at >= self._max_age:
+                self._start_refresh(now)  # the cached key still answers meanwhile
+            return found
+        if self._inflight is None and self._fetched_at is not None and now - self._fetched_at < self._interval:
+            return None
+        await asyncio.shield(self._start_refresh(now))
+        return self._keys.get(kid)
+
+    def _start_refresh(self, now: float) -> asyncio.Future[None]:
+        if self._inflight is None:
+            if self._fetched_at is not None and now - self._fetched_at < self._interval:
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                return done
+            self._fetched_at = now
+            self._inflight = asyncio.ensure_future(self._refresh())
+            self._inflight.add_done_callback(self._refreshed)
+        return self._inflight
+
+    def _refreshed(self, task: asyncio.Future[None]) -> None:
+        self._inflight = None
+
+    async def _refresh(self) -> None:
+        self.fetches += 1
+        try:
+            body = await self._fetch(self._url)
+            keys = _parse_jwks(body)
+        except Exception as exc:  # noqa: BLE001 - the old keys stay; tokens of unknown kids are refused
+            log.warning("jwks_fetch_failed", url=self._url, error=f"{type(exc).__name__}: {exc}")
+            return
+        if keys != self._keys:
+            self._keys = keys
+            self.generation += 1
+            log.info("jwks_loaded", url=self._url, kids=sorted(keys))
+        self._loaded_at = self._clock()
+
+
+def _parse_jwks(body: bytes) -> dict[str, dict[str, Any]]:
+    """`kid` -> JWK of a key set's signing keys (keys without a `kid`, or for encryption, skipped)."""
+    document = msgspec.json.decode(body)
+    if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
+        raise ValueError("not a JWKS document (no `keys` list)")
+    out: dict[str, dict[str, Any]] = {}
+    for key in document["keys"]:
+        if isinstance(key, dict) and isinstance(key.get("kid"), str) and key.get("use", "sig") == "sig":
+            out[key["kid"]] = key
+    return out
+
+
+# PyJWT's exceptions, most specific first, -> (reason class, message). The messages are ours: a
+# library's text could quote what it was given.
+_REFUSALS: tuple[tuple[type[jwt.PyJWTError], str, str], ...] = (
+    (jwt.InvalidSignatureError, "bad_signature", "token signature does not verify"),
+    (jwt.InvalidIssuerError, "wrong_issuer", "token issuer is not the configured issuer"),
+    (jwt.InvalidAudienceError, "wrong_audience", "token audience is not the configured audience"),
+    (jwt.MissingRequiredClaimError, "missing_claim", "token lacks a required claim (exp, iss, aud)"),
+    (jwt.InvalidAlgorithmError, "algorithm_not_allowed", "token algorithm does not match its key"),
+    (jwt.InvalidKeyError, "algorithm_not_allowed", "token algorithm does not match its key"),
+    (jwt.PyJWKError, "unknown_key", "the issuer's key for this token cannot be used"),
+    (jwt.DecodeError, "malformed", "malformed token"),
+    (jwt.PyJWTError, "invalid", "invalid token"),
+)
+
+
+#: PyJWT checks signature, iss, aud and that exp is there; exp and nbf are compared by
+#: `JwtVerifier._check_times` against the injected clock (also for tokens it remembers)
+_DECODE_OPTIONS: Any = {
+    "require": ["exp", "iss", "aud"],
+    "verify_exp": False,
+    "verify_nbf": False,
+    "verify_iat": False,
+}
+
+
+class JwtVerifier:
+    """Bearer tokens -> `Principal`: signature against the issuer's JWKS, issuer, audience,
+    expiry and not-before with leeway, the tenant claim against the configured tenants.
+
+    Args:
+        spec: the `auth.jwt` section.
+        clock: epoch seconds now (injected so tests move time).
+        tenants: names of the configured tenants; update with `update_tenants` on reload.
+        fetch: GETs the JWKS URL (tests count calls); an httpx GET by default.
+    """
+
+    def __init__(
+        self,
+        spec: JwtSpec,
+        clock: Callable[[], float] = time.time,
+        *,
+        tenants: Collection[str] = (),
+        fetch: Callable[[str], Awaitable[bytes]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._clock = clock
+        self._tenants = frozenset(tenants)
+        self._algorithms = frozenset(spec.algorithms)
+        get = fetch or (lambda url: fetch_url(url, spec.fetch_timeout_s))
+        self.keys = KeyRing(spec.jwks_url, clock, spec.refresh_interval_s, spec.max_age_s, get)
+        #: token -> (key set generation, exp, nbf, principal): tokens already verified
+        self._verified: OrderedDict[str, tuple[int, float, float | None, Principal]] = OrderedDict()
+        self._prepared: dict[tuple[str, str], jwt.PyJWK] = {}
+        self._prepared_generation = 0
+
+    def update_tenants(self, tenants: Collection[str]) -> None:
+        """Replace the set of configured tenants (config reload)."""
+        self._tenants = frozenset(tenants)
+
+    async def authenticate(self, raw: str) -> Principal:
+        """The Principal of a bearer token.
+
+        Raises:
+            InvalidToken: the token is refused (401; `code` names why, the message never quotes it).
+        """
+        seen = self._verified.get(raw)
+        if seen is not None and seen[0] == self.keys.generation:
+            generation, exp, nbf, principal = seen
+            self._check_times(exp, nbf)
+            self._check_tenant(principal.tenant)
+            return principal
+        header = _header(raw)
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in self._algorithms:
+            raise InvalidToken("algorithm_not_allowed", f"token algorithm {_safe(alg)} is not allowed")
+        kid = header.get("kid")
+        if not isinstance(kid, str):
+            raise InvalidToken("unknown_key", "token names no signing key (`kid`)")
+        jwk = await self.keys.key(kid)
+        if jwk is None:
+            raise InvalidToken("unknown_key", "token is signed by a key the issuer does not publish")
+        claims = self._decode(raw, self._prepare(kid, alg, jwk), alg)
+        exp, nbf = _number(claims, "exp"), _number(claims, "nbf") if "nbf" in claims else None
+        self._check_times(exp, nbf)
+        principal = self._principal(claims)
+        self._remember(raw, exp, nbf, principal)
+        return principal
+
+    def _prepare(self, kid: str, alg: str, jwk: dict[str, Any]) -> jwt.PyJWK:
+        """The JWK bound to `alg`, made once per key set (building it parses the key)."""
+        if self._prepared_generation != self.keys.generation:
+            self._prepared = {}
+            self._prepared_generation = self.keys.generation
+        prepared = self._prepared.get((kid, alg))
+        if prepared is None:
+            declared = jwk.get("alg")
+            if declared is not None and declared != alg:
+                raise InvalidToken("algorithm_not_allowed", f"token algorithm {_safe(alg)} is not its key's")
+            try:
+                prepared = jwt.PyJWK(jwk, algorithm=alg)
+            except jwt.PyJWTError:
+                raise InvalidToken("algorithm_not_allowed", "token algorithm does not match its key") from None
+            self._prepared[(kid, alg)] = prepared
+        return prepared
+
+    def _decode(self, raw: str, key: jwt.PyJWK, alg: str) -> dict[str, Any]:
+        spec = self.spec
+        try:
+            return jwt.decode(
+                raw,
+                key,
+                algorithms=[alg],
+                audience=spec.audience,
+                issuer=spec.issuer,
+                options=_DECODE_OPTIONS,
+            )
+        except jwt.PyJWTError as exc:
+            for kind, reason, message in _REFUSALS:
+                if isinstance(exc, kind):
+                    raise InvalidToken(reason, message) from None
+            raise  # unreachable: PyJWTError is the last row
+
+    def _check_times(self, exp: float, nbf: float | None) -> None:
+        now = self._clock()
+        if now > exp + self.spec.leeway_s:
+            raise InvalidToken("expired", "token has expired")
+        if nbf is not None and now < nbf - self.spec.leeway_s:
+            raise InvalidToken("not_yet_valid", "token is not valid yet (nbf)")
+
+    def _check_tenant(self, tenant: str) -> None:
+        if tenant not in self._tenants:
+            raise InvalidToken("unknown_tenant", "token names a tenant that is not configured")
+
+    def _principal(self, claims: Mapping[str, Any]) -> Principal:
+        tenant = claims.get(self.spec.tenant_claim)
+        if not isinstance(tenant, str):
+            raise InvalidToken("missing_claim", f"token lacks the tenant claim {self.spec.tenant_claim!r}")
+        self._check_tenant(tenant)
+        if self.spec.subject_claim is None:
+            return Principal(tenant, TENANT_SUBJECT)
+        subject = claims.get(self.spec.subject_claim)
+        if not isinstance(subject, str) or not subject:
+            raise InvalidToken("missing_claim", f"token lacks the subject claim {self.spec.subject_claim!r}")
+        return Principal(tenant, subject)
+
+    def _remember(self, raw: str, exp: float, nbf: float | None, principal: Principal) -> None:
+        self._verified[raw] = (self.keys.generation, exp, nbf, principal)
+        if len(self._verified) > _MAX_VERIFIED:
+            self._verified.popitem(last=False)
+
+
+def _header(raw: str) -> dict[str, Any]:
+    try:
+        return jwt.get_unverified_header(raw)
+    except jwt.PyJWTError:
+        raise InvalidToken("malformed", "malformed token") from None
+
+
+def _number(claims: Mapping[str, Any], name: str) -> float:
+    value = claims.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidToken("malformed", f"token claim {name!r} is not a number")
+    return float(value)
+
+
+def _safe(alg: object) -> str:
+    """An algorithm name fit to repeat (it comes from the token: bounded, printable, else elided)."""
+    if isinstance(alg, str) and len(alg) <= 16 and alg.isprintable():
+        return repr(alg)
+    return "(unreadable)"
+
+
+def jwt_verifier(auth: AuthSpec, clock: Callable[[], float], tenants: Collection[str]) -> JwtVerifier | None:
+    """The verifier of `auth.jwt`, or None when tokens are not configured."""
+    return None if auth.jwt is None else JwtVerifier(auth.jwt, clock, tenants=tenants)
