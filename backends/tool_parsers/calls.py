@@ -8,6 +8,8 @@ arguments of the whole answer, whatever the chunking.
 from __future__ import annotations
 
 import json
+import secrets
+import string
 import uuid
 from collections.abc import Callable, Collection
 from typing import Any
@@ -20,6 +22,11 @@ from backends.tool_parsers.json_scan import JsonScanner, JsonSyntaxError
 def new_call_id() -> str:
     """An OpenAI-style tool call id (`call_` and 24 hex digits)."""
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def new_short_call_id() -> str:
+    """A call id of 9 letters and digits: Mistral's chat templates refuse any other shape."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
 
 class ToolCall(msgspec.Struct, kw_only=True):

@@ -12,7 +12,7 @@ then turned into calls directly, without a family parser:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 from backends.base import StructuredOutput
@@ -146,12 +146,13 @@ class NamedToolParser:
 
 
 def choice_parser(
-    tools: list[dict[str, Any]], tool_choice: str | dict[str, Any] | None, tool_names: Collection[str] | None = None
+    tools: list[dict[str, Any]], tool_choice: str | dict[str, Any] | None, new_id: Callable[[], str] = new_call_id
 ) -> RequiredToolParser | NamedToolParser | None:
-    """The parser of a constrained tool choice's output (None for `"auto"` / `"none"`)."""
+    """The parser of a constrained tool choice's output (None for `"auto"` / `"none"`); `new_id`
+    makes call ids the deployment's chat template takes back."""
     tool = chosen_tool(tools, tool_choice)
     if tool is not None:
-        return NamedToolParser(_function_name(tool))
+        return NamedToolParser(_function_name(tool), new_id)
     if tool_choice == "required":
-        return RequiredToolParser(tool_names)
+        return RequiredToolParser({_function_name(t) for t in tools}, new_id)
     return None

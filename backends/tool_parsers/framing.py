@@ -37,7 +37,7 @@ class FramedToolParser:
 
     Args:
         tool_names: the functions of the request; a call naming another is treated as content.
-        new_id: makes call ids (tests pass a counter).
+        new_id: makes call ids (default: the family's own `new_id`).
     """
 
     #: the parser's name in `options.tool_parser` (vLLM's)
@@ -54,12 +54,15 @@ class FramedToolParser:
     separator: str | None = None
     #: the keys a call object may hold its arguments under
     args_keys: tuple[str, ...] = ("arguments",)
+    #: makes the ids of the family's calls (what its chat template accepts back)
+    new_id: Callable[[], str] = staticmethod(new_call_id)
 
     def __init__(
-        self, tool_names: Collection[str] | None = None, new_id: Callable[[], str] = new_call_id
+        self, tool_names: Collection[str] | None = None, new_id: Callable[[], str] | None = None
     ) -> None:
         self._tool_names = tool_names
-        self._new_id = new_id
+        if new_id is not None:
+            self.new_id = new_id
         self._mode = _Mode.START if self.bare_start else _Mode.CONTENT
         self._buf = ""  # text received, not yet decided
         self._raw = ""  # text consumed since the last call that is content should the call fail
@@ -187,7 +190,7 @@ class FramedToolParser:
         return True
 
     def _object(self) -> bool:
-        reader = self._reader = self._reader or CallReader(self.args_keys, self._tool_names, self._new_id)
+        reader = self._reader = self._reader or CallReader(self.args_keys, self._tool_names, self.new_id)
         for at, ch in enumerate(self._buf):
             try:
                 reader.step(ch)

@@ -32,7 +32,7 @@ def stream(parser: _Streaming, chunks: list[str]) -> tuple[str, list[dict[str, A
         content.append(delta.content)
         for d in delta.tool_calls:
             if d["index"] == len(calls):
-                assert d["id"].startswith("call_") and d["type"] == "function", d
+                assert (d["id"].startswith("call_") or len(d["id"]) == 9) and d["type"] == "function", d
                 assert d["function"]["arguments"] == "" and d["function"]["name"], d
                 calls.append({"name": d["function"]["name"], "arguments": ""})
             else:
