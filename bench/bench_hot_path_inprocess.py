@@ -219,7 +219,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
     from policies.admission import Admission
     from policies.fair_queue import FairQueue
     from policies.stores.redis_store import RedisStore
-    from policies.stores.sqlite_store import _SqliteTxn
+    from policies.stores.sqlite.txn import SqliteTxn as _SqliteTxn
     from router.planner import Router
 
     # change -> [(where, attribute, as it is now, what it replaced), ...]

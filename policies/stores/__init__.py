@@ -44,7 +44,7 @@ async def open_store(url: str) -> StateStore:
 
         return MemoryStore()
     if url.startswith("sqlite:///"):
-        from policies.stores.sqlite_store import SqliteStore
+        from policies.stores.sqlite import SqliteStore
 
         return await SqliteStore.open(url)
     if url.startswith(("redis://", "rediss://", "unix://")):

@@ -17,7 +17,7 @@ from tests.policies.helpers import ACME, admission
 @pytest.fixture(autouse=True)
 def _patient_loop(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A slow CI machine must not look like a busy loop (the busy rule has a test of its own)."""
-    monkeypatch.setattr("policies.stores.sqlite_store._LOOP_BUSY_S", 10.0)
+    monkeypatch.setattr("policies.stores.sqlite.group_commit._LOOP_BUSY_S", 10.0)
 
 
 def _spy_threads(store) -> set[str]:  # type: ignore[no-untyped-def]
@@ -51,7 +51,7 @@ async def test_groups_commit_on_the_loop_when_the_lock_is_free(tmp_path, clock) 
 
 
 async def test_a_busy_loop_hands_even_a_single_operation_to_the_thread(tmp_path, clock, monkeypatch) -> None:
-    monkeypatch.setattr("policies.stores.sqlite_store._LOOP_BUSY_S", 0.0)  # any wait counts as busy
+    monkeypatch.setattr("policies.stores.sqlite.group_commit._LOOP_BUSY_S", 0.0)  # any wait counts as busy
     store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
     try:
         threads = _spy_threads(store)
@@ -138,7 +138,7 @@ async def test_close_answers_a_group_scheduled_on_the_loop(tmp_path, clock) -> N
 
 
 async def test_the_wal_is_checkpointed_from_the_thread(tmp_path, clock, monkeypatch) -> None:
-    monkeypatch.setattr("policies.stores.sqlite_store._CHECKPOINT_EVERY", 4)
+    monkeypatch.setattr("policies.stores.sqlite.group_commit._CHECKPOINT_EVERY", 4)
     path = tmp_path / "state.db"
     store = await open_store(f"sqlite:///{path}")
     try:
