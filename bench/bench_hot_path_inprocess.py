@@ -218,7 +218,7 @@ async def measure(args: argparse.Namespace, tmp: Path, upstream: int, redis_url:
     from gateway.observe import metrics
     from policies.admission import Admission
     from policies.fair_queue import FairQueue
-    from policies.stores.redis_store import RedisStore
+    from policies.stores.redis import RedisStore
     from policies.stores.sqlite.txn import SqliteTxn as _SqliteTxn
     from router.planner import Router
 

@@ -48,7 +48,7 @@ async def open_store(url: str) -> StateStore:
 
         return await SqliteStore.open(url)
     if url.startswith(("redis://", "rediss://", "unix://")):
-        from policies.stores.redis_store import RedisStore
+        from policies.stores.redis import RedisStore
 
         return await RedisStore.open(url)
     scheme = url.split(":", 1)[0] if ":" in url else url

@@ -15,7 +15,7 @@ import pytest
 
 from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable
 from policies.stores import open_store
-from policies.stores.redis_store import RedisStore
+from policies.stores.redis import RedisStore
 from policies.types import Limits, Quotas
 from tests.policies.helpers import ACME, ACME_KEY2, admission
 from tests.servers import free_port
