@@ -60,6 +60,13 @@ class QuotaExceeded(PolicyError):
     code = "quota_exceeded"
 
 
+class BudgetExceeded(QuotaExceeded):
+    """A tenant's or key's budget in USD cannot take the request's worst-case cost; the message
+    names the budget, what is left and when it resets."""
+
+    code = "budget_exceeded"
+
+
 class StoreUnavailable(PolicyError):
     """The state store cannot be reached, so limits cannot be enforced (fail closed).
 

@@ -117,13 +117,18 @@ class TenantSpec(SpecBase):
 
 
 class UsageRow(msgspec.Struct, kw_only=True, frozen=True):
-    """Usage of one tenant on one model in one UTC period ("2026-11-21" for a day, "2026-11" a month)."""
+    """Usage of one tenant on one model in one UTC period ("2026-11-21" for a day, "2026-11" a month).
+
+    `cost_usd` is the spend at the prices configured when each request settled (summed exactly in
+    integer micro-USD by the store, shown in USD).
+    """
 
     tenant: str
     model: str
     period: str
     requests: int
     tokens: int
+    cost_usd: float = 0.0
 
 
 class KeyRecord(msgspec.Struct, kw_only=True, frozen=True):

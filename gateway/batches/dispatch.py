@@ -32,11 +32,11 @@ class LineAnswer(msgspec.Struct, frozen=True):
     @property
     def transient(self) -> bool:
         """A refusal that says "not now" rather than "not this request" (a full queue, no healthy
-        deployment, a timeout, a draining gateway): the line is tried again later. A spent quota is
-        final: it is the tenant's bill, and waiting for the next period is not the job's call."""
+        deployment, a timeout, a draining gateway): the line is tried again later. A spent quota or
+        budget is final: it is the tenant's bill, and waiting for the next period is not the job's call."""
         if self.status == 429:
             error = self.body.get("error") if isinstance(self.body, dict) else None
-            return not (isinstance(error, dict) and error.get("code") == "quota_exceeded")
+            return not (isinstance(error, dict) and error.get("code") in ("quota_exceeded", "budget_exceeded"))
         return self.status in (503, 504)
 
 

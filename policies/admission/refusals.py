@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 
 from policies import quotas as q
 from policies import ratelimit as rl
+from policies.admission.budgeting import budget_refusal
+from policies.budgets import BudgetCheck
 from policies.errors import NeverAdmitted, QuotaExceeded, RateLimited
 from policies.stores.base import AcquireResult
 
@@ -23,10 +25,16 @@ def refusal(
     quota_checks: list[q.QuotaCheck],
     headers: dict[str, str],
     now: float,
+    over_budget: list[tuple[BudgetCheck, int]] | None = None,
+    cost_micros: int = 0,
 ) -> QuotaExceeded | NeverAdmitted | RateLimited:
-    """The error of a refused acquire: a spent quota first, else the longest rate wait."""
+    """The error of a refused acquire: a spent quota first, then a budget that cannot take the
+    request (`over_budget`: see `budget_denials`), else the longest rate wait."""
+    if over_budget:
+        check, used = over_budget[0]
+        return budget_refusal(check, used, cost_micros, headers, now)
     for d in result.denials:
-        if d.kind == "counter":
+        if d.kind == "counter" and d.index < len(quota_checks):  # budgets follow the quotas
             c = quota_checks[d.index]
             reset = datetime.fromtimestamp(c.resets_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             used = result.counters[d.index]

@@ -23,6 +23,8 @@ class Reservation(msgspec.Struct, kw_only=True):
         id: unique id (also the store's settle id, so a repeated reconcile is harmless).
         tenant, key_id, model: who and what.
         cost_tokens: tokens reserved (tokens/min buckets and token quotas).
+        cost_micros: the worst-case cost in micro-USD reserved on `budgets` (settled at the real cost).
+        budgets: the budget counters reserved (the tenant's, the key's own).
         day, month: UTC periods charged (a request that ends after midnight stays on its first day).
         headers: x-ratelimit-* headers computed at admission.
         degraded: admitted while the store was down (fail open), against this replica's local state.
@@ -47,18 +49,22 @@ class Reservation(msgspec.Struct, kw_only=True):
     renewed_at: float = 0.0
     #: a background request's HeldSettle: `reconcile` hands it the settlement instead of applying it
     held: Any = None
+    cost_micros: int = 0
+    budgets: list[CounterOp] = msgspec.field(default_factory=list)
 
 
 _NO_LIMITS, _NO_QUOTAS = Limits(), Quotas()
 
 
 def unchecked_tenants(tenants: Mapping[str, TenantSpec]) -> frozenset[str]:
-    """The tenants with no limit, per-key limit or quota configured (once per config, not per request)."""
+    """The tenants with no limit, per-key limit, quota or budget configured (once per config, not per
+    request). A key's own limits or budget are checked whatever its tenant's (see `admit_at_once`)."""
     return frozenset(
         name
         for name, spec in tenants.items()
         if spec.limits == _NO_LIMITS
         and (spec.key_limits is None or spec.key_limits == _NO_LIMITS)
         and spec.quotas == _NO_QUOTAS
+        and spec.budget is None
     )
 

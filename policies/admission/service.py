@@ -17,6 +17,13 @@ import structlog
 
 from policies import quotas as q
 from policies import ratelimit as rl
+from policies.admission.budgeting import (
+    BudgetSink,
+    BudgetWatch,
+    budget_denials,
+    refuse_unaffordable,
+    request_budgets,
+)
 from policies.admission.refusals import refusal, refuse_never_fitting
 from policies.admission.reservation import Reservation, unchecked_tenants
 from policies.admission.settles import late_settle, orphan_settle, reconcile_settle, whole_charge
@@ -27,6 +34,8 @@ from policies.stores.memory import MemoryStore
 from policies.types import TenantSpec, UsageRow
 
 log = structlog.get_logger(__name__)
+
+_STATS = ("admitted", "rate_limited", "quota_exceeded", "budget_exceeded", "store_unavailable", "fail_open", "reconcile_deferred")  # fmt: skip
 
 
 class Admission:
@@ -41,6 +50,8 @@ class Admission:
             then fail closed. 0 (default): fail closed at once with StoreUnavailable (503).
         lease_ttl_s: a concurrency slot not released nor renewed within this time is freed (a crashed
             replica cannot leak slots); `check_stream` renews it for long streams.
+        budget_thresholds: shares of a budget whose passing is announced to `budget_sink`.
+        budget_sink: where budget levels and threshold events go (None: nowhere).
     """
 
     def __init__(
@@ -52,6 +63,8 @@ class Admission:
         fail_open_s: float = 0.0,
         lease_ttl_s: float = 300.0,
         instance: str | None = None,
+        budget_thresholds: list[float] | None = None,
+        budget_sink: BudgetSink | None = None,
     ) -> None:
         #: this process, as its reservations' journals and its heartbeat name it
         self.instance = instance or secrets.token_hex(8)
@@ -65,36 +78,31 @@ class Admission:
         self._local = MemoryStore()  # fail-open state
         self._down_since: float | None = None
         self._pending: list[dict] = []  # settles that failed, retried on the next call that works
-        #: counters for metrics: admitted, rate_limited, quota_exceeded, store_unavailable, fail_open,
-        #: reconcile_deferred.
-        self.stats: dict[str, int] = dict.fromkeys(
-            (
-                "admitted",
-                "rate_limited",
-                "quota_exceeded",
-                "store_unavailable",
-                "fail_open",
-                "reconcile_deferred",
-            ),
-            0,
-        )
+        self.budget_watch = BudgetWatch(store, budget_thresholds or [], budget_sink, clock)
+        #: counters for metrics (`_STATS`)
+        self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
 
     def update_tenants(self, tenants: Mapping[str, TenantSpec]) -> None:
         """Replace the tenant specs (config reload); state in the store carries over."""
         self._tenants = dict(tenants)
         self._unchecked = unchecked_tenants(self._tenants)
 
-    async def admit(self, principal: Principal, model: str, cost_tokens: int) -> Reservation:
-        """Check and reserve every limit and quota for one request.
+    async def admit(
+        self, principal: Principal, model: str, cost_tokens: int, cost_micros: int = 0
+    ) -> Reservation:
+        """Check and reserve every limit, quota and budget for one request.
+
+        `cost_micros` is the request's worst-case cost in micro-USD, reserved on its budgets.
 
         Raises:
             Unauthenticated: the principal's tenant is no longer configured.
             RateLimited: a requests/tokens per minute or concurrency limit refuses (Retry-After set).
             NeverAdmitted: the request needs more than a limit or quota holds in all (400, no retry).
-            QuotaExceeded: a day/month quota is spent (message names it and when it resets).
+            QuotaExceeded: a day/month quota is spent (message names it and when it resets);
+                `BudgetExceeded` for a budget (names it, what is left and when it resets).
             StoreUnavailable: the store is down and fail-open is off or its window has passed.
         """
-        granted = self.admit_at_once(principal, model, cost_tokens)
+        granted = self.admit_at_once(principal, model, cost_tokens, cost_micros)
         if granted is not None:
             return granted
         spec = self._tenants[principal.tenant]  # admit_at_once refused a tenant not configured
@@ -102,7 +110,9 @@ class Admission:
         held = principal.background
         # a batch job's requests count against quotas (the bill) but not per-minute limits: those
         # shape interactive bursts, and the batch runner paces itself through the fair queue
-        limits, key_limits = (None, None) if held is not None else (spec.limits, spec.key_limits)
+        # a key's own limits take the place of its tenant's per-key default
+        key_limits = principal.limits or spec.key_limits
+        limits, key_limits = (None, None) if held is not None else (spec.limits, key_limits)
         t_buckets, t_leases = rl.rate_checks(
             f"tenant {principal.tenant}", f"t:{principal.tenant}", limits, cost_tokens
         )
@@ -112,7 +122,11 @@ class Admission:
         buckets, leases = t_buckets + k_buckets, t_leases + k_leases
         quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
         refuse_never_fitting(buckets, quota_checks, cost_tokens, principal.tenant)
-        counters = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
+        budgets = request_budgets(principal, spec, now)
+        refuse_unaffordable(budgets, cost_micros)
+        quota_ops = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
+        budget_ops = [b.op(cost_micros) for b in budgets]
+        counters = quota_ops + budget_ops
         lease_id = f"{self.instance}.{random_hex(12)}"
         # what to give back should this process die before settling (see `recover`)
         journal = Journal(self.instance, [c.op.key for c in leases], counters) if leases or counters else None
@@ -128,9 +142,15 @@ class Admission:
         result, degraded = await self._acquire(kwargs, now, fail_open=held is None)
         headers = rl.ratelimit_headers(buckets, result.buckets)
         if not result.ok:
-            error = refusal(principal.tenant, result, buckets, leases, quota_checks, headers, now)
-            self.stats["quota_exceeded" if isinstance(error, QuotaExceeded) else "rate_limited"] += 1
+            over = budget_denials(result, len(quota_checks), budgets)
+            error = refusal(principal.tenant, result, buckets, leases, quota_checks, headers, now, over, cost_micros)
+            if over:
+                for check, used in over:
+                    self.budget_watch.refused(check, used)
+            self.stats[error.code if isinstance(error, QuotaExceeded) else "rate_limited"] += 1
             raise error
+        if budgets and not degraded:
+            self.budget_watch.admitted(budgets, result.counters[len(quota_ops) :], cost_micros)
         return self._granted(
             principal,
             model,
@@ -138,16 +158,21 @@ class Admission:
             now,
             lease_id,
             token_buckets=[b for b in buckets if b.unit == "tokens"],
-            token_quotas=[op for op, c in zip(counters, quota_checks, strict=True) if c.unit == "tokens"],
-            request_quotas=[op for op, c in zip(counters, quota_checks, strict=True) if c.unit == "requests"],
+            token_quotas=[op for op, c in zip(quota_ops, quota_checks, strict=True) if c.unit == "tokens"],
+            request_quotas=[op for op, c in zip(quota_ops, quota_checks, strict=True) if c.unit == "requests"],
             lease_keys=[c.op.key for c in leases],
             headers=headers,
             degraded=degraded,
+            cost_micros=cost_micros,
+            budgets=budget_ops,
         )
 
-    def admit_at_once(self, principal: Principal, model: str, cost_tokens: int) -> Reservation | None:
+    def admit_at_once(
+        self, principal: Principal, model: str, cost_tokens: int, cost_micros: int = 0
+    ) -> Reservation | None:
         """`admit` without waiting, where admission needs nothing of the store: the tenant has no
-        limits, key limits or quotas. None where it does: call `admit`. Raises as `admit` does.
+        limits, key limits, quotas or budget, nor the key its own. None where it does: call `admit`.
+        Raises as `admit` does.
 
         Such a request cannot be refused or wait, so the gateway admits it without the task that
         guards a store round trip against its caller's cancellation.
@@ -158,11 +183,14 @@ class Admission:
             )
         if isinstance(cost_tokens, bool) or not isinstance(cost_tokens, int) or cost_tokens < 0:
             raise ValueError(f"cost_tokens must be a non-negative int, got {cost_tokens!r}")
-        if principal.tenant not in self._unchecked:
+        if isinstance(cost_micros, bool) or not isinstance(cost_micros, int) or cost_micros < 0:
+            raise ValueError(f"cost_micros must be a non-negative int, got {cost_micros!r}")
+        if principal.tenant not in self._unchecked or principal.limits is not None or principal.budget is not None:
             return None
         return self._granted(
-            principal, model, cost_tokens, self._clock(), f"{self.instance}.{random_hex(12)}"
-        )
+            principal, model, cost_tokens, self._clock(), f"{self.instance}.{random_hex(12)}",
+            cost_micros=cost_micros,
+        )  # fmt: skip
 
     def _granted(
         self,
@@ -178,6 +206,8 @@ class Admission:
         lease_keys: list[str] | None = None,
         headers: dict[str, str] | None = None,
         degraded: bool = False,
+        cost_micros: int = 0,
+        budgets: list[CounterOp] | None = None,
     ) -> Reservation:
         """The reservation of an admitted request (counted; a batch line's hold marked reserved)."""
         self.stats["admitted"] += 1
@@ -201,6 +231,8 @@ class Admission:
             degraded=degraded,
             renewed_at=now,
             held=held,
+            cost_micros=cost_micros,
+            budgets=budgets or [],
         )
 
     async def _acquire(self, kwargs: dict, now: float, fail_open: bool = True) -> tuple[AcquireResult, bool]:
@@ -232,8 +264,10 @@ class Admission:
         *,
         failed: bool = False,
         parts: Mapping[str, int] | None = None,
+        cost_micros: int = 0,
     ) -> None:
-        """Settle a reservation: refund unused tokens, record usage, release concurrency. Idempotent.
+        """Settle a reservation: refund unused tokens and money, record usage and spend, release
+        concurrency. Idempotent.
 
         Args:
             reservation: what `admit` returned.
@@ -241,6 +275,7 @@ class Admission:
             failed: the request was not answered: its request quotas are refunded, usage counts no request.
             parts: usage rows of the request's parts (a graph's steps: `graph/step` -> rows), one
                 request each, recorded beside the request's own row; never charged to limits or quotas.
+            cost_micros: what the request really cost in micro-USD (its budgets are settled at it).
 
         Never raises for a store outage: the settle is kept and retried on a later call (logged).
         """
@@ -250,15 +285,16 @@ class Admission:
         r = reservation
         requests = 0 if failed else 1
         now = self._clock()
-        settle = reconcile_settle(r, actual_tokens, failed, parts, now)
+        settle = reconcile_settle(r, actual_tokens, failed, parts, now, cost_micros)
         usage = settle["usage"]
         if r.held is not None:  # a batch line: committed by its runner with the line's record
-            r.held.hold(settle, late_settle(r, actual_tokens, requests, usage, now))
+            r.held.hold(settle, late_settle(r, actual_tokens, requests, usage, now, cost_micros))
             return
         if r.degraded:
             await self._local.settle(**settle)
             # The shared store never saw this request: charge it there (quotas, usage) when it is back.
-            settle = dict(settle, buckets=[], release=[], counters=whole_charge(r, actual_tokens, requests))
+            charge = whole_charge(r, actual_tokens, requests, cost_micros)
+            settle = dict(settle, buckets=[], release=[], counters=charge)
         try:
             applied = await self._store.settle(**settle)
         except StoreUnavailable as exc:
@@ -267,19 +303,19 @@ class Admission:
             log.error("reconcile_deferred", error=exc.detail, reservation=r.id, pending=len(self._pending))
             return
         if not applied and not r.degraded:
-            await self._settle_reclaimed(r, actual_tokens, requests, usage)
+            await self._settle_reclaimed(r, actual_tokens, requests, usage, cost_micros)
         if self._pending:
             await self._flush_pending()
 
     async def _settle_reclaimed(
-        self, r: Reservation, actual_tokens: int, requests: int, usage: list[UsageDelta]
+        self, r: Reservation, actual_tokens: int, requests: int, usage: list[UsageDelta], cost_micros: int
     ) -> None:
         """Record a request whose reservation another process reclaimed (this one seemed dead).
 
         The reclaim refunded the whole reservation; the request did run, so its usage is recorded
         and its real cost charged to the quotas, once (its own settle id).
         """
-        await self._store.settle(**late_settle(r, actual_tokens, requests, usage, self._clock()))
+        await self._store.settle(**late_settle(r, actual_tokens, requests, usage, self._clock(), cost_micros))
         log.warning("reclaimed_reservation_settled_late", reservation=r.id)
 
     async def commit(self, held: Any, marks: list[Mark]) -> None:

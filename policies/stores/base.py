@@ -60,13 +60,14 @@ class Journal(msgspec.Struct, frozen=True):
 
 
 class UsageDelta(msgspec.Struct, frozen=True):
-    """Add to the usage row of (tenant, model, period)."""
+    """Add to the usage row of (tenant, model, period); `cost_micros` is the spend in micro-USD."""
 
     tenant: str
     model: str
     period: str
     requests: int
     tokens: int
+    cost_micros: int = 0
 
 
 class Mark(msgspec.Struct, frozen=True):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from policies.pricing import usd
 from policies.stores import _engine
 from policies.stores.base import (
     SETTLE_MEMORY_S,
@@ -64,8 +65,8 @@ class _MemoryTxn:
     def add_usage(self, rows: list[UsageDelta]) -> None:
         for usage in rows:
             k = (usage.tenant, usage.model, usage.period)
-            requests, tokens = self.s.usage_rows.get(k, (0, 0))
-            self.s.usage_rows[k] = (requests + usage.requests, tokens + usage.tokens)
+            requests, tokens, cost = self.s.usage_rows.get(k, (0, 0, 0))
+            self.s.usage_rows[k] = (requests + usage.requests, tokens + usage.tokens, cost + usage.cost_micros)
 
     def mark_settled(self, settle_id: str, now: float) -> bool:
         if settle_id in self.s.settled:
@@ -93,7 +94,8 @@ class MemoryStore(StateStore):
         self.buckets: dict[str, tuple[float, float]] = {}
         self.leases: dict[str, dict[str, float]] = {}
         self.counters: dict[str, tuple[int, float]] = {}
-        self.usage_rows: dict[tuple[str, str, str], tuple[int, int]] = {}
+        #: (tenant, model, period) -> (requests, tokens, cost in micro-USD)
+        self.usage_rows: dict[tuple[str, str, str], tuple[int, int, int]] = {}
         self.settled: dict[str, float] = {}
         self.keys: dict[str, tuple[KeyRecord, str]] = {}
         #: open reservations: id -> (instance, encoded Journal); instance -> heartbeat expiry
@@ -177,8 +179,8 @@ class MemoryStore(StateStore):
 
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
         return [
-            UsageRow(tenant=t, model=m, period=p, requests=r, tokens=k)
-            for (t, m, p), (r, k) in sorted(self.usage_rows.items())
+            UsageRow(tenant=t, model=m, period=p, requests=r, tokens=k, cost_usd=usd(c))
+            for (t, m, p), (r, k, c) in sorted(self.usage_rows.items())
             if tenant is None or t == tenant
         ]
 

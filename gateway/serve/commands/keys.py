@@ -17,6 +17,7 @@ from typing import Any
 from gateway.config import ConfigError, load_config
 from gateway.serve.commands.base import AddParser, fail
 from gateway.serve.commands.store import check_tenant, with_store
+from policies.types import Budget, Limits
 
 
 def register(add_parser: AddParser) -> None:
@@ -28,6 +29,7 @@ def register(add_parser: AddParser) -> None:
     k.add_argument("--models", nargs="*", help="model globs the key is restricted to")
     k.add_argument("--expires", help="ISO time or a duration like 30d / 12h")
     k.add_argument("--name")
+    _policy_arguments(k)
     k.add_argument(
         "--secret-file",
         help="keep the secret in this file (mode 0600) and print it again, without creating a key, "
@@ -58,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
                 return 0
         try:
             record, secret = await keys.create(
-                args.tenant, args.models or None, _parse_expiry(args.expires), args.name
-            )
+                args.tenant, args.models or None, _parse_expiry(args.expires), args.name,
+                limits=_from_options(args, _LIMIT_OPTIONS, Limits),
+                budget=_from_options(args, _BUDGET_OPTIONS, Budget),
+            )  # fmt: skip
         except ValueError as exc:
             return fail(str(exc))
         if kept is not None:
@@ -75,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             expires = r.expires_at.isoformat() if r.expires_at else "never"
             print(
                 f"{r.key_id}\t{r.tenant}\t{state}\tmodels={','.join(r.models)}\texpires={expires}\t{r.name or ''}"
+                + _policy_text(r)
             )
         return 0
 
@@ -86,6 +91,43 @@ def run(args: argparse.Namespace) -> int:
 
     action = {"create": create, "list": list_, "revoke": revoke}[args.action]
     return asyncio.run(with_store(config, action))
+
+
+#: the key's own limits and budget: (option, field of Limits or Budget)
+_LIMIT_OPTIONS = (
+    ("--requests-per-minute", "requests_per_minute"),
+    ("--tokens-per-minute", "tokens_per_minute"),
+    ("--max-concurrency", "max_concurrency"),
+)
+_BUDGET_OPTIONS = (("--budget-usd-per-day", "usd_per_day"), ("--budget-usd-per-month", "usd_per_month"))
+
+
+def _policy_arguments(k: argparse.ArgumentParser) -> None:
+    for option, field in _LIMIT_OPTIONS:
+        k.add_argument(option, dest=field, type=int, help=f"the key's own {field} (beside its tenant's)")
+    for option, field in _BUDGET_OPTIONS:
+        k.add_argument(option, dest=field, type=float, help=f"the key's own budget, {field} (beside its tenant's)")
+
+
+def _from_options(args: argparse.Namespace, options: tuple[tuple[str, str], ...], kind: type) -> Any:
+    """A key's Limits or Budget from the options given (None when none was)."""
+    values = {f: getattr(args, f) for _, f in options if getattr(args, f) is not None}
+    try:
+        return kind(**values) if values else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _policy_text(record: Any) -> str:
+    """The key's own limits and budget as `\tfield=value` columns (nothing when it has none)."""
+    parts = [
+        f"{name}={value}"
+        for spec in (record.limits, record.budget)
+        if spec is not None
+        for name in spec.__struct_fields__
+        if (value := getattr(spec, name)) is not None
+    ]
+    return "".join(f"\t{p}" for p in parts)
 
 
 def _parse_expiry(value: str | None) -> datetime | None:

@@ -1,4 +1,5 @@
-"""`fleetgate usage --config FILE [--tenant T]`: usage per tenant, model and period, from the state store."""
+"""`fleetgate usage --config FILE [--tenant T]`: usage and spend per tenant, model and period, from the
+state store (spend in USD at the prices configured when each request was settled)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def run(args: argparse.Namespace) -> int:
 
     async def report(_: Any, admission: Any) -> int:
         rows = await admission.usage(args.tenant)
-        print("tenant\tmodel\tperiod\trequests\ttokens")
+        print("tenant\tmodel\tperiod\trequests\ttokens\tcost_usd")
         for row in rows:
-            print(f"{row.tenant}\t{row.model}\t{row.period}\t{row.requests}\t{row.tokens}")
+            print(f"{row.tenant}\t{row.model}\t{row.period}\t{row.requests}\t{row.tokens}\t{row.cost_usd:.6f}")
         return 0
 
     return asyncio.run(with_store(config, report))
