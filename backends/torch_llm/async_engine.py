@@ -17,6 +17,7 @@ import structlog
 
 from backends.base import SamplingParams
 from backends.torch_llm.engine import LLMEngine, RequestOutput
+from backends.torch_llm.structured.grammar import CompiledGrammar
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -72,6 +73,7 @@ class AsyncLLMEngine:
         params: SamplingParams,
         cache_scope: str,
         adapter: str | None = None,
+        grammar: CompiledGrammar | None = None,
     ) -> asyncio.Queue[RequestOutput]:
         """Queue a request; its outputs arrive on the returned queue, the last one has a finish_reason.
 
@@ -88,8 +90,9 @@ class AsyncLLMEngine:
         def command() -> None:
             try:
                 self.engine.add_request(
-                    request_id, prompt_token_ids, params, cache_scope=cache_scope, adapter=adapter
-                )
+                    request_id, prompt_token_ids, params, cache_scope=cache_scope, adapter=adapter,
+                    grammar=grammar,
+                )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - reported on the request's own stream
                 log.warning("llm_add_failed", request_id=request_id, error=str(exc))
                 self._finish_stream(request_id, "error", f"the request was refused: {exc}")

@@ -7,13 +7,11 @@ engine in a worker thread; `generate()` streams `TokenEvent`s from the engine th
 from __future__ import annotations
 
 import asyncio
-import json
 import pathlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import structlog
 
 from backends.base import (
@@ -29,8 +27,9 @@ from backends.base import (
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput, ModelNotFound
 from backends.spec import DeploymentSpec
 from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
-from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.model_config import ModelConfig, read_sampling_defaults, with_model_defaults
 from backends.torch_llm.options import LLMOptions, decode_options
+from backends.torch_llm.structured.grammar import STRUCTURED_FIELDS, GrammarCompiler
 
 if TYPE_CHECKING:
     from backends.torch_llm.async_engine import AsyncLLMEngine
@@ -124,6 +123,7 @@ class TorchLLMBackend:
         self._waiting = waiting
         self._parts: EngineParts | None = None
         self._engine: AsyncLLMEngine | None = None
+        self._grammars: GrammarCompiler | None = None  # output constraints of this model (load)
         #: prompt ids counted at admission, by request id, waiting for `generate`
         self._tokenized: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()
         self._tokenized_total = 0
@@ -163,6 +163,12 @@ class TorchLLMBackend:
         for adapter, why in self.adapter_errors.items():
             log.error("llm_adapter_load_failed", deployment=self.name, adapter=adapter, error=why)
         self._sampling_defaults = read_sampling_defaults(self.folder)
+        o = self.options
+        self._grammars = GrammarCompiler(
+            parts.tokenizer, parts.config.vocab_size, parts.engine.config.eos_token_ids,
+            cache_size=o.grammar_cache_size, timeout_s=o.grammar_compile_timeout_s,
+        )  # fmt: skip
+        await asyncio.to_thread(self._grammars.warm)
         self._engine = AsyncLLMEngine(parts.engine, name=self.name)
         self._engine.start()
         log.info(
@@ -188,6 +194,8 @@ class TorchLLMBackend:
         if self._engine is not None:
             engine, self._engine = self._engine, None
             await engine.close()
+        if self._grammars is not None:
+            self._grammars.close()
 
     def metadata(self) -> ModelMetadata:
         extra: dict[str, Any] = {"block_size": self.options.block_size, "folder": str(self.folder)}
@@ -289,6 +297,7 @@ class TorchLLMBackend:
         """
         _check_supported(request)  # before admission: a request this engine cannot honour costs nothing
         self._check_adapter(request.adapter)
+        await self._grammar(request)  # compiled (and cached) now: a schema it cannot enforce costs nothing
         ids = await self._tokenize(request)
         self._tokenized[request.request_id] = (_fingerprint(request), ids)
         self._tokenized_total += len(ids)
@@ -344,8 +353,9 @@ class TorchLLMBackend:
                 f"(prompt + output), so at most {max_len - 1} prompt tokens fit"
             )
         scope = (request.tenant or "") if self.options.prefix_cache_scope == "tenant" else ""
+        grammar = await self._grammar(request)
         try:
-            queue = engine.add(request.request_id, ids, sampling, scope, request.adapter)
+            queue = engine.add(request.request_id, ids, sampling, scope, request.adapter, grammar)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         completion = 0
@@ -373,6 +383,12 @@ class TorchLLMBackend:
         finally:
             if not finished:  # the consumer went away (client disconnect): free the blocks
                 engine.abort_nowait(request.request_id)
+
+    async def _grammar(self, request: GenerateRequest) -> Any:
+        """The compiled grammar of the request's output constraint (None: free text)."""
+        if request.sampling.structured is None or self._grammars is None:
+            return None
+        return await self._grammars.for_request(request.sampling.structured)
 
     def _token_logprobs(self, out: Any) -> list[TokenLogprob] | None:
         """The output's tokens as OpenAI logprobs entries (text, raw bytes, logprob, alternatives)."""
@@ -424,30 +440,6 @@ class TorchLLMBackend:
         return self._parts.tokenizer
 
 
-#: generation_config.json keys -> SamplingParams fields a request may leave to the model
-_GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
-
-
-def read_sampling_defaults(folder: pathlib.Path) -> dict[str, Any]:
-    """The sampling defaults a checkpoint's `generation_config.json` declares (those we honour)."""
-    path = folder / "generation_config.json"
-    if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text())
-    out: dict[str, Any] = {}
-    for key, field in _GENERATION_DEFAULTS.items():
-        value = raw.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[field] = int(value) if field == "top_k" else float(value)
-    return out
-
-
-def with_model_defaults(sampling: SamplingParams, defaults: dict[str, Any]) -> SamplingParams:
-    """`sampling` with the model's defaults filled in for the fields the caller left unset."""
-    chosen = {k: v for k, v in defaults.items() if k in sampling.model_defaults}
-    return msgspec.structs.replace(sampling, **chosen) if chosen else sampling
-
-
 #: OpenAI fields (`GenerateRequest.extra`) this engine applies through SamplingParams
 _HONOURED = frozenset(
     {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"}
@@ -456,7 +448,8 @@ _HONOURED = frozenset(
 
 def _check_supported(request: GenerateRequest) -> None:
     """Refuse, naming them, the OpenAI fields this engine does not implement (never drop them)."""
-    unsupported = sorted(set(request.extra) - _HONOURED)
+    honoured = _HONOURED | (STRUCTURED_FIELDS if request.sampling.structured is not None else frozenset())
+    unsupported = sorted(set(request.extra) - honoured)
     if any(m.tool_calls for m in request.messages or ()):
         unsupported.append("messages[].tool_calls")
     if unsupported:

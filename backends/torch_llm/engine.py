@@ -23,6 +23,7 @@ from backends.torch_llm.runner import ModelRunner
 from backends.torch_llm.sampler import SamplingState, sample, top_logprobs
 from backends.torch_llm.scheduler import Scheduler, WaitingQueue
 from backends.torch_llm.sequence import Sequence, SequenceStatus
+from backends.torch_llm.structured.grammar import CompiledGrammar
 
 log = structlog.get_logger(__name__)
 
@@ -144,8 +145,12 @@ class LLMEngine:
         *,
         cache_scope: str = "",
         adapter: str | None = None,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
         """Queue a request (the caller checks the prompt's length against max_model_len).
+
+        `grammar` is `params.structured` compiled (`GrammarCompiler.get`, off this thread): the
+        request gets a matcher of its own, so `n` choices of one prompt each keep their own state.
 
         Everything a step will rely on is checked here, so that a malformed request is refused on
         its own instead of failing inside a step that other requests share.
@@ -172,6 +177,8 @@ class LLMEngine:
                 fallback_seed=self.config.seed + self._next_id,
                 prompt_ids=prompt_token_ids,
                 stop_ids=stop_ids,
+                grammar=grammar,
+                grammar_stop_ids=frozenset() if params.ignore_eos else self.config.eos_token_ids,
             ),
             detok=IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop)
             if self.tokenizer
@@ -354,7 +361,8 @@ class LLMEngine:
         req.last_token_at = now
         reason = None
         stopped_by_text = req.detok.add(token) if req.detok else False
-        if token in req.stop_ids or stopped_by_text:
+        grammar = req.sampling.grammar
+        if token in req.stop_ids or stopped_by_text or (grammar is not None and grammar.terminated):
             reason = "stop"
         elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.config.max_model_len:
             reason = "length"
@@ -362,7 +370,7 @@ class LLMEngine:
             self._finish(seq, reason)
             self._seqs.pop(seq.request_id, None)
             m.E2E.labels(self._label).observe(now - seq.arrival_time)
-            self._observe_phases(req, seq.arrival_time, now)
+            m.observe_phases(self._label, seq.arrival_time, req.first_scheduled_at, req.first_token_at, now)
             m.REQUEST_SUCCESS.labels(self._label, reason).inc()
         return RequestOutput(
             request_id=seq.request_id,
@@ -374,15 +382,6 @@ class LLMEngine:
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
         )
-
-    def _observe_phases(self, req: _Request, arrival: float, now: float) -> None:
-        """A finished request's queue, prefill and decode times (vLLM's request phase histograms)."""
-        scheduled, first = req.first_scheduled_at, req.first_token_at
-        if scheduled is None or first is None:
-            return
-        m.QUEUE_TIME.labels(self._label).observe(max(0.0, scheduled - arrival))
-        m.PREFILL_TIME.labels(self._label).observe(max(0.0, first - scheduled))
-        m.DECODE_TIME.labels(self._label).observe(max(0.0, now - first))
 
     def _record_step(self, num_tokens: int, num_preempted: int, queries: int, hits: int) -> None:
         self.num_steps += 1

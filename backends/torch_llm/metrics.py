@@ -77,3 +77,12 @@ PREFILL_TIME = Histogram(
 DECODE_TIME = Histogram(
     "fleetgate_llm_request_decode_time_seconds", "First token to the request's end.", _L, buckets=_LATENCY
 )
+
+
+def observe_phases(label: str, arrival: float, scheduled: float | None, first: float | None, now: float) -> None:
+    """A finished request's queue, prefill and decode times (vLLM's request phase histograms)."""
+    if scheduled is None or first is None:
+        return
+    QUEUE_TIME.labels(label).observe(max(0.0, scheduled - arrival))
+    PREFILL_TIME.labels(label).observe(max(0.0, first - scheduled))
+    DECODE_TIME.labels(label).observe(max(0.0, now - first))

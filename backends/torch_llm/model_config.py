@@ -8,6 +8,10 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from backends.base import SamplingParams
+
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 SUPPORTED_ROPE_TYPES = frozenset({"default", "linear", "llama3"})
 
@@ -119,3 +123,27 @@ def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("partial_rotary_factor != 1 is not supported")
     return params
+
+
+#: generation_config.json keys -> SamplingParams fields a request may leave to the model
+_GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+
+
+def read_sampling_defaults(folder: pathlib.Path) -> dict[str, Any]:
+    """The sampling defaults a checkpoint's `generation_config.json` declares (those we honour)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    out: dict[str, Any] = {}
+    for key, name in _GENERATION_DEFAULTS.items():
+        value = raw.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = int(value) if name == "top_k" else float(value)
+    return out
+
+
+def with_model_defaults(sampling: SamplingParams, defaults: dict[str, Any]) -> SamplingParams:
+    """`sampling` with the model's defaults filled in for the fields the caller left unset."""
+    chosen = {k: v for k, v in defaults.items() if k in sampling.model_defaults}
+    return msgspec.structs.replace(sampling, **chosen) if chosen else sampling

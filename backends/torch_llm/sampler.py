@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from backends.base import SamplingParams
+from backends.torch_llm.structured.grammar import CompiledGrammar, GrammarState, apply_grammars
 
 
 @dataclass
 class SamplingState:
     """Per-request sampling parameters, the request's own random generator, and what the logit
-    processors need (the prompt's tokens, the output's token counts, the stop tokens)."""
+    processors need (the prompt's tokens, the output's token counts, the stop tokens, the output's
+    grammar)."""
 
     params: SamplingParams
     generator: torch.Generator | None  # None for greedy
@@ -26,6 +28,8 @@ class SamplingState:
     stop_ids: frozenset[int] = frozenset()
     counts: dict[int, int] = field(default_factory=dict)
     produced: int = 0
+    #: the constraint's matcher (None: free text); advanced by `observe`
+    grammar: GrammarState | None = None
 
     @classmethod
     def create(
@@ -35,13 +39,25 @@ class SamplingState:
         fallback_seed: int,
         prompt_ids: list[int] | None = None,
         stop_ids: frozenset[int] = frozenset(),
+        grammar: CompiledGrammar | None = None,
+        grammar_stop_ids: frozenset[int] = frozenset(),
     ) -> SamplingState:
+        """`grammar` is `params.structured` compiled; the request gets a matcher of its own (so `n`
+        choices of one prompt keep their own state), which only `grammar_stop_ids` (the end of
+        sequence, never a request's stop ids) may end.
+
+        Raises:
+            ValueError: `grammar` given without `params.structured`, or missing with it.
+        """
+        if (grammar is None) != (params.structured is None):
+            raise ValueError("a structured request needs its compiled grammar (and only it has one)")
+        matcher = GrammarState(grammar, grammar_stop_ids) if grammar is not None else None
         seen = frozenset(prompt_ids or ()) if params.repetition_penalty != 1.0 else frozenset()
-        if params.temperature <= 0.0:
-            return cls(params, None, seen, stop_ids)
-        gen = torch.Generator(device=device)
-        gen.manual_seed(params.seed if params.seed is not None else fallback_seed)
-        return cls(params, gen, seen, stop_ids)
+        gen = None
+        if params.temperature > 0.0:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(params.seed if params.seed is not None else fallback_seed)
+        return cls(params, gen, seen, stop_ids, grammar=matcher)
 
     @property
     def adjusts(self) -> bool:
@@ -56,9 +72,16 @@ class SamplingState:
         )
 
     def observe(self, token: int) -> None:
-        """Count a generated token (the penalties look at the output so far)."""
+        """Count a generated token (the penalties look at the output so far) and move the grammar
+        past it.
+
+        Raises:
+            RuntimeError: the grammar forbids the token.
+        """
         self.produced += 1
         self.counts[token] = self.counts.get(token, 0) + 1
+        if self.grammar is not None:
+            self.grammar.accept(token)
 
     def adjusted(self, logits: torch.Tensor) -> torch.Tensor:  # [V] -> [V], a new tensor
         p = self.params
@@ -106,11 +129,15 @@ def sample(
         (token ids, logprobs or None when no row asked for them).
     """
     raw = logits
-    if any(st.adjusts for st in states):  # penalties, logit bias, min_tokens: on a copy
+    grammars = [st.grammar for st in states]
+    constrained = any(g is not None for g in grammars)
+    if constrained or any(st.adjusts for st in states):  # processors and grammars: on a copy
         logits = logits.clone()
         for row, st in enumerate(states):
             if st.adjusts:
                 logits[row] = st.adjusted(logits[row])
+    if constrained:
+        _constrain(raw, logits, grammars)
     tokens = torch.argmax(logits, dim=-1)  # greedy for everyone first, one batched op
     for row, st in enumerate(states):
         if st.generator is None:
@@ -126,6 +153,17 @@ def sample(
     # the model's own distribution (before penalties and biases), as the alternatives are
     logprobs = torch.log_softmax(raw, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     return token_list, logprobs.tolist()
+
+
+def _constrain(raw: torch.Tensor, logits: torch.Tensor, grammars: list[GrammarState | None]) -> None:
+    """Mask what each row's grammar forbids. A row left with no token (min_tokens or a bias pushed
+    every allowed one to -inf, say the end of a complete JSON value) takes the grammar's mask over
+    the model's own logits: the grammar wins over the processors. [N, V] in place"""
+    apply_grammars(logits, grammars)
+    dead = torch.isneginf(logits.max(dim=-1).values).tolist()
+    for row, grammar in enumerate(grammars):
+        if grammar is not None and dead[row]:
+            logits[row] = apply_grammars(raw[row : row + 1].clone(), [grammar])[0]
 
 
 def top_logprobs(logits: torch.Tensor, states: list[SamplingState]) -> list[list[tuple[int, float]]] | None:

@@ -115,6 +115,11 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the special tokens (`<s>`, `<|im_end|>`...): control tokens, never text."""
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 

@@ -4,9 +4,10 @@ Unknown fields are tolerated (clients send many optional ones). Known fields are
 dropped: those the gateway cannot honour for any backend (best_of, echo) are refused here with a 400
 naming them; `logprobs` / `top_logprobs` are served by the own engine and asked of a remote upstream;
 fields that only some backends honour (penalties, logit_bias, response_format, min_tokens, tools,
-tool_choice, parallel_tool_calls) travel in `GenerateRequest.extra` to a remote OpenAI upstream as
-sent; the own engine applies the penalties, logit_bias and min_tokens (SamplingParams) and refuses
-the others with a 400 naming them.
+tool_choice, parallel_tool_calls, vLLM's structured_outputs and guided_*) travel in
+`GenerateRequest.extra` to a remote OpenAI upstream as sent; the own engine applies the penalties,
+logit_bias and min_tokens (SamplingParams) and the output constraint (`SamplingParams.structured`,
+see `openai_structured`), and refuses the others with a 400 naming them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import msgspec
 
 from backends.base import ChatMessage, GenerateRequest, SamplingParams
 from backends.errors import InvalidInput
-from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
+from backends.runtime.json_errors import JSON_DECODE_ERRORS, describe_decode_error
+from gateway.wire.openai_structured import GUIDED_FIELDS, structured_output
 
 DEFAULT_MAX_TOKENS = 256
 #: choices one request may ask for (`n`): each is a generation of its own, admitted together
@@ -51,6 +53,12 @@ class _Common(msgspec.Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     min_tokens: int | None = None
+    # vLLM's output constraints (`openai_structured`); shapes checked there, with clear messages
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 #: fields forwarded to backends that honour them (`GenerateRequest.extra`), with their neutral value
@@ -61,6 +69,8 @@ _FORWARDED = {
     "logit_bias": {},
     "response_format": {"type": "text"},
     "min_tokens": 0,
+    "structured_outputs": None,
+    **dict.fromkeys(GUIDED_FIELDS),
 }
 
 
@@ -176,6 +186,11 @@ def _sampling(body: _Common, max_tokens: int | None, logprobs: bool) -> Sampling
         repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         logit_bias=_token_biases(body.logit_bias),
         min_tokens=body.min_tokens or 0,
+        structured=structured_output(
+            body.response_format,
+            body.structured_outputs,
+            {name: getattr(body, name) for name in GUIDED_FIELDS},
+        ),
     )
 
 

@@ -1,0 +1,303 @@
+"""Constrained decoding: a `StructuredOutput` compiled into a token grammar (xgrammar), compiled
+grammars cached, and one matcher per sequence that masks the tokens its grammar forbids.
+
+Compiling runs on worker threads, never on the event loop nor the engine thread, bounded in time:
+a schema that does not compile in `timeout_s` is refused (400) while the others keep streaming. The
+engine thread only advances matchers (microseconds a token) and fills the step's token bitmask.
+
+The vocabulary handed to xgrammar is each token's raw bytes (`TextTokenizer.token_bytes`), so any
+tokenizer works the same way; special tokens are given no text, so the grammar never lets a
+`</s>` or `<|im_end|>` stand inside a JSON string, and only the end-of-sequence ids may end it.
+JSON grammars get a second vocabulary in which tokens holding a control byte (0x00-0x1f) have no
+text either: compact JSON never holds one raw, and xgrammar 0.2.8's rule for strings with
+`minLength`/`maxLength` lets them through (`"a\x04"` would not parse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib.util
+import json
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from backends.base import StructuredOutput
+from backends.errors import InvalidInput
+from backends.torch_llm.structured.schema import GrammarError, check_schema
+
+if TYPE_CHECKING:
+    import torch
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarState", "STRUCTURED_FIELDS"]
+
+#: OpenAI / vLLM request fields (`GenerateRequest.extra`) this engine honours through
+#: `SamplingParams.structured` (the gateway maps them there; a remote upstream gets them as sent)
+STRUCTURED_FIELDS = frozenset(
+    {"response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
+)
+
+
+class CompiledGrammar:
+    """A compiled constraint, shared by every sequence that uses it (immutable once built)."""
+
+    def __init__(self, compiled: Any, vocab_size: int) -> None:
+        self.compiled = compiled  # xgrammar.CompiledGrammar
+        self.vocab_size = vocab_size
+
+
+class GrammarState:
+    """Where one sequence stands in its grammar; lives in the sequence's sampling state, so a
+    preempted sequence resumes with it (recompute replays KV, never the sampled tokens).
+
+    Args:
+        grammar: the compiled constraint.
+        stop_ids: the tokens that may end the output once the grammar is complete (the model's end
+            of sequence); with none (`ignore_eos`), the output ends when the grammar completes.
+    """
+
+    def __init__(self, grammar: CompiledGrammar, stop_ids: frozenset[int]) -> None:
+        import xgrammar as xgr
+
+        self.grammar = grammar
+        self._matcher = xgr.GrammarMatcher(
+            grammar.compiled,
+            override_stop_tokens=sorted(stop_ids) or None,
+            terminate_without_stop_token=not stop_ids,
+        )
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the tokens allowed next into `bitmask[row]` (int32 words, bit i: token i)."""
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token: int) -> None:
+        """Advance past a sampled token.
+
+        Raises:
+            RuntimeError: the grammar forbids it (the mask was not applied: an engine bug).
+        """
+        if not self._matcher.accept_token(token):
+            raise RuntimeError(f"token {token} breaks the output's grammar")
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar is complete and has taken its stop token (or needs none): nothing may follow."""
+        return bool(self._matcher.is_terminated())
+
+
+def apply_grammars(logits: torch.Tensor, grammars: list[GrammarState | None]) -> torch.Tensor:
+    """Set to -inf, in place, the logits of tokens each row's grammar forbids now. [N, V] -> [N, V]
+
+    Rows without a grammar are left alone. The masks are filled on the CPU (the matchers live
+    there) and unpacked with plain tensor ops, so this runs on any device with no kernel to build.
+    """
+    import torch
+    import xgrammar as xgr
+
+    rows = [i for i, g in enumerate(grammars) if g is not None]
+    if not rows:
+        return logits
+    vocab = logits.shape[-1]
+    bitmask = xgr.allocate_token_bitmask(len(rows), vocab)  # [R, ceil(V / 32)] int32, all allowed
+    for slot, row in enumerate(rows):
+        grammars[row].fill(bitmask, slot)  # type: ignore[union-attr]
+    bits = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab]  # [R, V]
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    picked = logits.index_select(0, index).masked_fill_(~allowed.to(logits.device), float("-inf"))
+    logits.index_copy_(0, index, picked)
+    return logits
+
+
+class GrammarCompiler:
+    """Compiles constraints for one model's vocabulary; an LRU cache of compiled grammars.
+
+    Args:
+        tokenizer: the model's tokenizer (`token_bytes`, `special_ids`).
+        vocab_size: the model's vocabulary (the logits' width; may exceed the tokenizer's).
+        stop_ids: the model's end-of-sequence ids.
+        cache_size: compiled grammars kept (least recently used out).
+        timeout_s: longest a compile may take before the request is refused.
+        threads: compile worker threads (one compile may also use several inside xgrammar).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_ids: frozenset[int],
+        *,
+        cache_size: int = 128,
+        timeout_s: float = 10.0,
+        threads: int = 1,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_ids = stop_ids
+        self._cache_size = cache_size
+        self.timeout_s = timeout_s
+        self._cache: OrderedDict[StructuredOutput, CompiledGrammar] = OrderedDict()
+        #: compiles under way, so concurrent requests with one schema share one compile
+        self._pending: dict[StructuredOutput, concurrent.futures.Future[CompiledGrammar]] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grammar")
+        self._lock = threading.Lock()
+        #: xgrammar compilers, built by the first compile that needs one: JSON (no control
+        #: bytes) or any text
+        self._compilers: dict[bool, Any] = {}
+
+    def warm(self) -> None:
+        """Import xgrammar now (a second of imports: at load, not in a request), when installed."""
+        if importlib.util.find_spec("xgrammar") is not None:
+            import xgrammar  # noqa: F401
+
+    async def for_request(self, structured: StructuredOutput | None) -> CompiledGrammar | None:
+        """The compiled grammar a request's constraint needs (None for free text).
+
+        Raises:
+            InvalidInput: the constraint cannot be enforced here (the message says why).
+        """
+        if structured is None:
+            return None
+        if importlib.util.find_spec("xgrammar") is None:
+            raise InvalidInput("constrained decoding needs the `xgrammar` package (the `torch` extra)")
+        try:
+            return await self.get(structured)
+        except GrammarError as exc:
+            raise InvalidInput(str(exc)) from None
+
+    def cached(self, structured: StructuredOutput) -> CompiledGrammar | None:
+        """The compiled grammar if it is in the cache (marks it recently used)."""
+        grammar = self._cache.get(structured)
+        if grammar is not None:
+            self._cache.move_to_end(structured)
+        return grammar
+
+    async def get(self, structured: StructuredOutput) -> CompiledGrammar:
+        """The compiled grammar of `structured`: from the cache, or compiled off the event loop.
+
+        Raises:
+            GrammarError: the constraint is malformed, uses what the engine cannot enforce, or did
+                not compile within `timeout_s`.
+        """
+        hit = self.cached(structured)
+        if hit is not None:
+            return hit
+        future = self._pending.get(structured)
+        if future is None:
+            future = self._pool.submit(self._compile, structured)
+            self._pending[structured] = future
+            loop = asyncio.get_running_loop()
+            # lands on the loop thread (the cache's only user), even when every waiter gave up
+            future.add_done_callback(lambda f: _post(loop, self._landed, structured, f))
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.timeout_s)
+        except TimeoutError:
+            raise GrammarError(
+                f"the output constraint did not compile within {self.timeout_s:g} s (schema too "
+                "complex); simplify it"
+            ) from None
+
+    def _landed(self, structured: StructuredOutput, future: concurrent.futures.Future[CompiledGrammar]) -> None:
+        if self._pending.get(structured) is future:
+            del self._pending[structured]
+        if future.cancelled() or future.exception() is not None:
+            return
+        self._cache[structured] = future.result()
+        self._cache.move_to_end(structured)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- worker threads ------------------------------------------------------------------------
+
+    def _compile(self, structured: StructuredOutput) -> CompiledGrammar:
+        started = time.perf_counter()
+        json_kind = structured.json_schema is not None or structured.json_object
+        compiler = self._xgr_compiler(json_kind)
+        try:
+            compiled = _compile_with(compiler, structured)
+        except GrammarError:
+            raise
+        except (RuntimeError, ValueError) as exc:  # xgrammar's parse errors: the caller's input
+            raise GrammarError(f"the output constraint does not compile: {_first_line(exc)}") from None
+        log.info("grammar_compiled", kind=_kind(structured), ms=round((time.perf_counter() - started) * 1e3, 2))
+        return CompiledGrammar(compiled, self._vocab_size)
+
+    def _xgr_compiler(self, json_kind: bool) -> Any:
+        with self._lock:
+            compiler = self._compilers.get(json_kind)
+            if compiler is None:
+                import xgrammar as xgr
+
+                tok = self._tokenizer
+                special = tok.special_ids
+                n = min(tok.vocab_size, self._vocab_size)
+                vocab = [b"" if i in special else tok.token_bytes(i) for i in range(n)]
+                if json_kind:
+                    vocab = [b"" if any(b < 0x20 for b in t) else t for t in vocab]
+                info = xgr.TokenizerInfo(
+                    vocab, xgr.VocabType.RAW, vocab_size=self._vocab_size, stop_token_ids=sorted(self._stop_ids)
+                )
+                # xgrammar's own cache is off: this class keeps the compiled grammars (one policy)
+                compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                self._compilers[json_kind] = compiler
+            return compiler
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: nobody is waiting for this compile any more
+        pass
+
+
+def _compile_with(compiler: Any, s: StructuredOutput) -> Any:
+    """One xgrammar compile for the one field of `s` that is set."""
+    if s.json_schema is not None:
+        try:
+            schema = json.loads(s.json_schema)
+        except ValueError as exc:
+            raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
+        check_schema(schema)
+        # compact separators: one way to write each value, so a model cannot wander in whitespace
+        return compiler.compile_json_schema(s.json_schema, any_whitespace=False, strict_mode=True)
+    if s.json_object:
+        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+    if s.regex is not None:
+        return compiler.compile_regex(s.regex)
+    if s.choice is not None:
+        if not s.choice:
+            raise GrammarError("`choice` needs at least one string")
+        alternatives = " | ".join(_ebnf_literal(c) for c in s.choice)
+        return compiler.compile_grammar(f"root ::= {alternatives}")
+    if s.grammar is not None:
+        return compiler.compile_grammar(s.grammar)
+    raise GrammarError("the output constraint sets none of json_schema, json_object, regex, choice, grammar")
+
+
+def _ebnf_literal(text: str) -> str:
+    """`text` as an EBNF string literal (JSON's escapes are a subset of what xgrammar reads)."""
+    if not text:
+        return '""'
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _kind(s: StructuredOutput) -> str:
+    for name in ("json_schema", "regex", "choice", "grammar"):
+        if getattr(s, name) is not None:
+            return name
+    return "json_object" if s.json_object else "none"
+
+
+def _first_line(exc: BaseException) -> str:
+    """xgrammar's message without its C++ source location prefix."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.split("] ", 1)[-1] if text.startswith("[") else text
