@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from backends.spec import SpecBase
 from backends.spec import decode_options as decode_spec_options
+from backends.tool_parsers import PARSERS
 
 
 class LLMOptions(SpecBase):
@@ -57,6 +58,9 @@ class LLMOptions(SpecBase):
             least recently used out; a cached one adds well under a millisecond to a request.
         grammar_compile_timeout_s: longest a new constraint may take to compile (on a worker
             thread) before its request is refused with a 400 "compile timed out".
+        tool_parser: how tool calls are read from the output under `tool_choice: "auto"` (vLLM's
+            names: "hermes", "llama3_json", "mistral"); None: the one the chat template's tool
+            format asks for, where it is recognised (see docs/tool_calls.md).
     """
 
     block_size: int = 16
@@ -82,8 +86,11 @@ class LLMOptions(SpecBase):
     quantization: Literal["int8"] | None = None
     grammar_cache_size: int = 128
     grammar_compile_timeout_s: float = 10.0
+    tool_parser: str | None = None
 
     def __post_init__(self) -> None:
+        if self.tool_parser is not None and self.tool_parser not in PARSERS:
+            raise ValueError(f"options.tool_parser {self.tool_parser!r} is not one of {', '.join(sorted(PARSERS))}")
         checks = [
             ("block_size", self.block_size >= 1, "must be >= 1"),
             ("kv_cache_bytes", self.kv_cache_bytes >= 1, "must be >= 1"),
