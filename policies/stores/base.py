@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from policies.types import KeyRecord, UsageRow
+from policies.types import Budget, KeyRecord, Limits, UsageRow
 
 
 class BucketOp(msgspec.Struct, frozen=True):
@@ -256,3 +256,22 @@ def to_epoch(value: datetime | None) -> float | None:
 def from_epoch(value: float | None) -> datetime | None:
     """The UTC datetime of epoch seconds, or None."""
     return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+class KeyPolicy(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A key's own limits and budget, as stores keep them (one JSON text beside the key's fields)."""
+
+    limits: Limits | None = None
+    budget: Budget | None = None
+
+
+def encode_key_policy(record: KeyRecord) -> str | None:
+    """The stored form of a key's own limits and budget; None when it has neither."""
+    if record.limits is None and record.budget is None:
+        return None
+    return msgspec.json.encode(KeyPolicy(record.limits, record.budget)).decode()
+
+
+def decode_key_policy(text: str | None) -> KeyPolicy:
+    """A key's own limits and budget from their stored form (none for keys made before them)."""
+    return KeyPolicy() if not text else msgspec.json.decode(text, type=KeyPolicy)

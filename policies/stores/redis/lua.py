@@ -107,7 +107,7 @@ return out
 # KEYS: settle marker, bucket keys (nb), lease keys (nl), counter keys (nc), usage keys (nu), usage
 #       index, journal hash, mark map keys (nm)
 # ARGV: now, lease_id, marker_ttl_s, nb, nl, nc, nu, nm, [capacity, rate, delta] * nb, [delta, ttl_s] * nc,
-#       [requests, tokens, index member] * nu, [field, value] * nm
+#       [requests, tokens, cost in micro-USD, index member] * nu, [field, value] * nm
 # Returns: 1 when applied, 0 when this settle id was applied before, 2 when one of its marks is
 # already set to another value (another attempt's settlement carries that record: nothing applied).
 # The marker is written last: Redis does not roll back a script that fails half-way, and a marker
@@ -119,7 +119,7 @@ local now, lease_id, marker_ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local nb, nl, nc, nu = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local nm = tonumber(ARGV[8])
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local am = 9 + 3 * nb + 2 * nc + 3 * nu
+local am = 9 + 3 * nb + 2 * nc + 4 * nu
 for m = 1, nm do
   local found = redis.call('HGET', KEYS[3 + nb + nl + nc + nu + m], ARGV[am + 2 * (m - 1)])
   if found and found ~= ARGV[am + 2 * (m - 1) + 1] then return 2 end
@@ -147,8 +147,9 @@ for u = 1, nu do
   local key = KEYS[1 + nb + nl + nc + u]
   redis.call('HINCRBY', key, 'requests', ARGV[a])
   redis.call('HINCRBY', key, 'tokens', ARGV[a + 1])
-  redis.call('SADD', index, ARGV[a + 2])
-  a = a + 3
+  if ARGV[a + 2] ~= '0' then redis.call('HINCRBY', key, 'cost', ARGV[a + 2]) end
+  redis.call('SADD', index, ARGV[a + 3])
+  a = a + 4
 end
 redis.call('HDEL', KEYS[3 + nb + nl + nc + nu], lease_id)
 for m = 1, nm do

@@ -7,6 +7,7 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from policies.pricing import usd
 from policies.stores import _engine
 from policies.stores.base import (
     SETTLE_MEMORY_S,
@@ -20,6 +21,8 @@ from policies.stores.base import (
     Mark,
     StateStore,
     UsageDelta,
+    decode_key_policy,
+    encode_key_policy,
     from_epoch,
     to_epoch,
 )
@@ -124,7 +127,7 @@ class RedisStore(ScriptPipeline, StateStore):
         for c in counters:
             args += [c.cost, repr(max(1.0, c.expires_at - now))]
         for u, m in zip(usage, members, strict=True):
-            args += [u.requests, u.tokens, m]
+            args += [u.requests, u.tokens, u.cost_micros, m]
         for mark in marks:
             args += [mark.field, mark.value]
         return await self._pipelined(self._settle, keys, args) == 1
@@ -154,15 +157,16 @@ class RedisStore(ScriptPipeline, StateStore):
         wanted = [m for m in sorted(members) if tenant is None or json.loads(m)[0] == tenant]
         pipe = self._client.pipeline(transaction=False)
         for m in wanted:
-            pipe.hmget(self._p + "usage:" + m, "requests", "tokens")
+            pipe.hmget(self._p + "usage:" + m, "requests", "tokens", "cost")
         values = await self._call(pipe.execute()) if wanted else []
         rows = []
-        for m, (requests, tokens) in zip(wanted, values, strict=True):
+        for m, (requests, tokens, cost) in zip(wanted, values, strict=True):
             t, model, period = json.loads(m)
             rows.append(
                 UsageRow(
-                    tenant=t, model=model, period=period, requests=int(requests or 0), tokens=int(tokens or 0)
-                )
+                    tenant=t, model=model, period=period, requests=int(requests or 0), tokens=int(tokens or 0),
+                    cost_usd=usd(int(cost or 0)),
+                )  # fmt: skip
             )
         return sorted(rows, key=lambda r: (r.tenant, r.model, r.period))
 
@@ -177,6 +181,9 @@ class RedisStore(ScriptPipeline, StateStore):
             fields["name"] = record.name
         if record.expires_at is not None:
             fields["expires_at"] = repr(to_epoch(record.expires_at))
+        policy = encode_key_policy(record)
+        if policy is not None:
+            fields["policy"] = policy
         args = [record.key_id] + [x for kv in fields.items() for x in kv]
         keys = [self._p + "key:" + record.key_id, self._p + "key_index"]
         return await self._call(self._put_key(keys=keys, args=args)) == 1
@@ -278,4 +285,6 @@ def _key_from_hash(key_id: str, h: dict[str, str]) -> KeyRecord:
         expires_at=from_epoch(epoch("expires_at")),
         revoked_at=from_epoch(epoch("revoked_at")),
         last_used_at=from_epoch(epoch("last_used_at")),
+        limits=(own := decode_key_policy(h.get("policy"))).limits,
+        budget=own.budget,
     )

@@ -11,7 +11,7 @@ import functools
 import json
 import sqlite3
 
-from policies.stores.base import from_epoch
+from policies.stores.base import decode_key_policy, from_epoch
 from policies.types import KeyRecord
 
 SCHEMA = """
@@ -20,20 +20,21 @@ CREATE TABLE IF NOT EXISTS leases (key TEXT NOT NULL, lease_id TEXT NOT NULL, ex
     PRIMARY KEY (key, lease_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, used INTEGER NOT NULL, expires_at REAL NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS usage (tenant TEXT NOT NULL, model TEXT NOT NULL, period TEXT NOT NULL,
-    requests INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (tenant, model, period)) WITHOUT ROWID;
+    requests INTEGER NOT NULL, tokens INTEGER NOT NULL, cost_micros INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, model, period)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS settled (id TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS journal (id TEXT PRIMARY KEY, instance TEXT NOT NULL, payload TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS instances (id TEXT PRIMARY KEY, expires_at REAL NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS keys (key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, hash TEXT NOT NULL,
     models TEXT NOT NULL, name TEXT, created_at REAL NOT NULL, expires_at REAL, revoked_at REAL,
-    last_used_at REAL);
+    last_used_at REAL, policy TEXT);
 CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, id TEXT NOT NULL, tenant TEXT NOT NULL,
     created_at REAL NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id));
 CREATE INDEX IF NOT EXISTS records_by_tenant ON records (kind, tenant, created_at, id);
 CREATE TABLE IF NOT EXISTS marks (key TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
     PRIMARY KEY (key, field)) WITHOUT ROWID;
 """
-KEY_COLUMNS = "key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at"
+KEY_COLUMNS = "key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at, policy"
 
 
 @functools.cache
@@ -43,7 +44,8 @@ def select_in(columns: str, table: str, n: int) -> str:
 
 
 def key_from_row(row: tuple) -> KeyRecord:
-    key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at = row
+    key_id, tenant, models, name, created_at, expires_at, revoked_at, last_used_at, policy = row
+    own = decode_key_policy(policy)
     return KeyRecord(
         key_id=key_id,
         tenant=tenant,
@@ -53,6 +55,8 @@ def key_from_row(row: tuple) -> KeyRecord:
         expires_at=from_epoch(expires_at),
         revoked_at=from_epoch(revoked_at),
         last_used_at=from_epoch(last_used_at),
+        limits=own.limits,
+        budget=own.budget,
     )
 
 
@@ -61,3 +65,7 @@ def add_missing_columns(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}
     if "last_used_at" not in columns:
         conn.execute("ALTER TABLE keys ADD COLUMN last_used_at REAL")
+    if "policy" not in columns:  # a key's own limits and budget (JSON)
+        conn.execute("ALTER TABLE keys ADD COLUMN policy TEXT")
+    if "cost_micros" not in {row[1] for row in conn.execute("PRAGMA table_info(usage)")}:
+        conn.execute("ALTER TABLE usage ADD COLUMN cost_micros INTEGER NOT NULL DEFAULT 0")

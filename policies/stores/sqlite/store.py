@@ -7,6 +7,7 @@ import json
 import sqlite3
 from urllib.parse import parse_qs
 
+from policies.pricing import usd
 from policies.stores import _engine
 from policies.stores.base import (
     SETTLE_MEMORY_S,
@@ -18,6 +19,7 @@ from policies.stores.base import (
     Mark,
     StateStore,
     UsageDelta,
+    encode_key_policy,
     to_epoch,
 )
 from policies.stores.sqlite.group_commit import GroupCommit
@@ -142,13 +144,15 @@ class SqliteStore(GroupCommit, StateStore):
 
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
         def run(c: sqlite3.Connection) -> list[tuple]:
-            sql = "SELECT tenant, model, period, requests, tokens FROM usage"
+            sql = "SELECT tenant, model, period, requests, tokens, cost_micros FROM usage"
             if tenant is None:
                 return c.execute(sql + " ORDER BY 1, 2, 3").fetchall()
             return c.execute(sql + " WHERE tenant = ? ORDER BY 1, 2, 3", (tenant,)).fetchall()
 
         rows = await self._tx(run)
-        return [UsageRow(tenant=t, model=m, period=p, requests=r, tokens=k) for t, m, p, r, k in rows]
+        return [
+            UsageRow(tenant=t, model=m, period=p, requests=r, tokens=k, cost_usd=usd(c)) for t, m, p, r, k, c in rows
+        ]
 
     async def put_key(self, record: KeyRecord, secret_hash: str) -> bool:
         values = (
@@ -160,10 +164,11 @@ class SqliteStore(GroupCommit, StateStore):
             to_epoch(record.created_at),
             to_epoch(record.expires_at),
             to_epoch(record.revoked_at),
+            encode_key_policy(record),
         )
         sql = (
-            "INSERT OR IGNORE INTO keys (key_id, tenant, hash, models, name, created_at, expires_at, revoked_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            "INSERT OR IGNORE INTO keys (key_id, tenant, hash, models, name, created_at, expires_at, revoked_at, "
+            "policy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         return await self._tx(lambda c: c.execute(sql, values).rowcount == 1)
 

@@ -65,9 +65,10 @@ class SqliteTxn:
 
     def add_usage(self, rows: list[UsageDelta]) -> None:
         self.c.executemany(
-            "INSERT INTO usage VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, model, period) DO UPDATE SET "
-            "requests = requests + excluded.requests, tokens = tokens + excluded.tokens",
-            [(u.tenant, u.model, u.period, u.requests, u.tokens) for u in rows],
+            "INSERT INTO usage (tenant, model, period, requests, tokens, cost_micros) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (tenant, model, period) DO UPDATE SET requests = requests + excluded.requests, "
+            "tokens = tokens + excluded.tokens, cost_micros = cost_micros + excluded.cost_micros",
+            [(u.tenant, u.model, u.period, u.requests, u.tokens, u.cost_micros) for u in rows],
         )
 
     def mark_settled(self, settle_id: str, now: float) -> bool:
