@@ -135,7 +135,7 @@ class EmbeddingSpec(SpecBase):
     as Hugging Face's ONNX exports do, and returns per-token hidden states [rows, tokens, dim].
     """
 
-    #: folder holding the encoder's `tokenizer.json`
+    #: folder holding the encoder's `tokenizer.json` (a local path or a model address, like `model`)
     tokenizer: str
     #: `mean` over the real tokens (attention mask), or the first (`cls`) token's state
     pooling: Literal["mean", "cls"] = "mean"
@@ -160,7 +160,8 @@ class DeploymentSpec(SpecBase):
 
     #: the runtime or server that runs the model; its `options` are listed per backend
     backend: Literal["onnxruntime", "openvino", "tfserving", "remote", "torch_llm"]
-    #: local model path (file or folder) for in-process runtimes
+    #: the model of an in-process runtime (file or folder): a local path, or an address fetched into
+    #: the cache, hf://org/name[@revision][/path], s3://bucket/key-or-prefix, https://host/file[#sha256=HEX]
     model: str | None = None
     #: cpu | cuda | cuda:N | auto for torch/onnx; CPU | GPU | AUTO | HETERO:... for OpenVINO
     device: str | None = None
@@ -184,7 +185,8 @@ class DeploymentSpec(SpecBase):
     batching: BatchingSpec | None = None
     #: serve this tensor deployment as a sentence-embedding model (onnxruntime, openvino)
     embedding: EmbeddingSpec | None = None
-    #: LoRA adapters on this base model (torch_llm): model name -> PEFT adapter folder. Each name is
+    #: LoRA adapters on this base model (torch_llm): model name -> PEFT adapter folder (a local path
+    #: or a model address). Each name is
     #: a model clients call, routed to this deployment and tenant-scoped like any model.
     adapters: dict[str, str] = msgspec.field(default_factory=dict)
     #: the backend's own settings, decoded into its options Struct (see below)

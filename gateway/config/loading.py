@@ -14,9 +14,11 @@ from typing import Any
 import msgspec
 import yaml
 
+from backends.sources import is_address
 from backends.spec import with_choices
 from gateway.config.checks import ConfigError, yaml_error
 from gateway.config.references import check_references
+from gateway.config.sources import check_forms
 from gateway.config.spec import Config, DeploymentConfig
 from policies.types import TenantSpec
 from router.graphs import GraphConfig
@@ -44,7 +46,7 @@ def _interpolate(node: Any, path: str, env: dict[str, str]) -> Any:
 
 
 def _resolve(path: str | None, base_dir: Path) -> str | None:
-    if path is None or os.path.isabs(path):
+    if path is None or os.path.isabs(path) or is_address(path):  # hf://, s3://, https:// stay as written
         return path
     return str((base_dir / path).resolve())
 
@@ -64,7 +66,8 @@ def _resolve_paths(config: Config, base_dir: Path) -> Config:
         relative = state.url.removeprefix("sqlite:///")
         state = msgspec.structs.replace(state, url="sqlite:///" + str(_resolve(relative, base_dir)))
     batches = msgspec.structs.replace(config.batches, files_dir=str(_resolve(config.batches.files_dir, base_dir)))
-    return msgspec.structs.replace(config, deployments=deployments, state=state, batches=batches)
+    storage = msgspec.structs.replace(config.storage, cache_dir=_resolve(config.storage.cache_dir, base_dir))
+    return msgspec.structs.replace(config, deployments=deployments, state=state, batches=batches, storage=storage)
 
 
 
@@ -137,7 +140,8 @@ def parse_config(
         config = msgspec.convert(raw, Config, strict=True)
     except msgspec.ValidationError as exc:
         raise ConfigError(with_choices(str(exc), Config)) from None
-    config = _resolve_paths(config, base_dir)
+    unresolved, config = config, _resolve_paths(config, base_dir)
+    check_forms(unresolved, config, base_dir)
     check_references(config)
     if config.server.workers > 1 and config.state.url.startswith("memory://"):
         raise ConfigError(

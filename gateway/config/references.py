@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from backends.base import ModelMetadata
 from backends.signatures import read_signature
+from backends.sources import is_address
 from gateway.config.checks import (
     ConfigError,
     check_devices,
@@ -62,7 +63,7 @@ def check_references(config: Config) -> None:
     check_devices(config)
     check_providers(config)
     for name, dep in config.deployments.items():
-        if dep.model is not None and not os.path.exists(dep.model):
+        if dep.model is not None and not is_address(dep.model) and not os.path.exists(dep.model):
             raise ConfigError(f"model file {dep.model} does not exist - at `$.deployments.{name}.model`")
     _check_adapters(config)
     _check_graphs(config)
@@ -91,7 +92,7 @@ def _check_adapters(config: Config) -> None:
                 raise ConfigError(
                     f"adapter {adapter!r} is also declared by deployment {owner[adapter]!r} - at `{where}`"
                 )
-            if not os.path.isdir(path):
+            if not is_address(path) and not os.path.isdir(path):
                 raise ConfigError(f"adapter folder {path} does not exist - at `{where}`")
             owner[adapter] = name
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from backends.sources import StorageSpec
 from backends.spec import DeploymentSpec, SpecBase
 from gateway.batches.config import BatchesConfig
 from gateway.config.server import ServerConfig
@@ -128,6 +129,8 @@ class Config(SpecBase):
     batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)
     #: events when a tenant's or key's budget passes a share of itself (docs/pricing.md)
     budget_alerts: BudgetAlerts = msgspec.field(default_factory=BudgetAlerts)
+    #: the cache that hf://, s3:// and https:// model addresses are fetched into (docs/model_sources.md)
+    storage: StorageSpec = msgspec.field(default_factory=StorageSpec)
 
 
 def with_listen_overrides(config: Config, listen: Mapping[str, Any]) -> Config:

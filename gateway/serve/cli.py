@@ -11,12 +11,22 @@ import argparse
 import sys
 
 from gateway.config import ConfigError
-from gateway.serve.commands import build_kernels, check_config, demo_models, keys, quantize, serve, usage
+from gateway.serve.commands import (
+    build_kernels,
+    cache,
+    check_config,
+    demo_models,
+    keys,
+    pull,
+    quantize,
+    serve,
+    usage,
+)
 from gateway.serve.commands.base import EXIT_UNAVAILABLE, fail
 from policies.errors import StoreUnavailable
 
 #: every subcommand's module (each has `register(add_parser)`), in --help order
-COMMANDS = (serve, check_config, demo_models, build_kernels, quantize, keys, usage)
+COMMANDS = (serve, check_config, pull, cache, demo_models, build_kernels, quantize, keys, usage)
 
 
 def _version() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -12,7 +12,9 @@ import structlog
 
 from backends.base import Backend, Capability, as_generative, as_tensor
 from backends.registry import create_backend
+from backends.sources import ModelSources, SourceError
 from gateway.config import Config, DeploymentConfig
+from gateway.core.fleet.pending import PendingBackend, PendingFetch, localize
 from gateway.observe import metrics
 from policies.fair_queue import FairQueue, QueueSpec
 from policies.fair_queue.spec import TENSOR_BURST_PER_SLOT
@@ -39,7 +41,10 @@ class Deployment:
     spec: DeploymentConfig
     backend: Backend
     queue: FairQueue
+    #: why it is not ready: the last load error, or while its model is fetched, the download's progress
     load_error: str | None = None
+    #: its model addresses still to fetch into the cache (the backend is a stand-in until then)
+    fetch: PendingFetch | None = None
 
     @property
     def ready(self) -> bool:
@@ -91,7 +96,9 @@ class FleetSignals:
         )
 
 
-def _make_queue(spec: QueueSpec, weights: Mapping[str, float], backend: Backend) -> FairQueue:
+def _make_queue(
+    spec: QueueSpec, weights: Mapping[str, float], backend: Backend, current: Callable[[], Backend] | None = None
+) -> FairQueue:
     """The deployment's fair queue; for the LLM engine, gated on the engine's free sequence slots.
 
     Without the gate the engine's own (FCFS) waiting list would absorb the backlog and fairness
@@ -104,24 +111,44 @@ def _make_queue(spec: QueueSpec, weights: Mapping[str, float], backend: Backend)
         burst = 0.0 if generative else TENSOR_BURST_PER_SLOT * spec.max_concurrency
         spec = msgspec.structs.replace(spec, vtc_burst=burst)
     capacity = as_generative(backend).capacity if generative else None
+    cell: list[FairQueue] = []
+    if generative and current is not None:
+        # the model is still being fetched: the engine (and its slots) arrives later, `current` finds it
+
+        def gate() -> bool:
+            live = as_generative(current()).capacity
+            return live is None or cell[0].in_flight == 0 or live()[0] > 0
+
+        cell.append(FairQueue(spec, weights=weights, capacity=gate))
+        return cell[0]
     if capacity is None:
         return FairQueue(spec, weights=weights)
-    cell: list[FairQueue] = []
     queue = FairQueue(spec, weights=weights, capacity=lambda: cell[0].in_flight == 0 or capacity()[0] > 0)
     cell.append(queue)
     return queue
 
 
 def build_deployments(config: Config, weights: Mapping[str, float]) -> dict[str, Deployment]:
-    """Create (not load) every deployment. Raises ValueError naming the deployment's path."""
+    """Create (not load) every deployment. Raises ValueError naming the deployment's path.
+
+    A deployment whose model addresses the cache does not hold yet gets a stand-in backend and is
+    fetched when the deployments open (`open_deployments`), so the others serve meanwhile.
+    """
     out: dict[str, Deployment] = {}
+    sources = ModelSources(config.storage)
     for name, spec in config.deployments.items():
+        local, fetch = localize(spec, sources)
         try:
-            backend = create_backend(name, spec)
+            backend = PendingBackend(name, spec) if fetch is not None else create_backend(name, local)
         except ValueError as exc:
             raise ValueError(f"{exc} - at `$.deployments.{name}`") from None
-        queue = _make_queue(default_queue_spec(spec), weights, backend)
-        out[name] = Deployment(name=name, spec=spec, backend=backend, queue=queue)
+        held: list[Deployment] = []
+        current = (lambda held=held: held[0].backend) if fetch is not None else None
+        queue = _make_queue(default_queue_spec(spec), weights, backend, current)
+        dep = Deployment(name=name, spec=spec, backend=backend, queue=queue, fetch=fetch)
+        dep.load_error = fetch.waiting if fetch is not None else None
+        held.append(dep)
+        out[name] = dep
     return out
 
 
@@ -130,9 +157,33 @@ RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
 
 
+async def _fetch(dep: Deployment, fetch: PendingFetch) -> bool:
+    """Bring a deployment's model files into the cache and build its backend; False (with
+    `load_error` set to the one-line reason) when that failed."""
+
+    def show(progress: str) -> None:
+        dep.load_error = progress
+
+    try:
+        spec = await asyncio.to_thread(fetch.run, show)
+        backend = create_backend(dep.name, spec)
+    except asyncio.CancelledError:
+        fetch.cancel()  # the download thread stops at its next chunk
+        raise
+    except (SourceError, ValueError) as exc:
+        dep.load_error = f"fetch failed: {str(exc).splitlines()[0]}"
+        log.error("deployment_fetch_failed", deployment=dep.name, backend=dep.spec.backend, error=dep.load_error)
+        return False
+    dep.backend, dep.fetch = backend, None
+    return True
+
+
 async def _open_one(dep: Deployment) -> bool:
-    """Load and warm one deployment; False (with `load_error` set) when it failed."""
+    """Fetch (when its model is not cached), load and warm one deployment; False (with
+    `load_error` set) when it failed."""
     started = time.perf_counter()
+    if dep.fetch is not None and not await _fetch(dep, dep.fetch):
+        return False
     try:
         await dep.backend.load()
         await dep.backend.warmup()

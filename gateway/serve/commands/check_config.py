@@ -15,9 +15,13 @@ def register(add_parser: AddParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gateway.config.sources import resolve_all
     from gateway.http.app import create_app
 
     config = load_config(args.config)
+    # model addresses resolved at their stores (nothing downloaded): not found, forbidden, no room
+    for line in resolve_all(config):
+        print(f"{args.config}: {line}")
     create_app(config)  # builds every deployment's backend: options and files are checked too
     print(
         f"{args.config}: ok ({len(config.deployments)} deployments, {len(config.models)} models, "

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,8 @@ class Served:
     cut_after: int | None = None
     #: the Bearer token every Hub request must carry (None: public)
     token: str | None = None
+    #: seconds to wait after each 64 KiB of a file (a slow link, for killing a download midway)
+    pace_s: float = 0.0
     #: file name -> the size the Hub's listing claims (a model too large for the disk)
     claimed: dict[str, int] = field(default_factory=dict)
 
@@ -133,8 +136,13 @@ class _Handler(BaseHTTPRequestHandler):
             served.cut_after = None  # once: the next try gets the rest
             self.close_connection = True
             return
-        self.wfile.write(body)
-        served.file_bytes += len(body)
+        step = 1 << 16 if served.pace_s else len(body) or 1
+        for at in range(0, len(body), step):
+            self.wfile.write(body[at : at + step])
+            served.file_bytes += len(body[at : at + step])
+            if served.pace_s:
+                self.wfile.flush()
+                time.sleep(served.pace_s)
 
     def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
