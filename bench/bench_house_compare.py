@@ -63,6 +63,15 @@ CONTROLS: list[tuple[str, str, str, str, bool]] = [
 ]  # fmt: skip
 
 
+#: "a/b": a's figure over b's in the same run, b being code both checkouts share (the tensor floors, the
+#: upstream): what is left of the machine's drift between a before and an after once it is divided out
+NORMALIZED: list[tuple[str, str, str, str, bool]] = [
+    *[("policy_proxy", f"{s}/upstream", c, "rps", True) for s in POLICY_SERVERS for c in ("c1", "c16")],
+    *[("tensor_peers", "fleetgate/floor_batching", c, "rps", True) for c in ("c1", "c32")],
+    ("tensor_peers", "fleetgate/floor_batching", "c1", "p50_ms", False),
+]
+
+
 @dataclass(frozen=True)
 class Tree:
     """One checkout to measure."""
@@ -213,6 +222,23 @@ def figure_key(bench: str, server: str, c: str, metric: str) -> str:
     return f"{bench}.{server}.{c}.{metric}"
 
 
+def point_value(points: dict[str, Any], server: str, c: str, metric: str) -> float | None:
+    """`server`'s figure in one run, or for "a/b" a's over b's; None where one was not run."""
+    names = server.split("/")
+    found = [points.get(name, {}).get(c, {}).get(metric) for name in names]
+    if any(v is None for v in found) or (len(found) == 2 and not found[1]):
+        return None
+    return found[0] / found[1] if len(found) == 2 else found[0]
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "fleetgate": compare(rounds, FIGURES),
+        "normalized": compare(rounds, NORMALIZED),
+        "controls": compare(rounds, CONTROLS),
+    }
+
+
 def compare(rounds: list[dict[str, Any]], figures: list[tuple[str, str, str, str, bool]]) -> dict[str, Any]:
     """Per figure: medians, spread, ratio of medians, median of per-round ratios, % worse."""
     table: dict[str, Any] = {}
@@ -220,9 +246,9 @@ def compare(rounds: list[dict[str, Any]], figures: list[tuple[str, str, str, str
         values: dict[str, list[float]] = {"before": [], "after": []}
         for r in rounds:
             for label in values:
-                point = r[label][bench]["points"].get(server, {}).get(c)
-                if point is not None and metric in point:
-                    values[label].append(point[metric])
+                value = point_value(r[label][bench]["points"], server, c, metric)
+                if value is not None:
+                    values[label].append(value)
         if len(values["before"]) != len(rounds) or len(values["after"]) != len(rounds):
             continue  # not run (a peer skipped) in every round
         before, after = statistics.median(values["before"]), statistics.median(values["after"])
@@ -265,20 +291,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plotting.save(fig, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--before", type=Path, required=True, help="checkout of the commit before")
-    parser.add_argument("--after", type=Path, required=True, help="checkout of the commit after")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--policy-seconds", type=float, default=3.0)
-    parser.add_argument("--tensor-seconds", type=float, default=3.0)
-    parser.add_argument("--starts", type=int, default=1, help="LLM starts on empty caches per checkout (0: none)")
-    parser.add_argument(
-        "--before-starts", type=int, help="at most this many for --before (its start may compile for minutes)"
-    )
-    parser.add_argument("--start-timeout", type=float, default=600.0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "house_before_after.json")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """The interleaved rounds and the starts; returns the report without its summaries."""
     trees = [Tree("before", args.before.resolve()), Tree("after", args.after.resolve())]
     imports = {t.label: check_imports(t) for t in trees}
     started, load_before = time.perf_counter(), os.getloadavg()
@@ -312,7 +326,7 @@ def main() -> None:
                     point["cpu_s_until_stopped"] = round(children_cpu_s() - cpu0, 1)
                     starts[tree.label].append(point)
                     sys.stderr.write(f"start {tree.label}: {point}\n")
-    report = {
+    return {
         "benchmark": "bench_house_compare",
         "what": (__doc__ or "").split("\n\n")[0],
         "commits": {t.label: t.commit() for t in trees},
@@ -321,20 +335,46 @@ def main() -> None:
         "seconds_per_point": {"policy_proxy": args.policy_seconds, "tensor_peers": args.tensor_seconds},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "loadavg_before_after": [load_before, os.getloadavg()]},  # fmt: skip
-        "fleetgate": compare(rounds, FIGURES),
-        "controls": compare(rounds, CONTROLS),
         "start_llm_empty_caches": starts,
         "per_round": rounds,
         "wall_s": round(time.perf_counter() - started, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--before", type=Path, help="checkout of the commit before")
+    parser.add_argument("--after", type=Path, help="checkout of the commit after")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--policy-seconds", type=float, default=3.0)
+    parser.add_argument("--tensor-seconds", type=float, default=3.0)
+    parser.add_argument("--starts", type=int, default=1, help="LLM starts on empty caches per checkout (0: none)")
+    parser.add_argument(
+        "--before-starts", type=int, help="at most this many for --before (its start may compile for minutes)"
+    )
+    parser.add_argument("--start-timeout", type=float, default=600.0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "house_before_after.json")
+    parser.add_argument(
+        "--summarize-only", action="store_true", help="recompute the summaries and the plot of --out, measuring nothing"
+    )
+    args = parser.parse_args()
+    if args.summarize_only:
+        report = json.loads(args.out.read_text())
+    elif args.before is None or args.after is None:
+        parser.error("--before and --after are required unless --summarize-only")
+    else:
+        report = measure(args)
+    # the summaries first in the file, then the starts and the raw rounds
+    report = {k: v for k, v in report.items() if k not in ("fleetgate", "normalized", "controls")}
+    raw = {k: report.pop(k) for k in ("start_llm_empty_caches", "per_round", "wall_s")}
+    report |= summarize(raw["per_round"]) | raw
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".tmp").unlink(missing_ok=True)
     plot(report, args.out.with_suffix(".png"))
-    for key, row in report["fleetgate"].items():
+    for key, row in (report["fleetgate"] | report["normalized"]).items():
         print(f"{key:55s} {row['before']:10.3f} {row['after']:10.3f} {row['after_over_before']:6.3f}x "
               f"worse {row['worse_pct']:+6.1f} %")  # fmt: skip
-    print(json.dumps(starts, indent=1))
+    print(json.dumps(report["start_llm_empty_caches"], indent=1))
 
 
 if __name__ == "__main__":
