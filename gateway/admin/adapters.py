@@ -19,6 +19,7 @@ from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
 from fleetgate.errors import GatewayError
+from gateway.admin import audit
 from gateway.admin.guard import ADMIN_GUARD
 from gateway.config.checks import model_name_problem
 from gateway.core.calls import Call
@@ -87,9 +88,12 @@ async def load_adapter(request: Request, core: GatewayCore, call: Call, deployme
         _check_name(core, body.name, deployment)
         if not os.path.isdir(body.path):
             raise InvalidInput(f"adapter folder {body.path!r} does not exist on the gateway")
+        before = dict(dep.backend.adapters).get(body.name)
         await dep.backend.load_adapter(body.name, body.path)
         Operations(core).serve_adapter(body.name, deployment)
         log.info("adapter_loaded", deployment=deployment, adapter=body.name)
+        after = dict(dep.backend.adapters).get(body.name)
+        await audit.record("adapters.load", f"{deployment}/{body.name}", before=before, after=after)
         call.done(201)
         return json_response(
             {"name": body.name, "deployment": deployment, "parent": core.adapter_parent(body.name)}, 201
@@ -109,9 +113,11 @@ async def unload_adapter(core: GatewayCore, call: Call, deployment: str, name: s
                 404, "adapter_not_found", f"deployment {deployment!r} serves no adapter {name!r}"
             )
         # routing stops first, so no new request is planned onto an adapter being unloaded
+        before = dict(dep.backend.adapters).get(name)
         Operations(core).stop_serving_adapter(name)
         await dep.backend.unload_adapter(name)
         log.info("adapter_unloaded", deployment=deployment, adapter=name)
+        await audit.record("adapters.unload", f"{deployment}/{name}", before=before)
         call.done(200)
         return json_response({"name": name, "deployment": deployment, "unloaded": True})
     except Exception as exc:  # noqa: BLE001

@@ -13,6 +13,7 @@ from litestar import Request, Response, delete, get, post
 
 from backends.errors import InvalidInput
 from fleetgate.errors import GatewayError
+from gateway.admin import audit
 from gateway.admin.guard import ADMIN_GUARD
 from gateway.core.calls import Call
 from gateway.core.operations import Operations
@@ -36,18 +37,22 @@ class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 async def create_tenant_key(core: GatewayCore, body: CreateKeyBody) -> tuple[KeyRecord, str]:
     """Create a key of `body.tenant`; its record and its secret (shown once). 400 on bad input."""
     try:
-        return await core.keys.create(body.tenant, body.models, body.expires_at, body.name)
+        record, secret = await core.keys.create(body.tenant, body.models, body.expires_at, body.name)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
+    await audit.record("keys.create", record.key_id, after=record)
+    return record, secret
 
 
 async def revoke_tenant_key(core: GatewayCore, key_id: str) -> None:
     """Revoke a key on every replica (within a second); 404 when there is no such key."""
+    was_active = await core.keys.still_valid(key_id)
     if not await core.keys.revoke(key_id):
         raise GatewayError(404, "key_not_found", f"no key {key_id!r}")
+    await audit.record("keys.revoke", key_id, before={"active": was_active}, after={"active": False})
 
 
-def restore_canary(core: GatewayCore, model: str, deployment: str) -> dict[str, object]:
+async def restore_canary(core: GatewayCore, model: str, deployment: str) -> dict[str, object]:
     """Give a rolled-back canary its configured weight back; 404 when it is not a canary route."""
     try:
         was_rolled_back, weight = Operations(core).restore_canary(model, deployment)
@@ -56,7 +61,11 @@ def restore_canary(core: GatewayCore, model: str, deployment: str) -> dict[str, 
             404, "canary_not_found", f"model {model!r} has no canary route {deployment!r}"
         ) from None
     log.info("canary_restored", model=model, deployment=deployment, was_rolled_back=was_rolled_back)
-    return {"model": model, "deployment": deployment, "restored": was_rolled_back, "weight": weight}
+    answer = {"model": model, "deployment": deployment, "restored": was_rolled_back, "weight": weight}
+    await audit.record(
+        "canary.restore", f"{model}/{deployment}", before={"rolled_back": was_rolled_back}, after=answer
+    )
+    return answer
 
 
 # --- routes ----------------------------------------------------------------------------------------
@@ -124,11 +133,11 @@ async def canary_status(core: GatewayCore, call: Call) -> Response[bytes]:
 async def canary_restore(core: GatewayCore, call: Call, model: str, deployment: str) -> Response[bytes]:
     """Give a rolled-back canary its configured weight back (its window starts afresh)."""
     try:
-        answer = restore_canary(core, model, deployment)
+        answer = await restore_canary(core, model, deployment)
         call.done(200)
         return json_response(answer)
     except Exception as exc:  # noqa: BLE001
         return http_failure(call, exc)
 
 
-ROUTES = [create_key, list_keys, revoke_key, usage, canary_status, canary_restore]
+ROUTES = [create_key, list_keys, revoke_key, usage, canary_status, canary_restore, audit.audit_trail]

@@ -26,6 +26,7 @@ from typing import Any
 from litestar.connection import ASGIConnection
 
 from fleetgate.errors import GatewayError
+from gateway.admin.actor import act_as
 from gateway.http.requests import lower_headers
 from gateway.wire.credentials import bearer_key
 
@@ -109,9 +110,14 @@ def verify_admin_key(connection: ASGIConnection[Any, Any, Any, Any], presented: 
         raise GatewayError(401, "invalid_admin_key", "missing or invalid admin key")
 
 
-def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _handler: Any) -> None:
-    """Litestar guard: the request must carry the admin key (401/403/429 in the plain envelope)."""
-    verify_admin_key(connection, bearer_key(lower_headers(connection)) or "")
+async def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _handler: Any) -> None:
+    """Litestar guard: the request must carry the admin key (401/403/429 in the plain envelope).
+    The admin is then known to the request's changes (their audit entries, gateway/admin/actor.py).
+    A coroutine on purpose: Litestar runs a plain function guard in a worker thread, whose context
+    variables the handler would never see."""
+    presented = bearer_key(lower_headers(connection)) or ""
+    verify_admin_key(connection, presented)
+    act_as(connection, presented, "api")
 
 
 ADMIN_GUARD = [admin_guard]

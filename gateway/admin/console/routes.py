@@ -1,4 +1,4 @@
-"""The console's routes under /admin/ui: sign-in, four pages, and their actions.
+"""The console's routes under /admin/ui: sign-in, five pages (the audit trail the fifth), and their actions.
 
 Pages need a session (gateway/admin/console/session.py); every post also needs the session's CSRF token.
 Actions call the admin API's own functions (gateway/admin/api.py, gateway/admin/reload.py), so a key made
@@ -13,7 +13,9 @@ from litestar.response import Template
 from litestar.static_files import create_static_files_router
 
 from fleetgate.errors import GatewayError
+from gateway.admin.actor import act_as
 from gateway.admin.api import CreateKeyBody, create_tenant_key, restore_canary, revoke_tenant_key
+from gateway.admin.audit import read_trail
 from gateway.admin.console import pages, session, views
 from gateway.admin.console.pages import page, redirect, secure
 from gateway.admin.console.session import NotSignedIn, Session
@@ -32,6 +34,7 @@ async def _form(request: Request) -> tuple[Session, dict[str, str]]:
     signed = session.current(request)
     fields = await pages.read_form(request)
     session.check_csrf(request, signed, fields.get("_csrf", ""))
+    act_as(request, admin_key(request), "console")  # the change this post makes is recorded as the admin's
     return signed, fields
 
 
@@ -132,7 +135,7 @@ async def canary_restore(request: Request, core: GatewayCore) -> Response[bytes]
     """Give a rolled-back canary its weight back (model and deployment are form fields: model names
     may hold `/`, which a path segment cannot)."""
     _, fields = await _form(request)
-    restore_canary(core, fields.get("model", ""), fields.get("deployment", ""))
+    await restore_canary(core, fields.get("model", ""), fields.get("deployment", ""))
     return redirect("/models")
 
 
@@ -155,6 +158,29 @@ async def traffic_json(request: Request, core: GatewayCore) -> Response[bytes]:
     return secure(json_response(_traffic(request, core)))
 
 
+@get("/audit")
+async def audit_page(
+    request: Request,
+    since: str | None = None,
+    until: str | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    cursor: str | None = None,
+) -> Template:
+    """The audit trail as a table, filtered like `GET /admin/audit`, 50 entries a page."""
+    signed = session.current(request)
+    filters = {"since": since or "", "until": until or "", "actor": actor or "", "action": action or ""}
+    trail = await read_trail(request, since=since, until=until, actor=actor, action=action, cursor=cursor)
+    return page(
+        "audit",
+        csrf=signed.csrf,
+        active="audit",
+        entries=views.audit_rows(trail.entries),
+        filters=filters,
+        next=trail.next,
+    )
+
+
 STATIC = create_static_files_router(
     path="/static", directories=[pages.STATIC_DIR], name="console-static", after_request=secure
 )
@@ -174,6 +200,7 @@ ROUTER = Router(
         canary_restore,
         traffic_page,
         traffic_json,
+        audit_page,
         STATIC,
     ],
     exception_handlers={NotSignedIn: pages.not_signed_in, Exception: pages.failed},

@@ -15,6 +15,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.core.service import GatewayCore
+from policies.audit import AuditEntry
 from policies.types import KeyRecord, UsageRow
 
 #: the widest bar of a usage chart, in SVG units
@@ -222,3 +223,25 @@ def model_deployments(core: GatewayCore) -> dict[str, list[str]]:
     return {
         name: [r.deployment for r in core.router.get(name).routes] for name in sorted(core.router.names())
     }
+
+
+def audit_rows(entries: list[AuditEntry]) -> list[dict[str, Any]]:
+    """Audit entries as table rows: the time in UTC, before and after as compact JSON."""
+
+    def compact(value: Any) -> str:
+        return "–" if value is None else msgspec.json.encode(value).decode()
+
+    return [
+        {
+            "id": e.id,
+            "when": datetime.fromtimestamp(e.at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            "actor": e.actor,
+            "via": e.via,
+            "client": e.client,
+            "action": e.action,
+            "target": e.target,
+            "before": compact(e.before),
+            "after": compact(e.after),
+        }
+        for e in entries
+    ]
