@@ -36,7 +36,7 @@ from backends.base import (
     as_tensor,
 )
 from backends.errors import BackendInternalError, InvalidInput
-from backends.lazy import require
+from backends.runtime.lazy import require
 from backends.spec import EmbeddingSpec
 
 #: the shortest padded length: tiny inputs still share batches

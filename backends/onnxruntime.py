@@ -25,14 +25,14 @@ from backends.base import (
     TensorResponse,
     TensorSpec,
 )
-from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.cores import cores_per_worker, default_threads
-from backends.cuda_devices import cuda_device_count
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
-from backends.inline_runs import InlineRuns, call_bytes
-from backends.lazy import require
+from backends.runtime.batcher import Arrays, DynamicBatcher, batcher_for
+from backends.runtime.cuda_devices import cuda_device_count
+from backends.runtime.inline_runs import InlineRuns, call_bytes
+from backends.runtime.lazy import require
+from backends.runtime.tensor_requests import serve_tensor_request, zero_inputs
 from backends.spec import DeploymentSpec, SpecBase, decode_options
-from backends.tensor_requests import serve_tensor_request, zero_inputs
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +71,7 @@ class OnnxOptions(SpecBase):
     #: per request: 1.63 -> 0.81 ms of server CPU per request with spinning off, +40% requests/s)
     allow_spinning: bool = False
     #: on CPU, run a call with small inputs on the event loop's thread, skipping the hand-off to a
-    #: worker, while recent runs took less than this many microseconds (`backends/inline_runs.py`);
+    #: worker, while recent runs took less than this many microseconds (`backends/runtime/inline_runs.py`);
     #: 0 = never by this rule (`inline_alone_below_us` may still run a lone call inline; both 0:
     #: always a worker thread). Inline runs come on top of `max_parallel_runs`.
     inline_below_us: int = 200

@@ -1,7 +1,7 @@
 """A graph's tensors against its models' signatures: config checks and the graph's own metadata.
 
 Both take the signatures as a lookup (model name -> ModelMetadata, or None where unknown): at config
-time they are read from the model files (`backends/signatures.py`), at run time they are the loaded
+time they are read from the model files (`backends/runtime/signatures.py`), at run time they are the loaded
 deployments' metadata. Unknown signatures (a remote upstream before start-up) are skipped by the
 checks; the runtimes still refuse a mistyped tensor per request, naming the step.
 """

@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 import structlog
 
-from backends.lazy import require
+from backends.runtime.lazy import require
 
 log = structlog.get_logger(__name__)
 
@@ -103,7 +103,7 @@ def write_all(out_dir: Path, *, savedmodel: bool = True, llama: bool = True) -> 
     The OpenVINO IR, the SavedModel and the Llama need their runtimes' extras; a missing one is
     skipped with a log line rather than failing the whole command.
     """
-    from backends.lazy import MissingRuntime
+    from backends.runtime.lazy import MissingRuntime
 
     written: dict[str, str] = {}
     digits = write_digits(out_dir)

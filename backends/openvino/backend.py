@@ -16,16 +16,16 @@ from backends.base import (
     TensorRequest,
     TensorResponse,
 )
-from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.cores import default_threads
 from backends.errors import BackendInternalError, BackendTimeout, BackendUnavailable
-from backends.inline_runs import InlineRuns, call_bytes
-from backends.lazy import require
 from backends.openvino.options import OpenVINOOptions
 from backends.openvino.ports import one_line, port_spec, read_tensor
 from backends.openvino.slots import Slots
+from backends.runtime.batcher import Arrays, DynamicBatcher, batcher_for
+from backends.runtime.inline_runs import InlineRuns, call_bytes
+from backends.runtime.lazy import require
+from backends.runtime.tensor_requests import serve_tensor_request, zero_inputs
 from backends.spec import DeploymentSpec
-from backends.tensor_requests import serve_tensor_request, zero_inputs
 
 log = structlog.get_logger(__name__)
 

@@ -26,7 +26,7 @@ class OpenVINOOptions(SpecBase):
     num_threads: int | None = None
     #: on CPU, run a call with small inputs on the event loop's thread through an infer request of its
     #: own, skipping the queue's hand-off to OpenVINO's threads and back, while recent runs took less
-    #: than this many microseconds (`backends/inline_runs.py`); 0 = never by this rule (with
+    #: than this many microseconds (`backends/runtime/inline_runs.py`); 0 = never by this rule (with
     #: `inline_alone_below_us` also 0: always the queue)
     inline_below_us: int = 200
     #: on CPU with batching, also run a lone call inline (nothing else of this deployment running

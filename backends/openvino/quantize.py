@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.lazy import require
+from backends.runtime.lazy import require
 
 #: rows per inference while collecting statistics: one row per call would make calibration of a
 #: small model a Python loop over hundreds of inferences for no better ranges

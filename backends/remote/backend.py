@@ -27,12 +27,12 @@ from backends.base import (
     estimate_prompt_tokens,
 )
 from backends.errors import BackendTimeout, BackendUnavailable, InvalidInput
-from backends.json_errors import JSON_DECODE_ERRORS
 from backends.remote import kserve_upstream, openai_upstream
 from backends.remote.client import UpstreamClient, UpstreamTooLong, UpstreamUnreachable
 from backends.remote.errors import UpstreamIncomplete, UpstreamMalformed, UpstreamTooLarge, upstream_error
+from backends.runtime.json_errors import JSON_DECODE_ERRORS
+from backends.runtime.validation import validate_request
 from backends.spec import DeploymentSpec, SpecBase, decode_options
-from backends.validation import validate_request
 from fleetgate import tracing
 
 

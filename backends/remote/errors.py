@@ -12,7 +12,7 @@ from backends.errors import (
     InvalidInput,
     ModelNotFound,
 )
-from backends.json_errors import JSON_DECODE_ERRORS
+from backends.runtime.json_errors import JSON_DECODE_ERRORS
 
 
 class UpstreamTooLarge(BackendInternalError):

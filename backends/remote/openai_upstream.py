@@ -14,10 +14,10 @@ import msgspec
 
 from backends.base import ChatMessage, GenerateRequest, TokenEvent, TokenLogprob, Usage
 from backends.errors import BackendUnavailable, InvalidInput
-from backends.json_errors import JSON_DECODE_ERRORS
 from backends.openai_logprobs import read_logprobs
 from backends.remote.client import UpstreamTooLong, UpstreamUnreachable
 from backends.remote.errors import UpstreamMalformed, upstream_error
+from backends.runtime.json_errors import JSON_DECODE_ERRORS
 
 _json_decode = msgspec.json.Decoder()
 _json_encode = msgspec.json.Encoder()

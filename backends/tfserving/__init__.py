@@ -15,8 +15,8 @@ Modules: `tensors` (TensorProto <-> numpy, dtypes), `rpc` (stubs, status codes),
 
 from __future__ import annotations
 
+from backends.runtime.tensor_requests import zeros_for
 from backends.spec import DeploymentSpec, decode_options
-from backends.tensor_requests import zeros_for
 from backends.tfserving.backend import TFServingBackend
 from backends.tfserving.options import TFServingOptions
 from backends.tfserving.rpc import map_rpc_error

@@ -15,10 +15,10 @@ from backends.base import (
     TensorRequest,
     TensorResponse,
 )
-from backends.batcher import Arrays, DynamicBatcher, batcher_for
 from backends.errors import BackendInternalError, BackendUnavailable
+from backends.runtime.batcher import Arrays, DynamicBatcher, batcher_for
+from backends.runtime.tensor_requests import serve_tensor_request, zero_inputs
 from backends.spec import DeploymentSpec
-from backends.tensor_requests import serve_tensor_request, zero_inputs
 from backends.tfserving.options import TFServingOptions
 from backends.tfserving.rpc import load_apis, map_rpc_error
 from backends.tfserving.tensors import from_tensor_proto, signature_spec, to_tensor_proto

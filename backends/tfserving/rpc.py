@@ -21,7 +21,7 @@ from backends.errors import (
     InvalidInput,
     ModelNotFound,
 )
-from backends.lazy import require
+from backends.runtime.lazy import require
 
 log = structlog.get_logger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from backends.errors import InvalidInput
-from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
+from backends.runtime.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from gateway.batches.objects import ENDPOINTS
 from gateway.wire.openai_schema import chat_decoder, completion_decoder, embeddings_decoder
 

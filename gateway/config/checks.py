@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from backends.devices import device_problem as spec_device_problem
+from backends.runtime.devices import device_problem as spec_device_problem
 from backends.spec import DeploymentSpec
 
 

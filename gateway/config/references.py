@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 
 from backends.base import ModelMetadata
-from backends.signatures import read_signature
+from backends.runtime.signatures import read_signature
 from backends.sources import is_address
 from gateway.config.checks import (
     ConfigError,

@@ -27,7 +27,7 @@ from typing import Any
 
 from backends.base import Capability, ModelMetadata, TensorRequest, TensorResponse
 from backends.errors import InvalidInput, ModelNotFound
-from backends.validation import validate_request
+from backends.runtime.validation import validate_request
 from fleetgate import tracing
 from fleetgate.errors import GatewayError
 from gateway.config import Config

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 from backends.base import Capability, TensorRequest, TensorResponse, as_tensor
 from backends.errors import InvalidInput
-from backends.validation import validate_request
+from backends.runtime.validation import validate_request
 from gateway.core.admit import Admitter
 from gateway.core.attempts import Attempted, Attempts
 from gateway.core.fleet.deployments import Deployment

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from backends.lazy import MissingRuntime, require
+from backends.runtime.lazy import MissingRuntime, require
 from gateway.config import Config
 from gateway.core.service import GatewayCore
 from gateway.grpc.ports import GrpcPortBusy, busy_message, check_port_free

@@ -29,8 +29,8 @@ from tensorflow_serving.apis import (  # noqa: E402
 
 from backends.base import V2_TO_NUMPY, ModelMetadata, Tensor, TensorRequest, TensorSpec
 from backends.errors import InvalidInput
+from backends.runtime.validation import require_finite
 from backends.tfserving.tensors import DT_TO_V2, V2_TO_DT, from_tensor_proto, to_tensor_proto
-from backends.validation import require_finite
 from gateway.core.calls import Call, ModelRef
 from gateway.core.service import GatewayCore
 from gateway.grpc.status import abort_with, metadata_of, trailing_metadata

@@ -16,7 +16,7 @@ import numpy as np
 
 from backends.base import V2_TO_NUMPY, Tensor, TensorRequest, TensorResponse
 from backends.errors import InvalidInput
-from backends.validation import require_finite
+from backends.runtime.validation import require_finite
 from gateway.wire.v2_codec import binary_of, bytes_from_binary, element_count
 
 #: typed contents field per datatype (FP16 has none in the protocol: it travels raw only)

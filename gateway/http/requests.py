@@ -17,7 +17,7 @@ from litestar.connection import ASGIConnection
 from litestar.di import Provide
 
 from backends.errors import InvalidInput
-from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
+from backends.runtime.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from fleetgate.errors import GatewayError, Protocol, describe
 from gateway.core.calls import Call
 from gateway.core.service import GatewayCore

@@ -16,7 +16,7 @@ import numpy as np
 
 from backends.base import V2_TO_NUMPY, ModelMetadata, Tensor, TensorRequest, TensorResponse, TensorSpec
 from backends.errors import InvalidInput
-from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
+from backends.runtime.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()

@@ -15,8 +15,8 @@ import numpy as np
 
 from backends.base import V2_TO_NUMPY, Tensor, TensorRequest, TensorResponse
 from backends.errors import InvalidInput
-from backends.json_errors import JSON_DECODE_ERRORS, describe_decode_error
-from backends.validation import require_finite
+from backends.runtime.json_errors import JSON_DECODE_ERRORS, describe_decode_error
+from backends.runtime.validation import require_finite
 
 #: what the v2 server metadata endpoints (HTTP and gRPC) answer
 SERVER_NAME = "fleetgate"

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from backends.batcher import SEQUENTIAL_RUNS, DynamicBatcher
 from backends.errors import BackendUnavailable
+from backends.runtime.batcher import SEQUENTIAL_RUNS, DynamicBatcher
 
 
 class Recorder:

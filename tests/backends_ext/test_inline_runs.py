@@ -1,4 +1,4 @@
-"""Runtime calls on the event loop's thread for small, fast models (`backends/inline_runs.py`), and
+"""Runtime calls on the event loop's thread for small, fast models (`backends/runtime/inline_runs.py`), and
 the ONNX Runtime backend that uses it, on the real digits model."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from backends.base import Tensor, TensorRequest
 from backends.errors import BackendError
-from backends.inline_runs import InlineRuns, call_bytes
 from backends.registry import create_backend
+from backends.runtime.inline_runs import InlineRuns, call_bytes
 from backends.spec import BatchingSpec, DeploymentSpec
 
 SMALL = call_bytes({"x": np.zeros((1, 16), np.float32)})  # 64 bytes

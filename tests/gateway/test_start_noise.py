@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.cuda_devices import cuda_device_count
 from backends.onnxruntime import providers_to_ask
+from backends.runtime.cuda_devices import cuda_device_count
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

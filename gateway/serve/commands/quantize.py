@@ -24,8 +24,8 @@ def register(add_parser: AddParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
-    from backends.lazy import MissingRuntime
     from backends.openvino.quantize import quantize_to_int8, quantized_op_counts
+    from backends.runtime.lazy import MissingRuntime
 
     try:
         # NNCF draws progress bars on stdout; stdout carries only the answer line

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from backends.base import V2_TO_NUMPY, ModelMetadata, Tensor, TensorRequest, TensorResponse, TensorSpec
-from backends.batcher import Arrays, DynamicBatcher
-from backends.validation import validate_request
+from backends.runtime.batcher import Arrays, DynamicBatcher
+from backends.runtime.validation import validate_request
 
 #: one run of the runtime: input arrays, the outputs asked for (None: all) -> output arrays
 RunArrays = Callable[[Arrays, tuple[str, ...] | None], Awaitable[Arrays]]

@@ -18,7 +18,7 @@ The rule: a call runs inline only when
   has left the window, so a model whose cost depends on its input does not stall the loop twice in a
   row on the strength of a fast median.
 A call that runs alone (nothing else running or queued on its deployment, no batch forming: the
-batcher's lone path, `backends/batcher.py`, so only with batching on) may run inline under a second,
+batcher's lone path, `backends/runtime/batcher.py`, so only with batching on) may run inline under a second,
 larger bound: the median of the window under `alone_below_s`, no run in it over twice that, and the
 call's inputs no larger than the largest measured in it (so a 32-row call after one-row runs, which
 may cost 32 times more, goes to a worker).

@@ -64,7 +64,7 @@ class DynamicBatcher:
 
     Args:
         run: coroutine that runs one batch (it must not block the event loop for long: backends run
-            only calls measured fast on the loop's own thread, `backends/inline_runs.py`).
+            only calls measured fast on the loop's own thread, `backends/runtime/inline_runs.py`).
         max_batch_size: most rows in one merged batch; a larger request runs alone.
         max_delay_ms: how long the first request of a batch waits for company.
         max_queue: requests waiting beyond this are refused with BackendUnavailable.
@@ -73,7 +73,7 @@ class DynamicBatcher:
         wait_for_company: the `delay` mode (see above); False is the `continuous` mode.
         run_alone: runs a request that would start alone at once (nothing queued, a slot free, no
             company expected): it skips the queue and runs in its caller's task, through this
-            callable when given (a backend may run such a call inline, `backends/inline_runs.py`).
+            callable when given (a backend may run such a call inline, `backends/runtime/inline_runs.py`).
     """
 
     def __init__(
