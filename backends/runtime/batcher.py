@@ -5,7 +5,7 @@ dominated by per-call overhead, so one call on 32 rows costs little more than on
 
 Only requests that can be concatenated go into one batch: same input names, dtypes and trailing
 dimensions, and the same requested outputs. A batch that fails is retried one request at a time so
-that a request the runtime rejects does not fail its batch-mates.
+that a request the runtime rejects does not fail its batch-mates (the run of a batch: `batches.py`).
 
 Several batches may run at once, up to `max_in_flight`: a runtime with parallel slots (OpenVINO's
 THROUGHPUT streams, ONNX Runtime sessions called from several threads) would otherwise idle all
@@ -15,39 +15,20 @@ but one of them while the batcher waits for the running batch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import structlog
 
 from backends.base import BatchObserver, TensorSpec
 from backends.errors import BackendUnavailable
+from backends.runtime.batches import Arrays, Pending, RunBatch, execute_batch
 from backends.spec import BatchingSpec
 
 log = structlog.get_logger(__name__)
 
 #: single-request batches in a row after which a lone request goes through `run_alone`
 SEQUENTIAL_RUNS = 8
-
-Arrays = dict[str, np.ndarray]
-#: runs one (possibly merged) batch: inputs by name, requested output names (None = all)
-RunBatch = Callable[[Arrays, tuple[str, ...] | None], Awaitable[Arrays]]
-
-
-@dataclass
-class _Pending:
-    inputs: Arrays
-    outputs: tuple[str, ...] | None
-    rows: int
-    future: asyncio.Future[Arrays]
-    key: tuple = field(init=False)
-
-    def __post_init__(self) -> None:
-        # Requests with equal keys can be concatenated along dimension 0.
-        sig = tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in self.inputs.items()))
-        self.key = (sig, self.outputs)
 
 
 class DynamicBatcher:
@@ -98,7 +79,7 @@ class DynamicBatcher:
         self.max_in_flight = max_in_flight
         self.wait_for_company = wait_for_company
         self._observer = observer
-        self._queue: list[_Pending] = []
+        self._queue: list[Pending] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: batches running now (each holds one of the runtime's parallel slots)
@@ -176,7 +157,7 @@ class DynamicBatcher:
                 return await self._run_direct(inputs, outputs, rows)
             first = True
         self.start()
-        pending = _Pending(inputs, outputs, rows, asyncio.get_running_loop().create_future())
+        pending = Pending(inputs, outputs, rows, asyncio.get_running_loop().create_future())
         if first:
             self._queue.insert(0, pending)  # it came before the ones that queued while it yielded
         else:
@@ -228,7 +209,7 @@ class DynamicBatcher:
             self._last_finished = asyncio.get_running_loop().time()
             self._wakeup.set()  # a slot is free for what queued meanwhile
 
-    def _take_batch(self, row_cap: int) -> list[_Pending]:
+    def _take_batch(self, row_cap: int) -> list[Pending]:
         """Pop the oldest live request and every queued request compatible with it, up to `row_cap` rows."""
         while self._queue and self._queue[0].future.done():  # cancelled by its caller
             self._queue.pop(0)
@@ -304,7 +285,7 @@ class DynamicBatcher:
                     break
                 self._start(batch)
 
-    def _start(self, batch: list[_Pending]) -> None:
+    def _start(self, batch: list[Pending]) -> None:
         """Run one batch as its own task, holding a slot until it finishes."""
         self._last_batch_requests = len(batch)
         self._lone_streak = self._lone_streak + 1 if len(batch) == 1 else 0
@@ -328,9 +309,9 @@ class DynamicBatcher:
             self._last_finished = asyncio.get_running_loop().time()
             self._wakeup.set()  # a slot is free
 
-    async def _execute(self, batch: list[_Pending]) -> None:
+    async def _execute(self, batch: list[Pending]) -> None:
         try:
-            await self._execute_batch(batch)
+            await execute_batch(self._run, batch)
         except asyncio.CancelledError:
             for pending in batch:
                 if not pending.future.done():
@@ -342,36 +323,6 @@ class DynamicBatcher:
             # only release before, came after them, so a sequential caller always found the
             # only slot taken and queued).
             self._free_slot(asyncio.current_task())
-
-    async def _execute_batch(self, batch: list[_Pending]) -> None:
-        if len(batch) == 1:
-            await self._run_single(batch[0])
-            return
-        names = list(batch[0].inputs)
-        merged = {name: np.concatenate([p.inputs[name] for p in batch], axis=0) for name in names}
-        try:
-            outputs = await self._run(merged, batch[0].outputs)
-        except Exception:  # noqa: BLE001 - isolate the failing request below
-            log.warning("batch_failed_retrying_individually", size=len(batch))
-            for pending in batch:
-                await self._run_single(pending)
-            return
-        start = 0
-        for pending in batch:
-            stop = start + pending.rows
-            if not pending.future.done():
-                pending.future.set_result({name: value[start:stop] for name, value in outputs.items()})
-            start = stop
-
-    async def _run_single(self, pending: _Pending) -> None:
-        try:
-            result = await self._run(pending.inputs, pending.outputs)
-        except Exception as exc:  # noqa: BLE001 - handed to the caller
-            if not pending.future.done():
-                pending.future.set_exception(exc)
-            return
-        if not pending.future.done():
-            pending.future.set_result(result)
 
 
 def batcher_for(
