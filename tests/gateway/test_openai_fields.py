@@ -1,10 +1,11 @@
 """OpenAI request fields are honoured, forwarded or refused by name: never silently dropped.
 
-The own engine refuses what it does not implement (penalties, logit_bias, response_format,
-min_tokens) with a 400 naming the field; a remote OpenAI upstream receives those fields as sent.
+The own engine applies penalties, logit_bias, min_tokens and output constraints (response_format,
+structured_outputs, guided_*) and refuses what it does not implement (a structural tag) with a 400
+naming the field; a remote OpenAI upstream receives those fields as sent.
 logprobs / top_logprobs come from the own engine or are asked of a remote upstream and handed on (an
 upstream answer without them is an error, never silently short); tools / tool_choice reach a remote
-upstream as sent and its tool calls come back, and are refused by name on the own engine.
+upstream as sent and its tool calls come back; the own engine serves them (test_tool_calls.py).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ models:
 def test_the_own_engine_refuses_what_it_does_not_implement_by_name(both: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         both.chat.completions.create(
-            model="tiny", messages=HELLO, max_tokens=2, response_format={"type": "json_object"}
+            model="tiny", messages=HELLO, max_tokens=2, response_format={"type": "structural_tag"}
         )
     assert "response_format" in info.value.message
 
@@ -174,15 +175,17 @@ TOOLS = [
 ]
 
 
-def test_tools_are_refused_by_name_on_the_own_engine(both: OpenAI) -> None:
+def test_tools_on_an_own_engine_without_a_tool_parser(both: OpenAI) -> None:
+    """The own engine serves tools (tests/gateway/test_tool_calls.py); "auto" on a model whose chat
+    template has no tool format fleetgate recognises is a 400 naming the option to set, and a
+    history with tool calls is rendered, not refused."""
     with pytest.raises(openai.BadRequestError) as info:
         both.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2, tools=TOOLS)
-    assert "`tools`" in info.value.message
+    assert "options.tool_parser" in info.value.message
     turn = [*HELLO, {"role": "assistant", "content": None,
                      "tool_calls": [{"id": "c", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}]  # fmt: skip
-    with pytest.raises(openai.BadRequestError) as info:
-        both.chat.completions.create(model="tiny", messages=turn, max_tokens=2)
-    assert "tool_calls" in info.value.message
+    out = both.chat.completions.create(model="tiny", messages=turn, max_tokens=2)
+    assert out.choices[0].finish_reason in ("stop", "length")
 
 
 @pytest.mark.parametrize(
@@ -289,6 +292,12 @@ def test_a_remote_upstream_receives_the_fields_as_sent(both: OpenAI) -> None:
     )
     assert out.choices[0].message.content
     sent = openai_upstream.RECEIVED[-1]
+    assert sent["response_format"] == {"type": "json_object"}
+    vllm = {"structured_outputs": {"json": '{"type": "integer"}', "disable_any_whitespace": True}}
+    both.chat.completions.create(model="echo", messages=HELLO, max_tokens=3, extra_body=vllm)
+    assert {k: openai_upstream.RECEIVED[-1][k] for k in vllm} == vllm
+    both.completions.create(model="echo", prompt="hi", max_tokens=3, extra_body={"guided_choice": ["a", "b"]})
+    assert openai_upstream.RECEIVED[-1]["guided_choice"] == ["a", "b"]
     assert sent["presence_penalty"] == 0.5 and sent["logit_bias"] == {"7": -100}
     assert sent["response_format"] == {"type": "json_object"}
     assert sent["repetition_penalty"] == 1.1 and sent["min_tokens"] == 1
