@@ -28,6 +28,10 @@ from backends.tool_parsers.framing import FramedToolParser
 
 _Parser = FramedToolParser | NamedToolParser
 
+#: OpenAI request fields (`GenerateRequest.extra`, forwarded as sent to remote upstreams) that an
+#: engine following this plan honours
+TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
+
 
 class ToolPlan(msgspec.Struct, kw_only=True):
     """How one request's tools are served."""
@@ -56,9 +60,19 @@ class ToolPlan(msgspec.Struct, kw_only=True):
                                "output constraint (`response_format`, `structured_outputs`); leave one out")
         return msgspec.structs.replace(sampling, structured=self.constraint)
 
+    def constrained(self, request: GenerateRequest) -> GenerateRequest:
+        """`request` with the constraint of the tool choice in its sampling (see `sampling`)."""
+        sampling = self.sampling(request.sampling)
+        return request if sampling is request.sampling else msgspec.structs.replace(request, sampling=sampling)
+
     def output(self) -> ToolCallOutput | None:
         """A reader of one generation's events (None when no calls are read)."""
         return ToolCallOutput(self.parser(), self.finish_with_calls, self.stream) if self.parser else None
+
+
+def shown_tools(request: GenerateRequest) -> list[dict[str, Any]] | None:
+    """The tools the chat template renders for `request` (none under `tool_choice: "none"`)."""
+    return request.tools if request.tools and request.tool_choice != "none" else None
 
 
 def plan_tools(request: GenerateRequest, parser_name: str | None) -> ToolPlan | None:

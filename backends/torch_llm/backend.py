@@ -26,6 +26,8 @@ from backends.base import (
 )
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput, ModelNotFound
 from backends.spec import DeploymentSpec
+from backends.tool_parsers import default_parser
+from backends.tool_parsers.plan import TOOL_FIELDS, plan_tools, shown_tools, template_messages
 from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
 from backends.torch_llm.model_config import ModelConfig, read_sampling_defaults, with_model_defaults
 from backends.torch_llm.options import LLMOptions, decode_options
@@ -49,8 +51,9 @@ _MAX_TOKENIZED_TOKENS = 1 << 20
 
 def _fingerprint(request: GenerateRequest) -> int:
     """Identifies a prompt, so ids counted for one request are never used for another with its id."""
-    messages = tuple((m.role, m.content) for m in request.messages or ())
-    return hash((request.prompt, messages, tuple(request.prompt_token_ids or ())))
+    # all the chat template renders: the messages with their tool context, and the tools shown
+    chat = repr((template_messages(request.messages or []), shown_tools(request)))
+    return hash((request.prompt, chat, tuple(request.prompt_token_ids or ())))
 
 
 def create(name: str, spec: DeploymentSpec) -> TorchLLMBackend:
@@ -124,6 +127,7 @@ class TorchLLMBackend:
         self._parts: EngineParts | None = None
         self._engine: AsyncLLMEngine | None = None
         self._grammars: GrammarCompiler | None = None  # output constraints of this model (load)
+        self._tool_parser: str | None = None  # reads tool calls under tool_choice auto (load)
         #: prompt ids counted at admission, by request id, waiting for `generate`
         self._tokenized: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()
         self._tokenized_total = 0
@@ -163,6 +167,7 @@ class TorchLLMBackend:
         for adapter, why in self.adapter_errors.items():
             log.error("llm_adapter_load_failed", deployment=self.name, adapter=adapter, error=why)
         self._sampling_defaults = read_sampling_defaults(self.folder)
+        self._tool_parser = self.options.tool_parser or default_parser(parts.tokenizer.chat_template)
         o = self.options
         self._grammars = GrammarCompiler(
             parts.tokenizer, parts.config.vocab_size, parts.engine.config.eos_token_ids,
@@ -297,6 +302,8 @@ class TorchLLMBackend:
         """
         _check_supported(request)  # before admission: a request this engine cannot honour costs nothing
         self._check_adapter(request.adapter)
+        tools = plan_tools(request, self._tool_parser)
+        request = tools.constrained(request) if tools else request
         await self._grammar(request)  # compiled (and cached) now: a schema it cannot enforce costs nothing
         ids = await self._tokenize(request)
         self._tokenized[request.request_id] = (_fingerprint(request), ids)
@@ -340,6 +347,9 @@ class TorchLLMBackend:
         ids = counted[1] if counted and counted[0] == _fingerprint(request) else await self._tokenize(request)
         _check_supported(request)
         self._check_adapter(request.adapter)
+        tools = plan_tools(request, self._tool_parser)  # tool calls read from the text, if asked for
+        request = tools.constrained(request) if tools else request
+        calls = tools.output() if tools else None
         sampling = with_model_defaults(request.sampling, self._sampling_defaults)
         _check_sampling(sampling)
         try:  # checked here too: a refusal inside the engine thread would end the stream as an error
@@ -368,7 +378,7 @@ class TorchLLMBackend:
                     raise _failure(self.name, out.finish_reason, out.error)
                 completion += len(out.token_ids)
                 done = out.finish_reason is not None
-                yield TokenEvent(
+                event = TokenEvent(
                     request_id=request.request_id,
                     text=out.text,
                     token_ids=out.token_ids,
@@ -377,6 +387,7 @@ class TorchLLMBackend:
                     finish_reason=out.finish_reason,
                     usage=Usage(prompt_tokens=len(ids), completion_tokens=completion) if done else None,
                 )
+                yield calls.rewrite(event) if calls else event
                 if done:
                     finished = True
                     return
@@ -423,9 +434,7 @@ class TorchLLMBackend:
             tok = self._tokenizer()
             if request.messages is not None:
                 try:
-                    ids = tok.apply_chat_template(
-                        [{"role": m.role, "content": m.content} for m in request.messages]
-                    )
+                    ids = tok.apply_chat_template(template_messages(request.messages), shown_tools(request))
                 except ValueError as exc:
                     raise InvalidInput(str(exc)) from None
             else:
@@ -449,9 +458,7 @@ _HONOURED = frozenset(
 def _check_supported(request: GenerateRequest) -> None:
     """Refuse, naming them, the OpenAI fields this engine does not implement (never drop them)."""
     honoured = _HONOURED | (STRUCTURED_FIELDS if request.sampling.structured is not None else frozenset())
-    unsupported = sorted(set(request.extra) - honoured)
-    if any(m.tool_calls for m in request.messages or ()):
-        unsupported.append("messages[].tool_calls")
+    unsupported = sorted(set(request.extra) - honoured - TOOL_FIELDS)
     if unsupported:
         names = ", ".join(f"`{name}`" for name in unsupported)
         raise InvalidInput(f"{names} not supported by this deployment's engine; leave them out")

@@ -154,8 +154,13 @@ class TextTokenizer:
         tokenizer = self._tok
         return lambda token_id: stream.step(tokenizer, token_id)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Render `messages` with the generation prompt appended, then tokenize.
+
+        `tools` (OpenAI function definitions) are handed to the template as Hugging Face's
+        `apply_chat_template(tools=...)` does; a template without tool support ignores them.
 
         Raises:
             ValueError: the model has no chat template, or the template rejects the chat.
@@ -165,6 +170,7 @@ class TextTokenizer:
         try:
             text = self._template.render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=True,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",

@@ -19,7 +19,7 @@ from gateway.core.calls import Call
 from gateway.core.operations import Operations
 from gateway.core.service import GatewayCore
 from gateway.http.requests import http_failure, json_response, read_admin_json
-from policies.types import KeyRecord
+from policies.types import Budget, KeyRecord, Limits
 
 log = structlog.get_logger(__name__)
 
@@ -29,6 +29,10 @@ class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models: list[str] | None = None
     expires_at: datetime | None = None
     name: str | None = None
+    #: the key's own rate limits (in place of its tenant's `key_limits`; the tenant's still apply)
+    limits: Limits | None = None
+    #: the key's own budget in USD (beside its tenant's)
+    budget: Budget | None = None
 
 
 # --- the actions, shared by these routes and the console (gateway/admin/console/) -----------------------
@@ -37,7 +41,9 @@ class CreateKeyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 async def create_tenant_key(core: GatewayCore, body: CreateKeyBody) -> tuple[KeyRecord, str]:
     """Create a key of `body.tenant`; its record and its secret (shown once). 400 on bad input."""
     try:
-        record, secret = await core.keys.create(body.tenant, body.models, body.expires_at, body.name)
+        record, secret = await core.keys.create(
+            body.tenant, body.models, body.expires_at, body.name, limits=body.limits, budget=body.budget
+        )
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     await audit.record("keys.create", record.key_id, after=record)

@@ -98,7 +98,7 @@ class GatewayCore:
         self.signals = FleetSignals(deployments, self.breakers, self.service_times)
         self.shadows = Shadows(deployments)
         #: what a running stream needs at its end (and the settlements still running)
-        self.settlement = StreamSettlement(admission, self.shadows)
+        self.settlement = StreamSettlement(admission, self.shadows, deployments, lambda: self.config.models)
         #: the process's drain after SIGTERM (gateway/serve/drain.py): not ready, then refusing new calls
         self.drain = drain or DrainState()
         #: LoRA adapters served as models: model name -> the deployment of its base

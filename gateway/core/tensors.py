@@ -17,6 +17,7 @@ from gateway.core.queue_turn import run_in_turn
 from gateway.core.results import Served
 from gateway.core.row_slices import CONTINUING_PRIORITY, join_row_slices, row_slices
 from policies.admission import Admission
+from policies.pricing import Usage
 from policies.principal import Principal
 from router.planner import Plan
 from router.spec import ModelConfig
@@ -50,15 +51,17 @@ class TensorPath:
         """
         candidates = self._attempts.candidates(plan, Capability.TENSOR)
         cost = request.batch_rows
-        reservation = await self._admitter.admit(principal, plan.model, cost)
-        used = 0
+        worst = self._admitter.prices.worst(plan.model, candidates, rows=cost)
+        reservation = await self._admitter.admit(principal, plan.model, cost, worst)
+        used, spent = 0, 0
         try:
             response, dep = await self.run(principal, plan, request, hints, candidates)
             used = cost
+            spent = self._admitter.prices.charge(principal.tenant, plan.model, dep, Usage(rows=used))
         finally:
             # a request that got no answer costs no usage and no request quota (README: what a
             # failure costs); its rate-limit slot stays spent, so failures cannot flood for free
-            await self._admission.reconcile(reservation, used, failed=used == 0)
+            await self._admission.reconcile(reservation, used, failed=used == 0, cost_micros=spent)
         return response, Served(deployment=dep, plan=plan, headers=self._admission.headers(reservation))
 
     async def run(

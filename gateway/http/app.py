@@ -33,6 +33,7 @@ from gateway.config import Config, ConfigError
 from gateway.core.calls import register_metric_models
 from gateway.core.drain_state import DrainState
 from gateway.core.fleet.deployments import LoadRetries, build_deployments, close_deployments, open_deployments
+from gateway.core.money.alerts import BudgetAlertSink
 from gateway.core.service import GatewayCore
 from gateway.grpc.server import check_grpc_port, start_grpc
 from gateway.http import kserve, openai, openai_embeddings, openapi, probes, tfserving
@@ -124,7 +125,11 @@ def create_app(
         app.state.tracing = TracingSwitch(config.tracing, span_exporter)
         store = await open_store(config.state.url)
         keys = KeyService(store, clock, tenants=list(config.tenants))
-        admission = Admission(store, config.tenants, clock, fail_open_s=config.state.fail_open_s)
+        alerts = BudgetAlertSink(config.budget_alerts)
+        admission = Admission(
+            store, config.tenants, clock, fail_open_s=config.state.fail_open_s,
+            budget_thresholds=config.budget_alerts.thresholds, budget_sink=alerts,
+        )  # fmt: skip
         breakers = CircuitBreakers(config.breakers.failure_threshold, config.breakers.cooldown_s)
         app.state.core = GatewayCore.assemble(
             config, deployments, keys, admission, breakers, ServiceTimes(), drain=drain
@@ -163,6 +168,8 @@ def create_app(
             await app.state.core.shadows.close()
             await close_deployments(deployments)
             await keys.uses_written()  # the last-use writes still in flight go to the store first
+            await admission.budget_watch.settled()
+            await alerts.close()
             await store.close()
             await app.state.tracing.shutdown()
             if health is not None:

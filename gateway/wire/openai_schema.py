@@ -6,8 +6,9 @@ naming them; `logprobs` / `top_logprobs` are served by the own engine and asked 
 fields that only some backends honour (penalties, logit_bias, response_format, min_tokens, tools,
 tool_choice, parallel_tool_calls, vLLM's structured_outputs and guided_*) travel in
 `GenerateRequest.extra` to a remote OpenAI upstream as sent; the own engine applies the penalties,
-logit_bias and min_tokens (SamplingParams) and the output constraint (`SamplingParams.structured`,
-see `openai_structured`), and refuses the others with a 400 naming them.
+logit_bias and min_tokens (SamplingParams), the output constraint (`SamplingParams.structured`,
+see `openai_structured`) and the tools (`GenerateRequest.tools`, `tool_choice`,
+`parallel_tool_calls`), and refuses the others with a 400 naming them.
 """
 
 from __future__ import annotations
@@ -269,8 +270,8 @@ def _checked(value: Any, kind: type, where: str) -> Any:
 
 
 def _tool_fields(body: ChatBody) -> dict[str, Any]:
-    """tools, tool_choice and parallel_tool_calls, checked, for `GenerateRequest.extra`: a remote
-    upstream receives them as sent; the own engine refuses them by name."""
+    """tools, tool_choice and parallel_tool_calls, checked, for `GenerateRequest.extra` (a remote
+    upstream receives them as sent) and its `tools` fields (an own engine serves them)."""
     if body.tools is not None and not body.tools:
         raise InvalidInput("`tools` must not be empty (leave it out)")
     tools = [_checked(t, Tool, f"tools[{i}]") for i, t in enumerate(body.tools or ())]
@@ -327,6 +328,10 @@ def chat_request(body: ChatBody, request_id: str) -> GenerateRequest:
         messages=messages,
         sampling=msgspec.structs.replace(sampling, top_logprobs=body.top_logprobs or 0),
         extra=_forwarded(body) | tools,
+        # also read by own engines, which render the tools and parse the calls themselves
+        tools=tools.get("tools"),
+        tool_choice=tools.get("tool_choice"),
+        parallel_tool_calls=tools.get("parallel_tool_calls", True),
     )
 
 
