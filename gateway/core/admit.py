@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from fleetgate import tracing
+from gateway.core.money.prices import Prices
 from gateway.core.streams import StreamSettlement
 from gateway.observe import metrics
 from policies.admission import Admission, Reservation
@@ -19,20 +20,26 @@ class Admitter:
         self._admission = admission
         self._settlement = settlement
 
-    async def admit(self, principal: Principal, model: str, cost: int) -> Reservation:
+    @property
+    def prices(self) -> Prices:
+        """The prices the call's worst case and real cost are taken at."""
+        return self._settlement.prices
+
+    async def admit(self, principal: Principal, model: str, cost: int, cost_micros: int = 0) -> Reservation:
         """Admit in a task of its own: a caller cancelled meanwhile (deadline, disconnect) cannot
         leave a reservation the store granted without anyone to settle it. A tenant with nothing
         to check is admitted at once, without the task: there is no round trip to guard.
+        `cost_micros` is the call's worst-case cost in micro-USD, reserved on its budgets.
 
         Raises:
             PolicyError: a limit or quota refused (counted in the rejections metric).
         """
         try:
             with tracing.step("admit", **{"fleetgate.cost": cost}):
-                granted = self._admission.admit_at_once(principal, model, cost)
+                granted = self._admission.admit_at_once(principal, model, cost, cost_micros)
                 if granted is not None:
                     return granted
-                task = asyncio.ensure_future(self._admission.admit(principal, model, cost))
+                task = asyncio.ensure_future(self._admission.admit(principal, model, cost, cost_micros))
                 try:
                     return await asyncio.shield(task)
                 except asyncio.CancelledError:

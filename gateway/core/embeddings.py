@@ -20,6 +20,7 @@ from gateway.core.queue_hints import QueueHints
 from gateway.core.queue_turn import run_in_turn
 from gateway.core.results import EmbeddingsInput, EmbeddingsOutcome, Served
 from policies.admission import Admission
+from policies.pricing import Usage
 from policies.principal import Principal
 from router.planner import Plan
 
@@ -40,7 +41,10 @@ class EmbeddingsPath:
         candidates = self._attempts.candidates(plan, Capability.EMBED)
         first = as_embedding_adapter(candidates[0].backend)
         text_bytes = first.check_embedding(given.inputs, given.dimensions)
-        reservation = await self._admitter.admit(principal, plan.model, first.estimate_tokens(given.inputs))
+        estimate = first.estimate_tokens(given.inputs)
+        worst = self._admitter.prices.worst(plan.model, candidates, input_tokens=estimate)
+        reservation = await self._admitter.admit(principal, plan.model, estimate, worst)
+        dep: Deployment | None = None
         used = 0
         try:
             request = await first.tokenize_embedding(given.inputs, request_id, given.dimensions, text_bytes)
@@ -59,6 +63,8 @@ class EmbeddingsPath:
             (served_request, vectors), dep = await self._attempts.each(plan, candidates, attempt, any_fault)
             used = served_request.tokens
         finally:
-            await self._admission.reconcile(reservation, used, failed=used == 0)
+            priced = Usage(input_tokens=used, requests=1 if used else 0)
+            cost = self._admitter.prices.charge(principal.tenant, plan.model, dep, priced) if used else 0
+            await self._admission.reconcile(reservation, used, failed=used == 0, cost_micros=cost)
         served = Served(deployment=dep, plan=plan, headers=self._admission.headers(reservation))
         return EmbeddingsOutcome(vectors, used, served, given.body)

@@ -75,7 +75,10 @@ class GenerationPath:
         """
         candidates = self._attempts.candidates(plan, Capability.GENERATE)
         cost = prompt_tokens + request.sampling.max_tokens
-        reservation = await self._admitter.admit(principal, plan.model, cost)
+        worst = self._admitter.prices.worst(
+            plan.model, candidates, input_tokens=prompt_tokens, max_output_tokens=request.sampling.max_tokens
+        )
+        reservation = await self._admitter.admit(principal, plan.model, cost, worst)
 
         async def attempt(dep: Deployment) -> tuple[GenerationStream, float, float]:
             ticket = await take_turn(dep, principal.tenant, cost, hints)
@@ -120,8 +123,12 @@ class GenerationPath:
         answer always come from one deployment)."""
         candidates = self._attempts.candidates(plan, Capability.GENERATE)
         cost = n * (prompt_tokens + request.sampling.max_tokens)
-        reservation = await self._admitter.admit(principal, plan.model, cost)
-        share = ChoiceShare(self._admission, reservation, n, span)
+        # the prompt is counted once for all the choices (see ChoiceShare), their outputs summed
+        worst = self._admitter.prices.worst(
+            plan.model, candidates, input_tokens=prompt_tokens, max_output_tokens=n * request.sampling.max_tokens
+        )
+        reservation = await self._admitter.admit(principal, plan.model, cost, worst)
+        share = ChoiceShare(self._admission, self._admitter.prices, reservation, n, span)
 
         async def attempt(dep: Deployment) -> tuple[list[GenerationStream], float, float]:
             ticket = await take_turn(dep, principal.tenant, cost, hints)

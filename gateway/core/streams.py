@@ -9,18 +9,21 @@ to a shadow) lives here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from backends.base import BYTES_PER_TOKEN, GenerateRequest, TokenEvent, Usage, estimate_text_tokens
 from gateway.core.fleet.deployments import Deployment
 from gateway.core.fleet.shadowing import Shadows
+from gateway.core.money.prices import Prices
 from gateway.observe import metrics
+from policies import pricing
 from policies.admission import Admission, Reservation
 from policies.fair_queue import Ticket
 from policies.principal import Principal
 from router.planner import Plan
+from router.spec import ModelConfig
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -37,9 +40,18 @@ class StreamSettlement:
     settling its reservation, mirroring a finished completion to shadows, and keeping the
     settlements that run as tasks alive until they end."""
 
-    def __init__(self, admission: Admission, shadows: Shadows) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        shadows: Shadows,
+        deployments: Mapping[str, Deployment],
+        models: Callable[[], Mapping[str, ModelConfig]],
+    ) -> None:
         self.admission = admission
         self.shadows = shadows
+        #: what a call costs (its reservation's worst case at admission, its real cost at its end),
+        #: at the prices of the live deployments and models
+        self.prices = Prices(deployments, models)
         #: settlements still running (held so that they are not garbage-collected)
         self.running: set[asyncio.Future[None]] = set()
 
@@ -61,6 +73,7 @@ class ChoiceShare:
     def __init__(
         self,
         admission: Admission,
+        prices: Prices,
         reservation: Reservation,
         parts: int,
         span: Any = None,
@@ -68,6 +81,7 @@ class ChoiceShare:
         ticket: Ticket | None = None,
     ) -> None:
         self.admission = admission
+        self.prices = prices
         self.reservation = reservation
         #: the one fair-queue ticket of all the choices, released with their total service at the end
         self._queue = queue
@@ -82,6 +96,8 @@ class ChoiceShare:
         self._attempt_prompt = 0
         self._attempt_completion = 0
         self._span = span
+        #: the deployment the choices ran on (what they are priced at)
+        self._dep: Deployment | None = None
 
     def begin_attempt(self, queue: Any, ticket: Ticket) -> None:
         """Start (again) on one deployment: its fair-queue ticket, every choice still to come."""
@@ -117,9 +133,10 @@ class ChoiceShare:
         # (the request's span is ended by the caller, with the error)
         await self.admission.reconcile(self.reservation, 0, failed=True)
 
-    async def settle(self, usage: Usage, failed: bool) -> None:
+    async def settle(self, usage: Usage, failed: bool, dep: Deployment | None = None) -> None:
         if self._left <= 0:
             return
+        self._dep = dep or self._dep
         self._left -= 1
         self._failed += failed
         self._prompt = max(self._prompt, usage.prompt_tokens)
@@ -130,9 +147,14 @@ class ChoiceShare:
             return
         if self._queue is not None and self._ticket is not None:
             self._queue.release(self._ticket, float(self._attempt_prompt + 2 * self._attempt_completion))
+        failed = self._failed == self._parts
+        usage = Usage(prompt_tokens=self._prompt, completion_tokens=self._completion)
+        cost = self.prices.charge(
+            self.reservation.tenant, self.reservation.model, self._dep, priced_usage(usage, failed)
+        )
         try:
             await self.admission.reconcile(
-                self.reservation, self._prompt + self._completion, failed=self._failed == self._parts
+                self.reservation, self._prompt + self._completion, failed=failed, cost_micros=cost
             )
         finally:
             if self._span is not None:
@@ -287,14 +309,19 @@ class GenerationStream:
             # tokens were computed and stay charged)
             failed = self._errored and self.delivered == 0
             if job.share is not None:
-                await job.share.settle(usage, failed)
+                await job.share.settle(usage, failed, job.dep)
             else:
                 await self._reconcile(usage, failed)
 
     async def _reconcile(self, usage: Usage, failed: bool) -> None:
         job = self.job
         try:
-            await self._settlement.admission.reconcile(job.reservation, usage.total_tokens, failed=failed)
+            cost = self._settlement.prices.charge(
+                job.principal.tenant, job.plan.model, job.dep, priced_usage(usage, failed)
+            )
+            await self._settlement.admission.reconcile(
+                job.reservation, usage.total_tokens, failed=failed, cost_micros=cost
+            )
         finally:
             if job.span is not None:
                 job.span.set_attributes(
@@ -304,6 +331,13 @@ class GenerationStream:
                     }
                 )
                 job.span.end()
+
+
+def priced_usage(usage: Usage, failed: bool) -> pricing.Usage:
+    """A generation's usage as priced: its prompt and output tokens, one request unless it failed."""
+    return pricing.Usage(
+        input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, requests=0 if failed else 1
+    )
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

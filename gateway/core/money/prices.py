@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from gateway.core.fleet.deployments import Deployment
-from policies.pricing import Pricing, Usage, cost_micros, costliest, worst_case_micros
+from gateway.observe import metrics
+from policies.pricing import Pricing, Usage, cost_micros, costliest, usd, worst_case_micros
 from router.spec import ModelConfig
 
 
@@ -45,6 +46,9 @@ class Prices:
         top = costliest([self.of(model, dep.name) for dep in candidates] or [self.of(model, None)])
         return worst_case_micros(top, input_tokens=input_tokens, max_output_tokens=max_output_tokens, rows=rows)
 
-    def cost(self, model: str, deployment: Deployment | None, usage: Usage) -> int:
-        """What a call cost in micro-USD on the deployment that answered it."""
-        return cost_micros(self.of(model, deployment.name if deployment else None), usage)
+    def charge(self, tenant: str, model: str, deployment: Deployment | None, usage: Usage) -> int:
+        """What a call cost in micro-USD on the deployment that answered it (counted on /metrics)."""
+        micros = cost_micros(self.of(model, deployment.name if deployment else None), usage)
+        if micros:
+            metrics.child(metrics.SPEND, tenant, model).inc(usd(micros))
+        return micros
