@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
@@ -12,7 +12,7 @@ import structlog
 from backends.sources.address import Address, is_address, parse_address
 from backends.sources.cache import Cache, Manifest
 from backends.sources.download import Progress, Quiet, fetch_file
-from backends.sources.errors import DiskFull, NotCached
+from backends.sources.errors import DiskFull, NotCached, SourceError
 from backends.sources.spec import StorageSpec
 from backends.sources.types import Fetcher, Listing
 
@@ -55,11 +55,15 @@ class ModelSources:
         self.spec = spec
         self.cache = Cache(spec.root)
         self._fetchers: dict[str, Fetcher] = dict(fetchers or {})
-        self._make: Callable[[str, float], Fetcher] = _default_fetcher
 
     def _fetcher(self, scheme: str) -> Fetcher:
         if scheme not in self._fetchers:
-            self._fetchers[scheme] = self._make(scheme, self.spec.read_timeout_s)
+            try:
+                self._fetchers[scheme] = _default_fetcher(scheme, self.spec.read_timeout_s)
+            except ImportError as exc:
+                raise SourceError(
+                    f"{scheme}:// addresses need {exc.name or exc}: install them with pip install 'fleetgate[sources]'"
+                ) from None
         return self._fetchers[scheme]
 
     def offline(self, address: Address) -> bool:

@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
             path = sources.fetch(text, progress)
         except SourceError as exc:
             raise ConfigError(f"{exc} - at `{where}`") from None
-        sys.stdout.write(f"{text} -> {path}\n")
+        manifest = sources.cache.lookup(text)  # the exact version served: a commit, a listing digest
+        revision = f" ({manifest.revision})" if manifest is not None else ""
+        sys.stdout.write(f"{text} -> {path}{revision}\n")
     sys.stdout.write(f"{len(addresses)} model addresses in {sources.cache.root}\n")
     return 0

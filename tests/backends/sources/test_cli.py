@@ -43,6 +43,7 @@ def test_pull_then_ls_then_rm(store: Store, tmp_path: Path, capsys: pytest.Captu
     assert main(["pull", "--config", str(config)]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[0].startswith(f"hf://acme/m/model.onnx -> {tmp_path / 'cache' / 'snapshots'}")
+    assert out.splitlines()[0].endswith(f"/model.onnx ({store.repos['acme/m'].commit})")  # the commit served
     # not a terminal: periodic lines, one when each file starts and ends
     assert "fleetgate pull: fetching hf://acme/m/model.onnx model.onnx: 0.0 of 1.5 MB (0%)" in err
     assert "fleetgate pull: done hf://acme/m/model.onnx model.onnx: 1.5 of 1.5 MB (100%)" in err
