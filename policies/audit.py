@@ -11,9 +11,11 @@ replaces the value of any field named like a secret on top of that.
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -155,6 +157,22 @@ class AuditLog:
                         return AuditPage(found, entry.id)
             if len(bodies) < _SCAN_PAGE:
                 return AuditPage(found, None)
+
+
+def parse_when(value: str) -> float:
+    """Epoch seconds of a filter's time: epoch seconds, or ISO 8601 (naive taken as UTC).
+
+    Raises:
+        ValueError: neither, or not finite.
+    """
+    try:
+        seconds = float(value)
+    except ValueError:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    if not math.isfinite(seconds):
+        raise ValueError("not a finite time")
+    return seconds
 
 
 def _matches(entry: AuditEntry, until: float | None, actor: str | None, action: str | None) -> bool:

@@ -12,8 +12,6 @@ of either is `admin-key:<id>` (gateway/admin/actor.py), told apart by `via`.
 
 from __future__ import annotations
 
-import math
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -25,7 +23,7 @@ from gateway.admin.actor import AdminActor, current_actor
 from gateway.admin.guard import ADMIN_GUARD
 from gateway.core.calls import Call
 from gateway.http.requests import answer_json
-from policies.audit import MAX_PAGE, AuditEntry, AuditLog, AuditPage
+from policies.audit import MAX_PAGE, AuditEntry, AuditLog, AuditPage, parse_when
 
 
 async def record(
@@ -54,24 +52,13 @@ async def record(
 
 
 def parse_time(value: str | None, name: str) -> float | None:
-    """Epoch seconds of `value` (ISO 8601, naive taken as UTC, or epoch seconds); 400 otherwise."""
+    """Epoch seconds of a filter's time (ISO 8601, naive taken as UTC, or epoch seconds); 400 otherwise."""
     if value is None or value == "":
         return None
     try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(seconds):
-            raise InvalidInput(f"{name} must be a finite time")
-        return seconds
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_when(value)
     except ValueError:
         raise InvalidInput(f"{name} must be an ISO 8601 time or epoch seconds, got {value[:40]!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 async def read_trail(

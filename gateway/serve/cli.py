@@ -12,6 +12,7 @@ import sys
 
 from gateway.config import ConfigError
 from gateway.serve.commands import (
+    audit,
     build_kernels,
     cache,
     check_config,
@@ -26,7 +27,7 @@ from gateway.serve.commands.base import EXIT_UNAVAILABLE, fail
 from policies.errors import StoreUnavailable
 
 #: every subcommand's module (each has `register(add_parser)`), in --help order
-COMMANDS = (serve, check_config, pull, cache, demo_models, build_kernels, quantize, keys, usage)
+COMMANDS = (serve, check_config, pull, cache, demo_models, build_kernels, quantize, keys, usage, audit)
 
 
 def _version() -> str:

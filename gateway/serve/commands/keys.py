@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import ConfigError, load_config
+from gateway.serve.commands.audit import record_cli_change
 from gateway.serve.commands.base import AddParser, fail
 from gateway.serve.commands.store import check_tenant, with_store
 from policies.types import Budget, Limits
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             )  # fmt: skip
         except ValueError as exc:
             return fail(str(exc))
+        await record_cli_change(config, "keys.create", record.key_id, after=record)
         if kept is not None:
             _keep_secret(kept, secret)
         where = f"kept in {kept} (mode 0600)" if kept else "the secret is shown once"
@@ -84,8 +86,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     async def revoke(keys: Any, _: Any) -> int:
+        was_active = await keys.still_valid(args.key_id)
         if not await keys.revoke(args.key_id):
             return fail(f"no key {args.key_id!r}")
+        change = {"before": {"active": was_active}, "after": {"active": False}}
+        await record_cli_change(config, "keys.revoke", args.key_id, **change)
         print(f"revoked {args.key_id}")
         return 0
 
