@@ -6,10 +6,12 @@ Every route carries `ADMIN_GUARD` (gateway/admin/guard.py): the one check of the
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 import msgspec
 import structlog
-from litestar import Request, Response, delete, get, post
+from litestar import Response, delete, get, post
+from litestar.params import Body
 
 from backends.errors import InvalidInput
 from fleetgate.errors import GatewayError
@@ -18,7 +20,8 @@ from gateway.admin.guard import ADMIN_GUARD
 from gateway.core.calls import Call
 from gateway.core.operations import Operations
 from gateway.core.service import GatewayCore
-from gateway.http.requests import http_failure, json_response, read_admin_json
+from gateway.http.api_docs import ADMIN_ERRORS
+from gateway.http.requests import ADMIN_BODY_LIMIT, http_failure, json_response
 from policies.types import Budget, KeyRecord, Limits
 
 log = structlog.get_logger(__name__)
@@ -77,10 +80,12 @@ async def restore_canary(core: GatewayCore, model: str, deployment: str) -> dict
 # --- routes ----------------------------------------------------------------------------------------
 
 
-@post("/admin/keys", status_code=201, guards=ADMIN_GUARD)
-async def create_key(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+@post("/admin/keys", status_code=201, guards=ADMIN_GUARD, request_max_body_size=ADMIN_BODY_LIMIT, responses=ADMIN_ERRORS)
+async def create_key(
+    core: GatewayCore, call: Call, data: Annotated[CreateKeyBody, Body(title="New key")]
+) -> Response[bytes]:
     try:
-        body = await read_admin_json(request, CreateKeyBody)
+        body = data  # decoded by Litestar after the admin guard (gateway/http/bodies.py)
         record, secret = await create_tenant_key(core, body)
         call.tenant = body.tenant
         call.done(201)
@@ -89,7 +94,7 @@ async def create_key(request: Request, core: GatewayCore, call: Call) -> Respons
         return http_failure(call, exc)
 
 
-@get("/admin/keys", guards=ADMIN_GUARD)
+@get("/admin/keys", guards=ADMIN_GUARD, responses=ADMIN_ERRORS)
 async def list_keys(core: GatewayCore, call: Call, tenant: str | None = None) -> Response[bytes]:
     try:
         records = await core.keys.list(tenant)
@@ -99,7 +104,7 @@ async def list_keys(core: GatewayCore, call: Call, tenant: str | None = None) ->
         return http_failure(call, exc)
 
 
-@delete("/admin/keys/{key_id:str}", status_code=200, guards=ADMIN_GUARD)
+@delete("/admin/keys/{key_id:str}", status_code=200, guards=ADMIN_GUARD, responses=ADMIN_ERRORS)
 async def revoke_key(core: GatewayCore, call: Call, key_id: str) -> Response[bytes]:
     try:
         await revoke_tenant_key(core, key_id)
@@ -109,7 +114,7 @@ async def revoke_key(core: GatewayCore, call: Call, key_id: str) -> Response[byt
         return http_failure(call, exc)
 
 
-@get("/admin/usage", guards=ADMIN_GUARD)
+@get("/admin/usage", guards=ADMIN_GUARD, responses=ADMIN_ERRORS)
 async def usage(core: GatewayCore, call: Call, tenant: str | None = None) -> Response[bytes]:
     try:
         rows = await core.admission.usage(tenant)
@@ -125,7 +130,7 @@ async def usage(core: GatewayCore, call: Call, tenant: str | None = None) -> Res
         return http_failure(call, exc)
 
 
-@get("/admin/canary", guards=ADMIN_GUARD)
+@get("/admin/canary", guards=ADMIN_GUARD, responses=ADMIN_ERRORS)
 async def canary_status(core: GatewayCore, call: Call) -> Response[bytes]:
     """Every canary route: rolled back or not, its window, and why it was rolled back."""
     try:
@@ -135,7 +140,7 @@ async def canary_status(core: GatewayCore, call: Call) -> Response[bytes]:
         return http_failure(call, exc)
 
 
-@post("/admin/canary/{model:str}/{deployment:str}/restore", status_code=200, guards=ADMIN_GUARD)
+@post("/admin/canary/{model:str}/{deployment:str}/restore", status_code=200, guards=ADMIN_GUARD, responses=ADMIN_ERRORS)
 async def canary_restore(core: GatewayCore, call: Call, model: str, deployment: str) -> Response[bytes]:
     """Give a rolled-back canary its configured weight back (its window starts afresh)."""
     try:

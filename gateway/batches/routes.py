@@ -8,10 +8,10 @@ not exist. Errors are answered in OpenAI's envelope.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from litestar import Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, params, post
 
 from backends.errors import InvalidInput
 from fleetgate.errors import GatewayError
@@ -30,7 +30,9 @@ from gateway.batches.objects import (
 from gateway.batches.service import BatchService
 from gateway.core.calls import Call
 from gateway.core.service import GatewayCore
-from gateway.http.requests import answer_json, http_failure, protocol_opt, read_admin_json
+from gateway.http.api_docs import OPENAI_ERRORS, UploadOperation
+from gateway.http.bodies import IDENTIFIED, read_within_deadline
+from gateway.http.requests import ADMIN_BODY_LIMIT, answer_json, http_failure, protocol_opt
 
 OPENAI = protocol_opt("openai")
 MAX_PAGE = 100
@@ -139,7 +141,7 @@ async def _receive_upload(
     return obj
 
 
-@post("/v1/files", status_code=200, opt=OPENAI)
+@post("/v1/files", status_code=200, opt=OPENAI, responses=OPENAI_ERRORS, operation_class=UploadOperation)
 async def upload_file(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
     body = Body(request.receive)
 
@@ -162,7 +164,7 @@ async def upload_file(request: Request, core: GatewayCore, call: Call) -> Respon
     return await answer_json(call, work)
 
 
-@get("/v1/files", opt=OPENAI)
+@get("/v1/files", opt=OPENAI, responses=OPENAI_ERRORS)
 async def list_files(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)
@@ -173,7 +175,7 @@ async def list_files(request: Request, core: GatewayCore, call: Call) -> Respons
     return await answer_json(call, work)
 
 
-@get("/v1/files/{file_id:str}", opt=OPENAI)
+@get("/v1/files/{file_id:str}", opt=OPENAI, responses=OPENAI_ERRORS)
 async def get_file(request: Request, core: GatewayCore, call: Call, file_id: str) -> Response[bytes]:
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)
@@ -182,7 +184,7 @@ async def get_file(request: Request, core: GatewayCore, call: Call, file_id: str
     return await answer_json(call, work)
 
 
-@get("/v1/files/{file_id:str}/content", opt=OPENAI)
+@get("/v1/files/{file_id:str}/content", opt=OPENAI, responses=OPENAI_ERRORS)
 async def file_content(request: Request, core: GatewayCore, call: Call, file_id: str) -> Response[bytes]:
     try:
         principal = await core.identify(call)
@@ -193,7 +195,7 @@ async def file_content(request: Request, core: GatewayCore, call: Call, file_id:
     return Response(content=data, status_code=200, media_type="application/jsonl")
 
 
-@delete("/v1/files/{file_id:str}", status_code=200, opt=OPENAI)
+@delete("/v1/files/{file_id:str}", status_code=200, opt=OPENAI, responses=OPENAI_ERRORS)
 async def delete_file(request: Request, core: GatewayCore, call: Call, file_id: str) -> Response[bytes]:
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)
@@ -227,12 +229,25 @@ async def _checked_input(service: BatchService, tenant: str, body: CreateBatch) 
     return len(requests)
 
 
-@post("/v1/batches", status_code=200, opt=OPENAI)
-async def create_batch(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
+@post(
+    "/v1/batches",
+    status_code=200,
+    opt=OPENAI,
+    guards=IDENTIFIED,  # the key is checked first, then the body read under the deadline and decoded
+    before_request=read_within_deadline,
+    request_max_body_size=ADMIN_BODY_LIMIT,
+    responses=OPENAI_ERRORS,
+)
+async def create_batch(
+    request: Request,
+    core: GatewayCore,
+    call: Call,
+    data: Annotated[CreateBatch, params.Body(title="Batch request")],
+) -> Response[bytes]:
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)
         service = _service(request)
-        body = await read_admin_json(request, CreateBatch)
+        body = data
         if body.endpoint not in ENDPOINTS:
             raise InvalidInput(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {body.endpoint[:64]!r}")
         window = window_seconds(body.completion_window)
@@ -270,7 +285,7 @@ async def _view(book: Book, record: BatchRecord) -> dict[str, Any]:
     return record.public((await book.cancels()).get(record.id))
 
 
-@get("/v1/batches/{batch_id:str}", opt=OPENAI)
+@get("/v1/batches/{batch_id:str}", opt=OPENAI, responses=OPENAI_ERRORS)
 async def get_batch(request: Request, core: GatewayCore, call: Call, batch_id: str) -> Response[bytes]:
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)
@@ -280,7 +295,7 @@ async def get_batch(request: Request, core: GatewayCore, call: Call, batch_id: s
     return await answer_json(call, work)
 
 
-@get("/v1/batches", opt=OPENAI)
+@get("/v1/batches", opt=OPENAI, responses=OPENAI_ERRORS)
 async def list_batches(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)
@@ -293,7 +308,7 @@ async def list_batches(request: Request, core: GatewayCore, call: Call) -> Respo
     return await answer_json(call, work)
 
 
-@post("/v1/batches/{batch_id:str}/cancel", status_code=200, opt=OPENAI)
+@post("/v1/batches/{batch_id:str}/cancel", status_code=200, opt=OPENAI, responses=OPENAI_ERRORS)
 async def cancel_batch(request: Request, core: GatewayCore, call: Call, batch_id: str) -> Response[bytes]:
     async def work() -> tuple[Any, int]:
         principal = await core.identify(call)

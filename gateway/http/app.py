@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from litestar import Litestar, Request, Response
+from litestar import Litestar, Request, Response, Router
 from litestar.exceptions import HTTPException
 
-from fleetgate.errors import Protocol, describe
+from backends.errors import InvalidInput
+from backends.runtime.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from gateway.admin.adapters import ROUTES as LORA_ROUTES
 from gateway.admin.api import ROUTES as ADMIN_ROUTES
 from gateway.admin.console.pages import TEMPLATES as CONSOLE_TEMPLATES
@@ -37,8 +38,9 @@ from gateway.core.money.alerts import BudgetAlertSink
 from gateway.core.service import GatewayCore
 from gateway.grpc.server import check_grpc_port, start_grpc
 from gateway.http import kserve, openai, openai_embeddings, openapi, probes, tfserving
-from gateway.http.errors import error_response
-from gateway.http.requests import DEPENDENCIES, http_failure, open_call
+from gateway.http.api_docs import KEYED
+from gateway.http.bodies import call_of, refusal_response
+from gateway.http.requests import DEPENDENCIES, http_failure
 from gateway.observe.telemetry import TracingSwitch
 from gateway.serve import liveness
 from gateway.serve.health_listener import start_configured
@@ -51,32 +53,14 @@ from router.load import ServiceTimes
 log = structlog.get_logger(__name__)
 
 
-def _protocol_of(path: str) -> Protocol:
-    if path.startswith("/v2"):
-        return "v2"
-    if path.startswith("/v1/models/") and (":" in path or "/versions/" in path or "/labels/" in path):
-        return "tfserving"
-    if path.startswith("/v1"):
-        return "openai"
-    return "plain"
-
-
-def _http_exception(request: Request, exc: HTTPException) -> Response[bytes]:
-    """Litestar's own refusals (no such route, wrong method) in the caller's protocol envelope."""
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
-    return error_response(_protocol_of(request.url.path), exc.status_code, code, message)
-
-
 def _raised(request: Request, exc: Exception) -> Response[bytes]:
-    """What a guard or a dependency raised: a known error in the caller's protocol envelope (with
-    its access-log line); anything else is an internal error whose details go to the log only."""
-    if describe(exc) is None:
-        log.exception("unhandled_error", path=request.url.path, exc_info=exc)
-        return error_response(
-            _protocol_of(request.url.path), 500, "internal_error", "internal error; see the gateway log"
-        )
-    return http_failure(open_call(request, _protocol_of(request.url.path)), exc)
+    """What a guard, a hook or a dependency raised: a known error in the caller's protocol envelope
+    (with its access-log line); JSON that msgspec refused beneath Litestar's decoding (invalid
+    UTF-8, nesting too deep) is the client's 400; anything else is an internal error whose details
+    go to the log only."""
+    if isinstance(exc, JSON_DECODE_ERRORS):
+        exc = InvalidInput(describe_decode_error(exc))
+    return http_failure(call_of(request), exc)
 
 
 def create_served_app(config: Config, config_path: str | Path, listen: dict[str, object]) -> Litestar:
@@ -183,18 +167,21 @@ def create_app(
             *tfserving.ROUTES,
             *openai.ROUTES,
             *openai_embeddings.ROUTES,
-            *BATCH_ROUTES,
-            *ADMIN_ROUTES,
-            *LORA_ROUTES,
-            *RELOAD_ROUTES,
-            CONSOLE_ROUTER,
+            Router("/", route_handlers=BATCH_ROUTES, security=KEYED),
+            # operators' routes stay out of the client document; /admin/openapi.json has them
+            Router(
+                "/",
+                route_handlers=[*ADMIN_ROUTES, *LORA_ROUTES, *RELOAD_ROUTES, CONSOLE_ROUTER],
+                include_in_schema=False,
+            ),
         ],
         template_config=CONSOLE_TEMPLATES,
         lifespan=[lifespan],
-        exception_handlers={HTTPException: _http_exception, Exception: _raised},
+        exception_handlers={HTTPException: refusal_response, Exception: _raised},
         dependencies=DEPENDENCIES,
-        request_max_body_size=None,  # enforced by gateway.http.requests.read_body, in each protocol's envelope
-        openapi_config=None,
+        # typed bodies (gateway/http/bodies.py); the raw tensor reads enforce the same limit themselves
+        request_max_body_size=config.server.max_body_bytes,
+        openapi_config=openapi.CONFIG,
         debug=False,
     )
     app.state.console_traffic = TrafficWindow()  # the console's live traffic window, per process

@@ -11,6 +11,7 @@ from backends.base import ModelMetadata
 from fleetgate.errors import GatewayError
 from gateway.core.calls import Call, ModelRef
 from gateway.core.service import GatewayCore
+from gateway.http.api_docs import KEYED, TENSOR_ERRORS, InferOperation, V2InferResponse, answers
 from gateway.http.requests import (
     RawResponse,
     answer_json,
@@ -22,6 +23,12 @@ from gateway.http.requests import (
 from gateway.wire.v2_codec import SERVER_NAME, SERVER_VERSION, DecodedInfer, decode_infer, encode_infer
 
 V2 = protocol_opt("v2")
+#: the body is read raw, after the room step (docs/decisions/0001-raw-tensor-bodies.md); documented here
+_INFER: dict[str, Any] = {
+    "operation_class": InferOperation,
+    "responses": answers(V2InferResponse, TENSOR_ERRORS),
+    "security": KEYED,
+}
 #: the protocol extensions served (say only what is served: no repository routes over HTTP)
 EXTENSIONS = ["binary_tensor_data"]
 
@@ -63,12 +70,12 @@ async def _metadata(core: GatewayCore, call: Call, model: ModelRef) -> Response[
     return await answer_json(call, work)
 
 
-@get("/v2/models/{model:str}", opt=V2)
+@get("/v2/models/{model:str}", opt=V2, responses=TENSOR_ERRORS, security=KEYED)
 async def model_metadata(core: GatewayCore, call: Call, model: str) -> Response[bytes]:
     return await _metadata(core, call, ModelRef(model))
 
 
-@get("/v2/models/{model:str}/versions/{version:str}", opt=V2)
+@get("/v2/models/{model:str}/versions/{version:str}", opt=V2, responses=TENSOR_ERRORS, security=KEYED)
 async def model_version_metadata(core: GatewayCore, call: Call, model: str, version: str) -> Response[bytes]:
     return await _metadata(core, call, ModelRef(model, version))
 
@@ -81,12 +88,12 @@ async def _ready(core: GatewayCore, call: Call, model: ModelRef) -> Response[byt
     return await answer_json(call, work)
 
 
-@get("/v2/models/{model:str}/ready", opt=V2)
+@get("/v2/models/{model:str}/ready", opt=V2, responses=TENSOR_ERRORS, security=KEYED)
 async def model_ready(core: GatewayCore, call: Call, model: str) -> Response[bytes]:
     return await _ready(core, call, ModelRef(model))
 
 
-@get("/v2/models/{model:str}/versions/{version:str}/ready", opt=V2)
+@get("/v2/models/{model:str}/versions/{version:str}/ready", opt=V2, responses=TENSOR_ERRORS, security=KEYED)
 async def model_version_ready(core: GatewayCore, call: Call, model: str, version: str) -> Response[bytes]:
     return await _ready(core, call, ModelRef(model, version))
 
@@ -124,12 +131,12 @@ def _parse_header_length(value: str | None) -> int | None:
         raise GatewayError(400, "invalid_header", "Inference-Header-Content-Length is not a number") from None
 
 
-@post("/v2/models/{model:str}/infer", status_code=200, opt=V2)
+@post("/v2/models/{model:str}/infer", status_code=200, opt=V2, **_INFER)
 async def infer(request: Request, core: GatewayCore, call: Call, model: str) -> ASGIApp:
     return await infer_model(request, core, call, ModelRef(model))
 
 
-@post("/v2/models/{model:str}/versions/{version:str}/infer", status_code=200, opt=V2)
+@post("/v2/models/{model:str}/versions/{version:str}/infer", status_code=200, opt=V2, **_INFER)
 async def infer_version(request: Request, core: GatewayCore, call: Call, model: str, version: str) -> ASGIApp:
     return await infer_model(request, core, call, ModelRef(model, version))
 

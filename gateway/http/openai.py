@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, get, post
+from litestar.params import Body
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
@@ -21,9 +22,13 @@ from backends.base import TokenLogprob, Usage
 from gateway.core.calls import Call, ModelRef
 from gateway.core.results import GenerationInput, StartedGeneration
 from gateway.core.service import GatewayCore
+from gateway.http.api_docs import KEYED, OPENAI_ERRORS, Completion, answers
+from gateway.http.bodies import IDENTIFIED, read_within_deadline
 from gateway.http.openai_choices import answer_choices
-from gateway.http.requests import answer_json, http_failure, protocol_opt, read_body
+from gateway.http.requests import answer_json, http_failure, protocol_opt
 from gateway.wire.openai_schema import (
+    ChatBody,
+    CompletionBody,
     chat_decoder,
     chat_request,
     completion_decoder,
@@ -37,7 +42,7 @@ _encoder = msgspec.json.Encoder()
 _STARTED = int(time.time())
 
 
-@get("/v1/models", opt=OPENAI)
+@get("/v1/models", opt=OPENAI, responses=OPENAI_ERRORS, security=KEYED)
 async def list_models(core: GatewayCore, call: Call) -> Response[bytes]:
     async def work() -> tuple[dict[str, Any], int]:
         principal = await core.identify(call)
@@ -164,18 +169,13 @@ def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
     }
 
 
-async def generate_route(request: Request, core: GatewayCore, call: Call, chat: bool) -> ASGIApp:
-    """`/v1/(chat/)completions`, as Litestar's routes call it."""
+async def generate_route(request: Request, core: GatewayCore, call: Call, chat: bool, body: Any) -> ASGIApp:
+    """`/v1/(chat/)completions`, as Litestar's routes call it with the body it decoded."""
 
-    async def read() -> bytes:
-        return await read_body(
-            request,
-            core.config.server.max_body_bytes,
-            allowed_types=("application/json", ""),
-            headers=call.headers,
-        )
+    async def given() -> Any:
+        return body
 
-    answer = await generate(core, call, chat, read)
+    answer = await generate_decoded(core, call, chat, given)
     if isinstance(answer, Stream):
         # an SSE stream keeps its own media type: Litestar would give it the route's (JSON)
         return answer.to_asgi_response(request.app, request, media_type=answer.media_type)
@@ -185,13 +185,24 @@ async def generate_route(request: Request, core: GatewayCore, call: Call, chat: 
 async def generate(
     core: GatewayCore, call: Call, chat: bool, read: Callable[[], Awaitable[bytes]]
 ) -> ASGIApp:
-    """Serve a (chat) completion whose JSON body `read` returns: the HTTP route, and a batch job's
-    line (gateway/batches) with the body from its input file. Every failure is answered in
-    OpenAI's envelope."""
+    """Serve a (chat) completion whose JSON body `read` returns: a batch job's line
+    (gateway/batches), with the body from its input file. Every failure is answered in OpenAI's
+    envelope."""
+
+    async def decoded() -> Any:
+        return decode(await read(), chat_decoder if chat else completion_decoder)
+
+    return await generate_decoded(core, call, chat, decoded)
+
+
+async def generate_decoded(
+    core: GatewayCore, call: Call, chat: bool, body_of: Callable[[], Awaitable[Any]]
+) -> ASGIApp:
+    """Serve a (chat) completion whose decoded body (ChatBody or CompletionBody) `body_of`
+    returns, inside the core's load step. Every failure is answered in OpenAI's envelope."""
 
     async def load() -> GenerationInput:
-        raw = await read()
-        body = decode(raw, chat_decoder if chat else completion_decoder)
+        body = await body_of()
         model, version, label = split_model_name(body.model)
 
         def build() -> Any:
@@ -218,14 +229,30 @@ async def _answer(started: StartedGeneration, call: Call, chat: bool) -> ASGIApp
     return await answer_choices(started, shape, call, started.served.response_headers(call))
 
 
-@post("/v1/completions", status_code=200, opt=OPENAI)
-async def completions(request: Request, core: GatewayCore, call: Call) -> ASGIApp:
-    return await generate_route(request, core, call, chat=False)
+#: what a client route states in the OpenAPI document besides its signature
+_DOCUMENTED: dict[str, Any] = {"responses": answers(Completion, OPENAI_ERRORS), "security": KEYED}
+#: typed bodies: the key is checked, then the body read under the call's deadline, then decoded
+_TYPED: dict[str, Any] = {"guards": IDENTIFIED, "before_request": read_within_deadline, **_DOCUMENTED}
 
 
-@post("/v1/chat/completions", status_code=200, opt=OPENAI)
-async def chat_completions(request: Request, core: GatewayCore, call: Call) -> ASGIApp:
-    return await generate_route(request, core, call, chat=True)
+@post("/v1/completions", status_code=200, opt=OPENAI, **_TYPED)
+async def completions(
+    request: Request,
+    core: GatewayCore,
+    call: Call,
+    data: Annotated[CompletionBody, Body(title="Completion request", description="OpenAI's completions body")],
+) -> ASGIApp:
+    return await generate_route(request, core, call, False, data)
+
+
+@post("/v1/chat/completions", status_code=200, opt=OPENAI, **_TYPED)
+async def chat_completions(
+    request: Request,
+    core: GatewayCore,
+    call: Call,
+    data: Annotated[ChatBody, Body(title="Chat completion request", description="OpenAI's chat body")],
+) -> ASGIApp:
+    return await generate_route(request, core, call, True, data)
 
 
 ROUTES = [list_models, completions, chat_completions]

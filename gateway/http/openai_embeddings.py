@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from litestar import Request, Response, post
+from litestar import Response, post
+from litestar.params import Body
 
 from gateway.core.calls import Call, ModelRef
 from gateway.core.results import EmbeddingsInput
 from gateway.core.service import GatewayCore
-from gateway.http.requests import http_failure, json_response, protocol_opt, read_body
+from gateway.http.api_docs import KEYED, OPENAI_ERRORS, EmbeddingList, answers
+from gateway.http.bodies import IDENTIFIED, read_within_deadline
+from gateway.http.requests import http_failure, json_response, protocol_opt
 from gateway.wire.openai_schema import EmbeddingsBody, decode, embedding_inputs, embeddings_decoder
 from router.planner import split_model_name
 
@@ -31,25 +34,42 @@ def _encoded(vector: np.ndarray, encoding: str) -> Any:
     return vector.tolist()
 
 
-@post("/v1/embeddings", status_code=200, opt=protocol_opt("openai"))
-async def embeddings(request: Request, core: GatewayCore, call: Call) -> Response[bytes]:
-    async def read() -> bytes:
-        return await read_body(
-            request,
-            core.config.server.max_body_bytes,
-            allowed_types=("application/json", ""),
-            headers=call.headers,
-        )
+@post(
+    "/v1/embeddings",
+    status_code=200,
+    opt=protocol_opt("openai"),
+    guards=IDENTIFIED,
+    before_request=read_within_deadline,  # the key is checked first, then the body read under the deadline
+    responses=answers(EmbeddingList, OPENAI_ERRORS),
+    security=KEYED,
+)
+async def embeddings(
+    core: GatewayCore,
+    call: Call,
+    data: Annotated[EmbeddingsBody, Body(title="Embeddings request", description="OpenAI's embeddings body")],
+) -> Response[bytes]:
+    async def given() -> EmbeddingsBody:
+        return data
 
-    return await embed(core, call, read)
+    return await embed_decoded(core, call, given)
 
 
 async def embed(core: GatewayCore, call: Call, read: Callable[[], Awaitable[bytes]]) -> Response[bytes]:
-    """Serve an embeddings call whose JSON body `read` returns (the HTTP route, and batch lines)."""
+    """Serve an embeddings call whose JSON body `read` returns (a batch job's line)."""
+
+    async def decoded() -> EmbeddingsBody:
+        return decode(await read(), embeddings_decoder)
+
+    return await embed_decoded(core, call, decoded)
+
+
+async def embed_decoded(
+    core: GatewayCore, call: Call, body_of: Callable[[], Awaitable[EmbeddingsBody]]
+) -> Response[bytes]:
+    """Serve an embeddings call whose decoded body `body_of` returns, inside the core's load step."""
 
     async def load() -> EmbeddingsInput:
-        raw = await read()
-        body: EmbeddingsBody = decode(raw, embeddings_decoder)
+        body = await body_of()
         name, version, label = split_model_name(body.model)
         return EmbeddingsInput(ModelRef(name, version, label), embedding_inputs(body), body, body.dimensions)
 

@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 import msgspec
 import structlog
 from litestar import Request, Response
-from litestar.connection import ASGIConnection
 from litestar.di import Provide
 
 from backends.errors import InvalidInput
@@ -21,8 +20,10 @@ from backends.runtime.json_errors import JSON_DECODE_ERRORS, describe_decode_err
 from fleetgate.errors import GatewayError, Protocol, describe
 from gateway.core.calls import Call
 from gateway.core.service import GatewayCore
+from gateway.http.bodies import call_of, lower_headers
 from gateway.http.errors import exception_response
-from gateway.wire.credentials import bearer_key
+
+__all__ = ["lower_headers"]  # re-exported: the admin guard reads headers as the adapters do
 
 log = structlog.get_logger("fleetgate.access")
 _encoder = msgspec.json.Encoder()
@@ -84,23 +85,17 @@ async def read_body(
 
 StructT = TypeVar("StructT")
 
+#: the largest body an admin or batch-creation route accepts (they carry a few small fields)
+ADMIN_BODY_LIMIT = 64 * 1024
 
-async def read_admin_json(request: Request, body_type: type[StructT], limit: int = 64 * 1024) -> StructT:
+
+async def read_admin_json(request: Request, body_type: type[StructT], limit: int = ADMIN_BODY_LIMIT) -> StructT:
     """An admin route's small JSON body decoded into `body_type` (a 400 names what is wrong)."""
     raw = await read_body(request, limit, allowed_types=("application/json", ""))
     try:
         return msgspec.json.decode(raw, type=body_type)
     except JSON_DECODE_ERRORS as exc:
         raise InvalidInput(describe_decode_error(exc)) from None
-
-
-def lower_headers(request: ASGIConnection[Any, Any, Any, Any]) -> dict[str, str]:
-    """The request's headers, names lower-cased (a repeated header keeps its last value).
-
-    Read from the ASGI scope, whose names the server already lower-cases, rather than through
-    Litestar's Headers object (built anew on each access).
-    """
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.scope["headers"]}
 
 
 class RawResponse:
@@ -140,12 +135,6 @@ class RawResponse:
 
 
 
-def open_call(request: Request, protocol: Protocol) -> Call:
-    """The protocol-neutral call of an HTTP request: its metadata and the credential it carries."""
-    headers = lower_headers(request)
-    return Call(protocol, headers, bearer_key(headers))
-
-
 # --- dependencies (Litestar injects them by parameter name into every handler that asks) ------
 
 
@@ -156,13 +145,14 @@ def provide_core(request: Request) -> GatewayCore:
 
 def provide_call(request: Request, core: GatewayCore) -> Call:
     """`call`: the request as a protocol-neutral call; the protocol is the route's `opt["protocol"]`.
+    The call a guard opened (gateway/http/bodies.py) when there is one.
 
     `core` is unused: depending on it puts the two dependencies in separate batches, which Litestar
     resolves with a plain await each; dependencies of the same batch are resolved in an anyio task
     group, which cost about a fifth of the light model's throughput (py-spy, bench_gateway).
     """
     del core
-    return open_call(request, request.route_handler.opt.get("protocol", "plain"))
+    return call_of(request)
 
 
 DEPENDENCIES = {

@@ -19,6 +19,14 @@ from backends.base import ModelMetadata
 from backends.errors import InvalidInput, ModelNotFound
 from gateway.core.calls import Call, ModelRef
 from gateway.core.service import GatewayCore
+from gateway.http.api_docs import (
+    KEYED,
+    OPENAI_ERRORS,
+    TENSOR_ERRORS,
+    PredictOperation,
+    PredictResponse,
+    answers,
+)
 from gateway.http.requests import answer_json, http_failure, protocol_opt, read_body
 from gateway.wire.tfserving_codec import PredictRequest, decode_predict, encode_predict, signature_def
 
@@ -27,6 +35,12 @@ TFS = protocol_opt("tfserving")
 SHARED = protocol_opt("openai")
 VERBS = ("predict", "classify", "regress")
 _STARTED = int(time.time())
+#: the body is read raw, after the room step (docs/decisions/0001-raw-tensor-bodies.md); documented here
+_PREDICT: dict[str, Any] = {
+    "operation_class": PredictOperation,
+    "responses": answers(PredictResponse, TENSOR_ERRORS),
+    "security": KEYED,
+}
 
 
 def _split_verb(segment: str) -> tuple[str, str]:
@@ -69,19 +83,19 @@ async def predict_route(
         return http_failure(call, exc)
 
 
-@post("/v1/models/{segment:str}", status_code=200, opt=TFS)
+@post("/v1/models/{segment:str}", status_code=200, opt=TFS, **_PREDICT)
 async def predict(request: Request, core: GatewayCore, call: Call, segment: str) -> Response[bytes]:
     return await predict_route(request, core, call, "", segment, "model")
 
 
-@post("/v1/models/{model:str}/versions/{segment:str}", status_code=200, opt=TFS)
+@post("/v1/models/{model:str}/versions/{segment:str}", status_code=200, opt=TFS, **_PREDICT)
 async def predict_version(
     request: Request, core: GatewayCore, call: Call, model: str, segment: str
 ) -> Response[bytes]:
     return await predict_route(request, core, call, model, segment, "version")
 
 
-@post("/v1/models/{model:str}/labels/{segment:str}", status_code=200, opt=TFS)
+@post("/v1/models/{model:str}/labels/{segment:str}", status_code=200, opt=TFS, **_PREDICT)
 async def predict_label(
     request: Request, core: GatewayCore, call: Call, model: str, segment: str
 ) -> Response[bytes]:
@@ -110,17 +124,17 @@ async def _status(core: GatewayCore, call: Call, model: ModelRef) -> Response[by
     return await answer_json(call, work)
 
 
-@get("/v1/models/{model:str}", opt=SHARED)
+@get("/v1/models/{model:str}", opt=SHARED, responses=OPENAI_ERRORS, security=KEYED)
 async def model_status(core: GatewayCore, call: Call, model: str) -> Response[bytes]:
     return await _status(core, call, ModelRef(model))
 
 
-@get("/v1/models/{model:str}/versions/{version:str}", opt=TFS)
+@get("/v1/models/{model:str}/versions/{version:str}", opt=TFS, responses=TENSOR_ERRORS, security=KEYED)
 async def model_version_status(core: GatewayCore, call: Call, model: str, version: str) -> Response[bytes]:
     return await _status(core, call, ModelRef(model, version=version))
 
 
-@get("/v1/models/{model:str}/labels/{label:str}", opt=TFS)
+@get("/v1/models/{model:str}/labels/{label:str}", opt=TFS, responses=TENSOR_ERRORS, security=KEYED)
 async def model_label_status(core: GatewayCore, call: Call, model: str, label: str) -> Response[bytes]:
     return await _status(core, call, ModelRef(model, label=label))
 
@@ -137,17 +151,17 @@ async def _metadata(core: GatewayCore, call: Call, model: ModelRef) -> Response[
     return await answer_json(call, work)
 
 
-@get("/v1/models/{model:str}/metadata", opt=TFS)
+@get("/v1/models/{model:str}/metadata", opt=TFS, responses=TENSOR_ERRORS, security=KEYED)
 async def model_metadata(core: GatewayCore, call: Call, model: str) -> Response[bytes]:
     return await _metadata(core, call, ModelRef(model))
 
 
-@get("/v1/models/{model:str}/versions/{version:str}/metadata", opt=TFS)
+@get("/v1/models/{model:str}/versions/{version:str}/metadata", opt=TFS, responses=TENSOR_ERRORS, security=KEYED)
 async def model_version_metadata(core: GatewayCore, call: Call, model: str, version: str) -> Response[bytes]:
     return await _metadata(core, call, ModelRef(model, version=version))
 
 
-@get("/v1/models/{model:str}/labels/{label:str}/metadata", opt=TFS)
+@get("/v1/models/{model:str}/labels/{label:str}/metadata", opt=TFS, responses=TENSOR_ERRORS, security=KEYED)
 async def model_label_metadata(core: GatewayCore, call: Call, model: str, label: str) -> Response[bytes]:
     return await _metadata(core, call, ModelRef(model, label=label))
 
