@@ -27,7 +27,6 @@ KNOWN_LARGE: dict[str, int] = {
     "gateway/core/service.py": 412,
     "backends/torch_llm/engine.py": 411,
     "backends/torch_llm": 34,
-    "gateway/core": 16,
 }
 
 

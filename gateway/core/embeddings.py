@@ -16,8 +16,8 @@ from backends.embedding import as_embedding_adapter
 from gateway.core.admit import Admitter
 from gateway.core.attempts import Attempts, any_fault
 from gateway.core.fleet.deployments import Deployment
-from gateway.core.queue_hints import QueueHints
-from gateway.core.queue_turn import run_in_turn
+from gateway.core.queue.hints import QueueHints
+from gateway.core.queue.turn import run_in_turn
 from gateway.core.results import EmbeddingsInput, EmbeddingsOutcome, Served
 from policies.admission import Admission
 from policies.pricing import Usage

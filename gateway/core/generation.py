@@ -25,8 +25,8 @@ from fleetgate import tracing
 from gateway.core.admit import Admitter
 from gateway.core.attempts import Attempts, any_fault
 from gateway.core.fleet.deployments import Deployment
-from gateway.core.queue_hints import NO_HINTS, QueueHints
-from gateway.core.queue_turn import take_turn
+from gateway.core.queue.hints import NO_HINTS, QueueHints
+from gateway.core.queue.turn import take_turn
 from gateway.core.results import Served
 from gateway.core.streams import ChoiceShare, GenerationStream, StreamJob, StreamSettlement
 from policies.admission import Admission

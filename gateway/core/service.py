@@ -12,7 +12,7 @@ turns its wire request into a `Call` and asks `GatewayCore` for one thing: `serv
 - load: read and decode the payload through the adapter's loader, under the call's deadline
 - admit: limits, quotas, leases for the cost (gateway/core/admit.py, a `Reservation`)
 - attempt: a queue turn and the backend call on each candidate until one answers
-  (gateway/core/queue_turn.py, gateway/core/attempts.py, an `Attempted`)
+  (gateway/core/queue/turn.py, gateway/core/attempts.py, an `Attempted`)
 - settle: reconcile the reservation with what was used (a stream settles at its end)
 - record: who served, on the call (access log, metrics) and the request span
 
@@ -43,7 +43,7 @@ from gateway.core.fleet.outcomes import Outcomes
 from gateway.core.fleet.shadowing import Shadows
 from gateway.core.generation import GenerationPath
 from gateway.core.graphs.runner import GraphRunner
-from gateway.core.queue_hints import BACKGROUND_HINTS, NO_HINTS, QueueHints, queue_hints
+from gateway.core.queue.hints import BACKGROUND_HINTS, NO_HINTS, QueueHints, queue_hints
 from gateway.core.record import check_graph_version, end_span, record_server, span_attributes
 from gateway.core.results import (
     D,

@@ -12,10 +12,10 @@ from gateway.core.admit import Admitter
 from gateway.core.attempts import Attempted, Attempts
 from gateway.core.fleet.deployments import Deployment
 from gateway.core.fleet.shadowing import Shadows
-from gateway.core.queue_hints import NO_HINTS, QueueHints
-from gateway.core.queue_turn import run_in_turn
+from gateway.core.queue.hints import NO_HINTS, QueueHints
+from gateway.core.queue.row_slices import CONTINUING_PRIORITY, join_row_slices, row_slices
+from gateway.core.queue.turn import run_in_turn
 from gateway.core.results import Served
-from gateway.core.row_slices import CONTINUING_PRIORITY, join_row_slices, row_slices
 from policies.admission import Admission
 from policies.pricing import Usage
 from policies.principal import Principal

@@ -11,7 +11,7 @@ import pytest
 from backends.base import Tensor, TensorRequest
 from backends.demo_models.digits import digits_split
 from backends.errors import InvalidInput
-from gateway.core.queue_hints import NO_HINTS, QueueHints, queue_hints
+from gateway.core.queue.hints import NO_HINTS, QueueHints, queue_hints
 from policies.fair_queue.errors import QueueDeadlineExceeded
 from policies.principal import Principal
 from tests.gateway.test_stream_accounting import open_core

@@ -26,7 +26,7 @@ from fleetgate.errors import ServingError
 from gateway.config import Config
 from gateway.core.fleet.deployments import Deployment
 from gateway.core.graphs.rows import Rows, Value, common_rows, condition_rows, first_covering, take
-from gateway.core.queue_hints import QueueHints
+from gateway.core.queue.hints import QueueHints
 from gateway.observe import metrics
 from policies.principal import Principal
 from router.graph_types import graph_metadata

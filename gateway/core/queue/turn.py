@@ -12,7 +12,7 @@ from typing import Any
 
 from fleetgate import tracing
 from gateway.core.fleet.deployments import Deployment
-from gateway.core.queue_hints import QueueHints
+from gateway.core.queue.hints import QueueHints
 from gateway.observe import metrics
 from policies.fair_queue import Ticket
 
