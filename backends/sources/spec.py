@@ -27,7 +27,8 @@ class StorageSpec(SpecBase):
     #: how a cached model is checked before it is served: `sha256` re-reads every file and compares
     #: it with what was verified on download (a damaged file is fetched again); `size` compares sizes only
     verify: Literal["sha256", "size"] = "sha256"
-    #: seconds a download may wait for the next bytes from the store before it is retried
+    #: seconds a download may wait for the next bytes from the store; then it fails, keeping what
+    #: arrived (a gateway tries again with the load's backoff and resumes; `pull` exits with the error)
     read_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
