@@ -8,7 +8,7 @@ physical core; OpenVINO: every core). Otherwise each of N workers would start th
 times what the cores hold, and each run would wait on threads the others hold. The share counts
 logical CPUs (what the affinity lists), so on a host with two hardware threads a core and two
 workers it equals those runtimes' own default. A thread count set in a deployment's options always
-wins. A gateway that is not a worker clears the variable (`gateway/serve/cli.py`), so a stray one cannot
+wins. A gateway that is not a worker clears the variable (`gateway/serve/commands/serve.py`), so a stray one cannot
 cap its runtimes.
 """
 

@@ -1,6 +1,6 @@
 """How a deployment is described in the config: one running model on one backend.
 
-`gateway/config.py` decodes the `deployments:` section into these Structs; each adapter module
+`gateway/config/` decodes the `deployments:` section into these Structs; each adapter module
 exposes `create(name, spec) -> Backend` (cheap: validates, loads nothing) and the backend's own
 `load()` does the heavy work. Adapter-specific knobs live in `options` and are decoded by the
 adapter into its own Struct, so an error names the path (`options.block_size`).

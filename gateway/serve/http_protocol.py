@@ -86,7 +86,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     """httptools protocol with the limits above.
 
     A module-level class (uvicorn hands it to spawned workers by reference); `configure` sets the
-    limits in each process that serves (gateway/serve/cli.py, and each worker's app factory).
+    limits in each process that serves (gateway/serve/commands/serve.py, and each worker's app factory).
     """
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()

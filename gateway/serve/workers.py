@@ -56,7 +56,7 @@ def create_worker_app() -> Litestar:
     listen = json.loads(os.environ.get(LISTEN_ENV, "{}"))
     config = with_listen_overrides(load_config(path), listen)
     configure_logging(config.server.log_level)
-    if importlib.util.find_spec("httptools") is not None:  # the httptools server runs (gateway/serve/cli.py)
+    if importlib.util.find_spec("httptools") is not None:  # the httptools server runs (gateway/serve/commands/serve.py)
         from gateway.serve.http_protocol import HeaderDeadlineProtocol, limits_of
 
         # this process's connection limits (the protocol class came from the parent by reference)

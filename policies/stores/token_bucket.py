@@ -4,7 +4,7 @@ A bucket's state is the level used (`level`) at time `ts`; it drains at `rate_pe
 `capacity`. A request of `cost` fits when `level_now + cost <= capacity`. This is exact and smooth:
 a limit of N per minute admits a burst of N at once, then one more every 60/N seconds; over any
 interval of T seconds it admits at most N + N*T/60 (so N in a burst, at most 2N in a sliding minute,
-and N per minute on average); a burst of any size never gets more than N. The Redis Lua script in `stores/redis_store.py` mirrors these functions
+and N per minute on average); a burst of any size never gets more than N. The Redis Lua script in `stores/redis/lua.py` mirrors these functions
 line by line; the contract tests hold all stores to the same answers.
 """
 
