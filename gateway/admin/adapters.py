@@ -11,13 +11,16 @@ end. The adapter's model name appears to tenants whose `models:` globs match it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import msgspec
 import structlog
 from litestar import Request, Response, delete, get, post
 
-from backends.errors import InvalidInput
+from backends.errors import BackendUnavailable, InvalidInput
+from backends.sources import ModelSources, SourceError, is_address
+from backends.sources.errors import Unreachable
 from fleetgate.errors import GatewayError
 from gateway.admin import audit
 from gateway.admin.guard import ADMIN_GUARD
@@ -32,7 +35,8 @@ log = structlog.get_logger(__name__)
 
 class LoadAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str
-    #: the PEFT adapter folder, on the gateway's file system
+    #: the PEFT adapter folder, on the gateway's file system, or a model address (hf://, s3://,
+    #: https://) fetched into the model cache first
     path: str
 
 
@@ -66,6 +70,21 @@ def _check_name(core: GatewayCore, name: str, deployment: str) -> None:
         raise InvalidInput(f"adapter {name!r} is served by deployment {owner!r}; unload it there first")
 
 
+async def _adapter_folder(core: GatewayCore, path: str) -> str:
+    """The adapter's folder on the gateway: a local path as given, or a model address fetched into
+    the model cache (off the event loop; a store that cannot be reached is a 503, the rest 400)."""
+    if is_address(path):
+        try:
+            return str(await asyncio.to_thread(ModelSources(core.config.storage).fetch, path))
+        except Unreachable as exc:
+            raise BackendUnavailable(f"adapter path: {exc}") from None
+        except SourceError as exc:
+            raise InvalidInput(f"adapter path: {exc}") from None
+    if not os.path.isdir(path):
+        raise InvalidInput(f"adapter folder {path!r} does not exist on the gateway")
+    return path
+
+
 @get("/admin/adapters", guards=ADMIN_GUARD)
 async def list_adapters(core: GatewayCore, call: Call) -> Response[bytes]:
     try:
@@ -86,10 +105,9 @@ async def load_adapter(request: Request, core: GatewayCore, call: Call, deployme
         body = await read_admin_json(request, LoadAdapterBody)
         dep = _lora_deployment(core, deployment)
         _check_name(core, body.name, deployment)
-        if not os.path.isdir(body.path):
-            raise InvalidInput(f"adapter folder {body.path!r} does not exist on the gateway")
+        folder = await _adapter_folder(core, body.path)
         before = dict(dep.backend.adapters).get(body.name)
-        await dep.backend.load_adapter(body.name, body.path)
+        await dep.backend.load_adapter(body.name, folder)
         Operations(core).serve_adapter(body.name, deployment)
         log.info("adapter_loaded", deployment=deployment, adapter=body.name)
         after = dict(dep.backend.adapters).get(body.name)
