@@ -101,12 +101,19 @@ def tool_choice_constraint(
 
 
 class RequiredToolParser(FramedToolParser):
-    """Reads the output of `tool_choice: "required"`: `[{"name": ..., "parameters": {...}}, ...]`."""
+    """Reads the output of `tool_choice: "required"`: `[{"name": ..., "parameters": {...}}, ...]`.
+
+    The grammar leaves no room for content: text outside the calls can only be the start of a call
+    that `max_tokens` cut before it was named, which is no message for the user, so none is passed.
+    """
 
     name = "required"
     bare_start = "["
     arrays = True
     args_keys = ("parameters",)
+
+    def _emit(self, text: str) -> None:
+        pass
 
 
 class NamedToolParser:

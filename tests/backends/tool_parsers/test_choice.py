@@ -102,6 +102,16 @@ def test_the_required_output_streams_as_calls() -> None:
         assert stream(RequiredToolParser(), pieces(text, rng)) == ("", expected)
 
 
+def test_a_required_output_cut_by_max_tokens_has_no_content() -> None:
+    """A call cut after it was named keeps its arguments so far; one cut before is not content."""
+    parsed = RequiredToolParser.parse('[{"name": "clock", "parameters": {"zone": "U')
+    assert (parsed.content, [(c.name, c.arguments) for c in parsed.calls]) == ("", [("clock", '{"zone": "U')])
+    text = '[{"name": "clock", "parameters": {}}, {"name": "wea'
+    parsed = RequiredToolParser.parse(text)
+    assert (parsed.content, [(c.name, c.arguments) for c in parsed.calls]) == ("", [("clock", "{}")])
+    assert stream(RequiredToolParser(), pieces(text, random.Random(1))) == ("", [{"name": "clock", "arguments": "{}"}])
+
+
 def test_the_named_output_is_the_arguments() -> None:
     text = '{"city": "Oslo", "unit": "c"}'
     parsed = NamedToolParser.parse(text, "weather")
