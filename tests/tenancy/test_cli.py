@@ -160,3 +160,19 @@ def test_version_prints_the_installed_version() -> None:
     shown = fleetgate("--version")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == f"fleetgate {version('fleetgate')}\n"
+
+
+def test_keys_create_with_limits_and_a_budget_and_usage_prints_spend(config: Path) -> None:
+    made = fleetgate(
+        "keys", "create", "--config", str(config), "--tenant", "a",
+        "--requests-per-minute", "7", "--budget-usd-per-day", "2.5",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    key_id = parse_key(made.stdout.strip())[0]  # type: ignore[index]
+    listed = fleetgate("keys", "list", "--config", str(config), "--tenant", "a")
+    (line,) = [row for row in listed.stdout.splitlines() if row.startswith(key_id)]
+    assert "requests_per_minute=7" in line and "usd_per_day=2.5" in line
+    bad = fleetgate("keys", "create", "--config", str(config), "--tenant", "a", "--budget-usd-per-day", "-1")
+    assert_one_line_error(bad, 2, "usd_per_day")
+    usage = fleetgate("usage", "--config", str(config))
+    assert usage.returncode == 0 and usage.stdout.splitlines()[0].endswith("\tcost_usd"), usage.stdout
