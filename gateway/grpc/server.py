@@ -1,7 +1,8 @@
 """The gateway's gRPC server: opened and closed by the app's lifespan, on the same event loop.
 
 Services: `inference.GRPCInferenceService` (KServe v2 / Triton), TF Serving's `PredictionService` and
-`ModelService` where `tensorflow-serving-api` is installed, `grpc.health.v1.Health` (SERVING while the
+`ModelService` where `tensorflow-serving-api` is installed (TensorFlow imported by their first call,
+gateway/grpc/tfserving_lazy.py), `grpc.health.v1.Health` (SERVING while the
 gateway is ready, as `/v2/health/ready` answers) and server reflection.
 """
 
@@ -18,6 +19,7 @@ from backends.runtime.lazy import MissingRuntime, require
 from gateway.config import Config
 from gateway.core.service import GatewayCore
 from gateway.grpc.ports import GrpcPortBusy, busy_message, check_port_free
+from gateway.grpc.tfserving_lazy import add_lazy_tfserving
 
 log = structlog.get_logger(__name__)
 
@@ -37,16 +39,6 @@ class GrpcFront:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.server.stop(grace_s)
-
-
-def _tfserving_services(core: Callable[[], GatewayCore], server: Any) -> list[str]:
-    """Add TF Serving's services when its generated stubs can be imported (they import TensorFlow)."""
-    try:
-        from gateway.grpc.tfserving_service import add_tfserving_services
-    except ImportError as exc:
-        log.warning("grpc_tfserving_unavailable", reason=str(exc))
-        return []
-    return add_tfserving_services(core, server)
 
 
 def _ms(seconds: float) -> int:
@@ -119,7 +111,7 @@ async def start_grpc(config: Config, core: Callable[[], GatewayCore]) -> GrpcFro
         InferenceService(core, service_pb2, model_config_pb2), server
     )
     names = [service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name]
-    names += _tfserving_services(core, server)
+    names += add_lazy_tfserving(core, server)  # TensorFlow is imported by the first TF Serving call
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
