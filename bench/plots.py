@@ -237,6 +237,7 @@ SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]]]] = {
     "policy_proxy": ("bench_policy_proxy", lambda d: (d["points"],)),
     "soak": ("soak", lambda d: (d["rss_mib"],)),
     "inline_runs": ("bench_inline_runs", lambda d: (d,)),
+    "jwt": ("bench_jwt", lambda d: (d,)),
     "llm_engine": ("bench_llm_engine", lambda d: (d,)),
     "llm_int8": ("bench_llm_int8", lambda d: (d,)),
     "llm_vllm": ("bench_llm_vllm", lambda d: (d,)),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 
-from policies.jwt_auth import AuthSpec, JwtVerifier, jwt_verifier, looks_like_jwt
+from policies.jwt_auth import AuthSpec, JwtVerifier, jwt_verifier
 from policies.keys import KeyService
 from policies.principal import Principal
 
@@ -41,7 +41,7 @@ class Identity:
                 code names the reason class); the message never contains the credential.
             StoreUnavailable: an API key could not be looked up.
         """
-        if raw is not None and self.tokens is not None and looks_like_jwt(raw):
+        if raw is not None and self.tokens is not None and self.tokens.recognizes(raw):
             return await self.tokens.authenticate(raw)
         return await self.keys.authenticate(raw)
 
