@@ -212,3 +212,29 @@ def test_compiles_are_cached_shared_and_bounded_in_time(llama_dir, engine) -> No
 
     asyncio.run(scenario())
     compiler.close()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "good", "bad"),
+    [
+        ("ipv4", "10.0.255.1", "056.45.53.6"),
+        ("date", "2024-02-29", "2642-02-31"),
+        ("date", "2000-02-29", "1900-02-29"),
+        ("time", "23:59:59.25Z", "15:36:124Z"),
+        ("time", "00:00:00+01:00", "00:32:60Z"),
+        ("date-time", "2020-01-02T10:00:00.5-03:30", "1416-03-20T09:07:60Z"),
+    ],
+)
+def test_formats_looser_in_xgrammar_compile_to_strict_patterns(fmt: str, good: str, bad: str) -> None:
+    """xgrammar 0.2.8 took each `bad` (found by validating sampled answers with jsonschema's
+    format checker); the pattern compiled in its place does not."""
+    from backends.torch_llm.structured.schema import strict_formats
+
+    schema = json.dumps(strict_formats({"type": "string", "format": fmt}))
+    grammar = _byte_compiler().compile_json_schema(schema, any_whitespace=False)
+
+    def accepts(text: str) -> bool:
+        matcher = xgr.GrammarMatcher(grammar)
+        return all(matcher.accept_token(b) for b in json.dumps(text).encode()) and matcher.is_completed()
+
+    assert accepts(good) and not accepts(bad)

@@ -82,7 +82,7 @@ models:
 
 def _valid(text: str, schema: dict[str, Any]) -> Any:
     value = json.loads(text)
-    jsonschema.validate(value, schema)
+    jsonschema.validate(value, schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     return value
 
 
@@ -255,3 +255,51 @@ def _preemptions(url: str) -> float:
     text = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS).text
     found = re.findall(r'^fleetgate_llm_num_preemptions_total\{deployment="tight"\} ([0-9.e+]+)$', text, re.M)
     return float(found[0]) if found else 0.0
+
+
+SCHEMAS = {p.stem: json.loads(p.read_text()) for p in sorted((pathlib.Path(__file__).parent / "schemas").glob("*.json"))}
+
+
+def _answers(client: OpenAI, schema: dict[str, Any], seed: int, stream: bool) -> list[tuple[str, str]]:
+    """(text, finish_reason) of each of 2 choices at temperature 1.0, whole or streamed."""
+    args = {
+        "model": "m", "messages": MESSAGES, "response_format": _schema_format(schema), "n": 2,
+        "max_tokens": 160, "temperature": 1.0, "seed": seed,
+    }  # fmt: skip
+    if not stream:
+        answer = client.chat.completions.create(**args)
+        return [(c.message.content, c.finish_reason) for c in answer.choices]
+    texts, reasons = ["", ""], ["", ""]
+    for chunk in client.chat.completions.create(**args, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            reasons[c.index] = c.finish_reason or reasons[c.index]
+    return list(zip(texts, reasons, strict=True))
+
+
+def test_the_schema_corpus_has_no_invalid_output_whole_or_streamed(gateway: dict[str, Any]) -> None:
+    """Over every schema kept in schemas/ (objects, arrays with item bounds, enums, patterns,
+    formats, number ranges, $ref/$defs, anyOf, required, additionalProperties: false): at
+    temperature 1.0, whole and streamed, n = 2, every answer that ends with "stop" parses and
+    validates; the rest end with "length"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert len(SCHEMAS) >= 100
+    jobs = [(name, i % 2 == 1) for i, name in enumerate(SCHEMAS)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(
+            pool.map(lambda job: _answers(gateway["client"], SCHEMAS[job[0]], len(job[0]), job[1]), jobs)
+        )
+    invalid, stopped = [], 0
+    for (name, _), answers in zip(jobs, results, strict=True):
+        for text, reason in answers:
+            assert reason in ("stop", "length"), (name, reason)
+            if reason != "stop":
+                continue
+            stopped += 1
+            try:
+                _valid(text, SCHEMAS[name])
+            except (ValueError, jsonschema.ValidationError) as exc:
+                invalid.append((name, text, str(exc)[:200]))
+    assert invalid == []
+    assert stopped >= len(jobs), f"only {stopped} of {2 * len(jobs)} answers finished within max_tokens"

@@ -28,7 +28,7 @@ import structlog
 
 from backends.base import StructuredOutput
 from backends.errors import InvalidInput
-from backends.torch_llm.structured.schema import GrammarError, check_schema
+from backends.torch_llm.structured.schema import GrammarError, check_schema, strict_formats
 
 if TYPE_CHECKING:
     import torch
@@ -268,7 +268,8 @@ def _compile_with(compiler: Any, s: StructuredOutput) -> Any:
             raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
         check_schema(schema)
         # compact separators: one way to write each value, so a model cannot wander in whitespace
-        return compiler.compile_json_schema(s.json_schema, any_whitespace=False, strict_mode=True)
+        text = json.dumps(strict_formats(schema))
+        return compiler.compile_json_schema(text, any_whitespace=False, strict_mode=True)
     if s.json_object:
         return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
     if s.regex is not None:

@@ -105,3 +105,38 @@ def _check_list(key: str, value: Any, where: str) -> None:
         )
     for i, sub in enumerate(value):
         check_schema(sub, f"{where}[{i}]")
+
+
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_YEAR = r"([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001..9999 (no year 0)
+_LEAP = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)"
+_DATE = (
+    rf"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+    rf"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)"
+)
+# the fraction is unrolled: xgrammar 0.2.8 reads `(\.[0-9]{1,6})?` in a JSON string as if the dot
+# were optional too (it took "15:36:124Z")
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#: formats whose xgrammar rule is looser than RFC 3339 / RFC 2673 (it took "2642-02-31", a
+#: seconds field of 60, "056.45.53.6"), as the stricter patterns compiled in their place
+STRICT_FORMATS = {
+    "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
+    "date": rf"^{_DATE}$",
+    "time": rf"^{_TIME}$",
+    "date-time": rf"^{_DATE}T{_TIME}$",
+}
+
+
+def strict_formats(schema: Any) -> Any:
+    """`schema` with each `format` of `STRICT_FORMATS` replaced by its pattern (a copy; nodes that
+    already have a `pattern` keep their format)."""
+    if isinstance(schema, list):
+        return [strict_formats(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict_formats(v) for k, v in schema.items()}
+    fmt = schema.get("format")
+    if isinstance(fmt, str) and fmt in STRICT_FORMATS and "pattern" not in schema:
+        del out["format"]
+        out["pattern"] = STRICT_FORMATS[fmt]
+    return out
