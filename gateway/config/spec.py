@@ -111,7 +111,7 @@ class Config(SpecBase):
     state: StateConfig = msgspec.field(default_factory=StateConfig)
     #: the admin API and console's keys
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
-    #: how callers may identify besides API keys: JWT / OIDC bearer tokens (README, tenancy)
+    #: how callers may identify besides API keys: JWT / OIDC bearer tokens (docs/operations.md, Identity)
     auth: AuthSpec = msgspec.field(default_factory=AuthSpec)
     #: OpenTelemetry traces (docs/tracing.md)
     tracing: TracingConfig = msgspec.field(default_factory=TracingConfig)
