@@ -41,6 +41,27 @@ def _function_name(tool: dict[str, Any]) -> str:
     return str((tool.get("function") or {}).get("name"))
 
 
+def _refs(schema: Any) -> list[str]:
+    """Every `$ref` in `schema`, at any depth."""
+    if isinstance(schema, dict):
+        own = [schema["$ref"]] if isinstance(schema.get("$ref"), str) else []
+        return own + [r for value in schema.values() for r in _refs(value)]
+    if isinstance(schema, list):
+        return [r for value in schema for r in _refs(value)]
+    return []
+
+
+def _check_refs(tool: dict[str, Any], params: dict[str, Any]) -> None:
+    """Under "required" a function's `parameters` are no longer the root: a `$ref` to the root
+    (`#`) or into it (`#/properties/...`) would point elsewhere; those to definitions move along."""
+    for ref in _refs(params):
+        if ref.startswith("#") and not ref.startswith(tuple(f"#/{key}/" for key in _DEFINITIONS)):
+            raise InvalidInput(
+                f"`tools`: the parameters of {_function_name(tool)!r} use `$ref: {ref}`, which "
+                "`tool_choice: required` cannot keep; point references into `$defs`"
+            )
+
+
 def named_function_schema(tool: dict[str, Any]) -> dict[str, Any]:
     """The schema of the output when `tool_choice` names `tool`: its arguments object."""
     return _parameters(tool)
@@ -58,6 +79,7 @@ def required_schema(tools: list[dict[str, Any]], parallel_tool_calls: bool) -> d
     defs: dict[str, dict[str, Any]] = {key: {} for key in _DEFINITIONS}
     for tool in tools:
         params = dict(_parameters(tool))
+        _check_refs(tool, params)
         for key in _DEFINITIONS:
             for name, definition in (params.pop(key, None) or {}).items():
                 if defs[key].setdefault(name, definition) != definition:

@@ -236,3 +236,59 @@ def test_the_error_envelope_is_openai_shaped(tool_gateway: OpenAI) -> None:
         timeout=60,
     )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+#: the constrained-decoding corpus (nested objects, bounded arrays, enums, patterns, formats,
+#: ranges, $ref/$defs, anyOf, required, additionalProperties: false); objects can be parameters
+CORPUS = {
+    path.stem: schema
+    for path in sorted((Path(__file__).parents[1] / "torch_llm" / "schemas").glob("*.json"))
+    if (schema := json.loads(path.read_text())).get("type") == "object"
+}
+
+
+def _corpus_answer(client: OpenAI, name: str, schema: dict[str, Any], stream: bool) -> list[tuple]:
+    """(finish, calls) of a named call and of a required one, each function taking `schema`."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}, TOOLS[1]]
+    out = []
+    for choice in ({"type": "function", "function": {"name": "f"}}, "required"):
+        args = {"model": "qwen", "messages": USER, "tools": tools, "tool_choice": choice, "max_tokens": 256,
+                "temperature": 1.0, "seed": len(name), "parallel_tool_calls": False}  # fmt: skip
+        try:
+            if stream:
+                _, calls, finish = _streamed(client, **args)
+            else:
+                answer = client.chat.completions.create(**args).choices[0]
+                calls, finish = _whole_calls(answer.message), answer.finish_reason
+        except BadRequestError as exc:  # a keyword the engine cannot enforce is refused, by name
+            calls, finish = [], f"refused: {exc.message}"
+        out.append((choice, finish, calls))
+    return out
+
+
+def test_the_schema_corpus_as_tool_parameters(tool_gateway: OpenAI) -> None:
+    """Each object schema of the corpus as a function's `parameters`, at temperature 1.0, named and
+    "required", whole or streamed: every call of an answer that ended by itself validates (a schema
+    the engine refuses by keyword is no answer)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert len(CORPUS) >= 50
+    jobs = [(name, i % 2 == 1) for i, name in enumerate(CORPUS)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda job: _corpus_answer(tool_gateway, job[0], CORPUS[job[0]], job[1]), jobs))
+    invalid, ended = [], 0
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for (name, _), answers in zip(jobs, results, strict=True):
+        for choice, finish, calls in answers:
+            assert finish in ("stop", "tool_calls", "length") or str(finish).startswith("refused"), (name, finish)
+            if finish == "length" or str(finish).startswith("refused"):
+                continue
+            ended += 1
+            assert finish == ("stop" if isinstance(choice, dict) else "tool_calls") and len(calls) == 1
+            schema = CORPUS[name] if calls[0]["name"] == "f" else CLOCK
+            try:
+                jsonschema.validate(json.loads(calls[0]["arguments"]), schema, format_checker=checker)
+            except (ValueError, jsonschema.ValidationError) as exc:
+                invalid.append((name, choice, calls[0]["arguments"], str(exc)[:160]))
+    assert invalid == []
+    assert ended >= len(jobs)

@@ -92,6 +92,17 @@ def test_conflicting_definitions_are_refused() -> None:
         required_schema([WEATHER, other], True)
 
 
+def test_references_to_the_root_are_refused_under_required() -> None:
+    """The function's parameters are not the root of the required schema: `#` would be the array."""
+    tree = _tool("tree", {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}})
+    with pytest.raises(InvalidInput, match="'tree' use `\\$ref: #`"):
+        required_schema([tree], True)
+    assert _schema({"type": "function", "function": {"name": "weather"}})  # named: the root, refs hold
+    legacy = _tool("legacy", {"type": "object", "properties": {"u": {"$ref": "#/definitions/u"}},
+                              "definitions": {"u": {"enum": [1]}}})  # fmt: skip
+    assert required_schema([legacy], True)["definitions"] == {"u": {"enum": [1]}}
+
+
 def test_the_required_output_streams_as_calls() -> None:
     text = '[{"name": "weather", "parameters": {"city": "Oslo"}}, {"name": "clock", "parameters": {}}]'
     expected = [{"name": "weather", "arguments": '{"city": "Oslo"}'}, {"name": "clock", "arguments": "{}"}]
