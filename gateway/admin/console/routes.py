@@ -12,6 +12,7 @@ from litestar import Request, Response, Router, get, post
 from litestar.response import Template
 from litestar.static_files import create_static_files_router
 
+from backends.errors import InvalidInput
 from fleetgate.errors import GatewayError
 from gateway.admin.actor import act_as
 from gateway.admin.api import CreateKeyBody, create_tenant_key, restore_canary, revoke_tenant_key
@@ -25,6 +26,7 @@ from gateway.admin.reload import reload_or_refuse
 from gateway.core.service import GatewayCore
 from gateway.http.probes import exposition
 from gateway.http.requests import json_response
+from policies.types import Budget
 
 log = structlog.get_logger(__name__)
 
@@ -102,10 +104,21 @@ async def create_key(request: Request, core: GatewayCore) -> Template:
     signed, fields = await _form(request)
     globs = [g.strip() for g in fields.get("models", "").split(",") if g.strip()]
     body = CreateKeyBody(
-        tenant=fields.get("tenant", ""), models=globs or None, name=fields.get("name") or None
-    )
+        tenant=fields.get("tenant", ""), models=globs or None, name=fields.get("name") or None,
+        budget=_daily_budget(fields.get("budget_usd_per_day", "")),
+    )  # fmt: skip
     record, secret = await create_tenant_key(core, body)
     return await _keys_page(core, signed, status=201, created={"key_id": record.key_id, "secret": secret})
+
+
+def _daily_budget(text: str) -> Budget | None:
+    """The key form's daily budget in USD (empty: none); 400 naming the field when it is not one."""
+    if not text.strip():
+        return None
+    try:
+        return Budget(usd_per_day=float(text))
+    except ValueError as exc:
+        raise InvalidInput(f"budget_usd_per_day: {exc}") from None
 
 
 @post("/keys/{key_id:str}/revoke", status_code=303)

@@ -28,14 +28,15 @@ def _limits(spec: Any) -> dict[str, int]:
 
 
 def _chart(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Bar lengths (tokens, or requests where no tokens were counted) for the tenant's chart."""
-    measure = "tokens" if any(r["tokens"] for r in rows) else "requests"
+    """Bar lengths for the tenant's chart: spend in USD where its models are priced, else tokens,
+    else requests."""
+    measure = next((m for m in ("cost_usd", "tokens") if any(r[m] for r in rows)), "requests")
     top = max((r[measure] for r in rows), default=0) or 1
     return [
         {
             "label": r["model"],
             "value": r[measure],
-            "unit": measure,
+            "unit": "USD" if measure == "cost_usd" else measure,
             "y": 18 * i,
             "width": max(1, round(CHART_WIDTH * r[measure] / top)),
         }
@@ -47,7 +48,7 @@ async def tenants(core: GatewayCore, now: datetime | None = None) -> dict[str, A
     """Every configured tenant: weight, models, limits, quotas and this month's usage per model."""
     now = now or datetime.now(UTC)
     month, day = now.strftime("%Y-%m"), now.strftime("%Y-%m-%d")
-    usage: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    usage: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for row in await core.admission.usage(None):
         if row.period in (month, day):
             usage[row.tenant][row.model]["month" if row.period == month else "day"] = _counts(row)
@@ -56,8 +57,8 @@ async def tenants(core: GatewayCore, now: datetime | None = None) -> dict[str, A
         rows = [
             {
                 "model": model,
-                **periods.get("month", {"requests": 0, "tokens": 0}),
-                "today": periods.get("day", {"requests": 0, "tokens": 0}),
+                **periods.get("month", _NONE),
+                "today": periods.get("day", _NONE),
             }
             for model, periods in sorted(usage[name].items())
         ]
@@ -69,6 +70,7 @@ async def tenants(core: GatewayCore, now: datetime | None = None) -> dict[str, A
                 "limits": _limits(spec.limits),
                 "quotas": _limits(spec.quotas),
                 "key_limits": _limits(spec.key_limits) if spec.key_limits is not None else {},
+                "budget": _limits(spec.budget) if spec.budget is not None else {},
                 "usage": rows,
                 "chart": _chart(rows),
                 "chart_height": 18 * len(rows),
@@ -77,8 +79,11 @@ async def tenants(core: GatewayCore, now: datetime | None = None) -> dict[str, A
     return {"tenants": out, "month": month, "day": day}
 
 
-def _counts(row: UsageRow) -> dict[str, int]:
-    return {"requests": row.requests, "tokens": row.tokens}
+_NONE: dict[str, float] = {"requests": 0, "tokens": 0, "cost_usd": 0.0}
+
+
+def _counts(row: UsageRow) -> dict[str, float]:
+    return {"requests": row.requests, "tokens": row.tokens, "cost_usd": row.cost_usd}
 
 
 def key_rows(records: list[KeyRecord]) -> list[dict[str, Any]]:
@@ -94,6 +99,8 @@ def key_rows(records: list[KeyRecord]) -> list[dict[str, Any]]:
                 "tenant": r.tenant,
                 "name": r.name or "",
                 "models": ", ".join(r.models),
+                # the key's own limits and budget (beside its tenant's)
+                "own": {k: v for spec in (r.limits, r.budget) if spec is not None for k, v in _limits(spec).items()},
                 "created": _when(r.created_at),
                 "expires": _when(r.expires_at),
                 "last_used": _when(r.last_used_at),
