@@ -5,9 +5,9 @@ parses as a JWT; an API key (`fg-<id>-<secret>`) never contains a dot."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
-from policies.jwt_auth import AuthSpec, JwtVerifier, jwt_verifier
+from policies.jwt_auth import SUBJECT_PREFIX, AuthSpec, JwtVerifier, jwt_verifier
 from policies.keys import KeyService
 from policies.principal import Principal
 
@@ -20,6 +20,7 @@ class Identity:
         auth: the config's `auth` section (`auth.jwt` null: API keys only).
         tenants: names of the configured tenants (a token's tenant claim must be one).
         clock: epoch seconds now, for token expiry (injected so tests move time).
+        fetch: GETs the JWKS URL (tests serve it from memory); an httpx GET by default.
     """
 
     def __init__(
@@ -28,10 +29,11 @@ class Identity:
         auth: AuthSpec,
         tenants: Collection[str],
         clock: Callable[[], float] = time.time,
+        fetch: Callable[[str], Awaitable[bytes]] | None = None,
     ) -> None:
         self.keys = keys
         #: the JWT verifier, or None when tokens are not configured
-        self.tokens: JwtVerifier | None = jwt_verifier(auth, clock, tenants)
+        self.tokens: JwtVerifier | None = jwt_verifier(auth, clock, tenants, fetch)
 
     async def authenticate(self, raw: str | None) -> Principal:
         """The Principal of a presented credential.
@@ -44,6 +46,14 @@ class Identity:
         if raw is not None and self.tokens is not None and self.tokens.recognizes(raw):
             return await self.tokens.authenticate(raw)
         return await self.keys.authenticate(raw)
+
+    async def still_valid(self, key_id: str) -> bool:
+        """Whether the credential behind a Principal's `key_id` would still be accepted, for work it
+        started that runs on without it (batch jobs). A token's subject (`jwt:...`) stays valid: the
+        gateway cannot revoke a token, and its expiry ends requests, not the work they started."""
+        if key_id.startswith(SUBJECT_PREFIX):
+            return True
+        return await self.keys.still_valid(key_id)
 
     def update_tenants(self, tenants: Collection[str]) -> None:
         """Replace the set of configured tenants (config reload) for keys and tokens alike."""

@@ -5,7 +5,7 @@ A token is verified against the issuer's JWKS (`auth.jwt.jwks_url`) with PyJWT
 fetched again when a token names a `kid` it does not hold (the issuer rotated its signing key);
 those fetches are rate-limited to one per `refresh_interval_s`, so a flood of made-up `kid`s
 cannot turn the gateway into a load generator against the issuer. With the key cached, a request
-does no network at all. A verified token is remembered (bounded LRU) until it expires, so a client
+does no network at all. A verified token is remembered (bounded, oldest forgotten first) until it expires, so a client
 that presents the same token again costs a dictionary lookup and a clock compare.
 
 Every refusal is an `InvalidToken` (401) whose code names the reason class and whose message never
@@ -14,7 +14,6 @@ contains the token.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import time
@@ -22,13 +21,13 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
-import httpx
 import jwt
 import msgspec
 import structlog
 
 from fleetgate.spec import SpecBase
 from policies.errors import Unauthenticated
+from policies.jwks import KeyRing, fetch_url
 from policies.principal import Principal
 
 log = structlog.get_logger(__name__)
@@ -41,8 +40,11 @@ PUBLIC_KEY_ALGORITHMS = frozenset(
 )
 #: verified tokens remembered at once (oldest forgotten first)
 _MAX_VERIFIED = 10_000
+#: what a token's subject is prefixed with where a key id goes: an API key's id is 12 hex digits,
+#: never with a colon, so a subject can never be taken for a key (nor a key's limits for a subject's)
+SUBJECT_PREFIX = "jwt:"
 #: the subject a token without `subject_claim` is counted under (one per tenant)
-TENANT_SUBJECT = "jwt"
+TENANT_SUBJECT = "jwt:*"
 
 
 class JwtSpec(SpecBase):
@@ -55,7 +57,7 @@ class JwtSpec(SpecBase):
     #: the claim that names the tenant; it must be a configured tenant
     tenant_claim: str = "tenant"
     #: the claim that names the key-like subject that per-key limits and budgets apply to (it takes
-    #: the place of the API key id); null: every token of a tenant counts as one subject, `jwt`
+    #: the place of the API key id, as `jwt:<subject>`); null: a tenant's tokens are one subject, `jwt:*`
     subject_claim: str | None = "sub"
     #: accepted signature algorithms (public-key ones only: RS*, PS*, ES*, EdDSA)
     algorithms: list[str] = msgspec.field(default_factory=lambda: ["RS256"])
@@ -119,102 +121,6 @@ def unverified_header(raw: str) -> dict[str, Any] | None:
     except (ValueError, binascii.Error, msgspec.DecodeError):
         return None
     return header if isinstance(header, dict) and "alg" in header else None
-
-
-async def fetch_url(url: str, timeout_s: float) -> bytes:
-    """GET `url` (the key set); raises on a transport error or a non-2xx answer."""
-    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client:
-        response = await client.get(url, headers={"accept": "application/json"})
-        response.raise_for_status()
-        return response.content
-
-
-class KeyRing:
-    """The issuer's signing keys by `kid`, fetched on demand and at most once per interval.
-
-    Args:
-        url: the JWKS URL.
-        clock: seconds now (injected so tests move time).
-        refresh_interval_s: least time between two fetches.
-        max_age_s: a key set this old is fetched again in the background.
-        fetch: GETs the URL (tests may count calls); `fetch_url` by default.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        clock: Callable[[], float],
-        refresh_interval_s: float,
-        max_age_s: float,
-        fetch: Callable[[str], Awaitable[bytes]],
-    ) -> None:
-        self._url = url
-        self._clock = clock
-        self._interval = refresh_interval_s
-        self._max_age = max_age_s
-        self._fetch = fetch
-        self._keys: dict[str, dict[str, Any]] = {}
-        self._fetched_at: float | None = None  # last attempt, successful or not
-        self._loaded_at: float | None = None  # last success
-        self._inflight: asyncio.Future[None] | None = None
-        #: bumped whenever the key set changes (verified tokens of a retired key are forgotten)
-        self.generation = 0
-        #: fetches made (successful or not), for metrics and tests
-        self.fetches = 0
-
-    async def key(self, kid: str) -> dict[str, Any] | None:
-        """The JWK named `kid`; an unknown one fetches the set again, unless the last fetch was
-        less than `refresh_interval_s` ago (then None at once). Concurrent callers share one fetch."""
-        found = self._keys.get(kid)
-        now = self._clock()
-        if found is not None:
-            if self._loaded_at is not None and now - self._loaded_at >= self._max_age:
-                self._start_refresh(now)  # the cached key still answers meanwhile
-            return found
-        if self._inflight is None and self._fetched_at is not None and now - self._fetched_at < self._interval:
-            return None
-        await asyncio.shield(self._start_refresh(now))
-        return self._keys.get(kid)
-
-    def _start_refresh(self, now: float) -> asyncio.Future[None]:
-        if self._inflight is None:
-            if self._fetched_at is not None and now - self._fetched_at < self._interval:
-                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                done.set_result(None)
-                return done
-            self._fetched_at = now
-            self._inflight = asyncio.ensure_future(self._refresh())
-            self._inflight.add_done_callback(self._refreshed)
-        return self._inflight
-
-    def _refreshed(self, task: asyncio.Future[None]) -> None:
-        self._inflight = None
-
-    async def _refresh(self) -> None:
-        self.fetches += 1
-        try:
-            body = await self._fetch(self._url)
-            keys = _parse_jwks(body)
-        except Exception as exc:  # noqa: BLE001 - the old keys stay; tokens of unknown kids are refused
-            log.warning("jwks_fetch_failed", url=self._url, error=f"{type(exc).__name__}: {exc}")
-            return
-        if keys != self._keys:
-            self._keys = keys
-            self.generation += 1
-            log.info("jwks_loaded", url=self._url, kids=sorted(keys))
-        self._loaded_at = self._clock()
-
-
-def _parse_jwks(body: bytes) -> dict[str, dict[str, Any]]:
-    """`kid` -> JWK of a key set's signing keys (keys without a `kid`, or for encryption, skipped)."""
-    document = msgspec.json.decode(body)
-    if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
-        raise ValueError("not a JWKS document (no `keys` list)")
-    out: dict[str, dict[str, Any]] = {}
-    for key in document["keys"]:
-        if isinstance(key, dict) and isinstance(key.get("kid"), str) and key.get("use", "sig") == "sig":
-            out[key["kid"]] = key
-    return out
 
 
 # PyJWT's exceptions, most specific first, -> (reason class, message). The messages are ours: a
@@ -365,7 +271,7 @@ class JwtVerifier:
         subject = claims.get(self.spec.subject_claim)
         if not isinstance(subject, str) or not subject:
             raise InvalidToken("missing_claim", f"token lacks the subject claim {self.spec.subject_claim!r}")
-        return Principal(tenant, subject)
+        return Principal(tenant, SUBJECT_PREFIX + subject)
 
     def _remember(self, raw: str, exp: float, nbf: float | None, principal: Principal) -> None:
         self._verified[raw] = (self.keys.generation, exp, nbf, principal)
@@ -394,6 +300,11 @@ def _safe(alg: object) -> str:
     return "(unreadable)"
 
 
-def jwt_verifier(auth: AuthSpec, clock: Callable[[], float], tenants: Collection[str]) -> JwtVerifier | None:
+def jwt_verifier(
+    auth: AuthSpec,
+    clock: Callable[[], float],
+    tenants: Collection[str],
+    fetch: Callable[[str], Awaitable[bytes]] | None = None,
+) -> JwtVerifier | None:
     """The verifier of `auth.jwt`, or None when tokens are not configured."""
-    return None if auth.jwt is None else JwtVerifier(auth.jwt, clock, tenants=tenants)
+    return None if auth.jwt is None else JwtVerifier(auth.jwt, clock, tenants=tenants, fetch=fetch)

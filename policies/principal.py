@@ -15,7 +15,8 @@ class Principal(msgspec.Struct, frozen=True):
 
     Attributes:
         tenant: tenant name from the config.
-        key_id: public id of the API key (safe to log; never the secret).
+        key_id: public id of the API key (safe to log; never the secret), or `jwt:<subject>` for a
+            JWT bearer token (policies/jwt_auth.py): what per-key limits, budgets and usage count by.
         models: model globs the key is restricted to (`("*",)` when the key has no restriction).
         background: set on the requests of a batch job (gateway/batches), never from a credential:
             a `policies.held_settle.HeldSettle` that receives the request's settlement. Such

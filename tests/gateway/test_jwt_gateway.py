@@ -4,6 +4,8 @@ gives no 401; a flood of unknown kids fetches the issuer's JWKS at most once per
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import threading
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import jwt
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -76,33 +79,46 @@ def test_tokens_and_api_keys_both_serve_http(tgw: TokenGateway) -> None:
     assert other.json()["data"] == []
 
 
-def _invalid_tokens(issuer: Issuer) -> dict[str, str]:
+def _invalid_tokens(issuer: Issuer) -> list[tuple[str, str]]:
+    """(the refusal's code, a token of that class) for every class the issue names."""
     issuer.new_key("k-rogue", publish=False, sign_with=False)
     valid = issuer.token()
     head, _, signature = valid.split(".")
     other_body = issuer.token("other").split(".")[1]
-    return {
-        "token_expired": issuer.token(ttl_s=-60),
-        "token_not_yet_valid": issuer.token(nbf=time.time() + 600),
-        "token_wrong_issuer": issuer.token(iss="https://evil.test"),
-        "token_wrong_audience": issuer.token(aud="elsewhere"),
-        "token_bad_signature": f"{head}.{other_body}.{signature}",
-        "token_algorithm_not_allowed": _unsigned(valid),
-        "token_unknown_tenant": issuer.token("nobody"),
-        "token_unknown_key": issuer.token(kid="k-rogue"),
-    }
+    return [
+        ("token_expired", issuer.token(ttl_s=-60)),
+        ("token_not_yet_valid", issuer.token(nbf=time.time() + 600)),
+        ("token_wrong_issuer", issuer.token(iss="https://evil.test")),
+        ("token_wrong_audience", issuer.token(aud="elsewhere")),
+        ("token_bad_signature", f"{head}.{other_body}.{signature}"),
+        ("token_algorithm_not_allowed", _resigned(valid, "none")),
+        ("token_algorithm_not_allowed", _resigned(valid, "HS256", issuer)),
+        ("token_unknown_tenant", issuer.token("nobody")),
+        ("token_unknown_key", issuer.token(kid="k-rogue")),
+    ]
 
 
-def _unsigned(token: str) -> str:
-    """The token re-headed as `alg: none` with an empty signature."""
-    import jwt
-
+def _resigned(token: str, alg: str, issuer: Issuer | None = None) -> str:
+    """The token's claims under `alg: none` (no signature) or HS256 keyed with the issuer's public
+    JWK (the algorithm-confusion forgery), made by hand as an attacker would."""
     claims = json.loads(jwt.utils.base64url_decode(token.split(".")[1]))
-    return jwt.encode(claims, None, algorithm="none", headers={"kid": "k1"})
+
+    def part(value: dict) -> str:
+        return jwt.utils.base64url_encode(json.dumps(value).encode()).decode()
+
+    signing_input = f"{part({'alg': alg, 'kid': 'k1'})}.{part(claims)}"
+    if issuer is None:
+        return f"{signing_input}."
+    public = json.dumps(issuer.jwks()["keys"][0]).encode()
+    mac = hmac.new(public, signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{jwt.utils.base64url_encode(mac).decode()}"
 
 
-def test_each_invalid_class_is_a_401_naming_its_reason_over_http(tgw: TokenGateway) -> None:
-    for code, token in _invalid_tokens(tgw.issuer).items():
+def test_each_invalid_class_is_a_401_naming_its_reason_over_http(
+    tgw: TokenGateway, capfd: pytest.CaptureFixture[str]
+) -> None:
+    refused = _invalid_tokens(tgw.issuer)
+    for code, token in refused:
         openai = httpx.get(f"{tgw.url}/v1/models", headers=_bearer(token))
         assert openai.status_code == 401, (code, openai.text)
         error = openai.json()["error"]
@@ -111,6 +127,12 @@ def test_each_invalid_class_is_a_401_naming_its_reason_over_http(tgw: TokenGatew
         v2 = httpx.post(f"{tgw.url}/v2/models/digits/infer", json=V2_BODY, headers=_bearer(token))
         assert v2.status_code == 401, (code, v2.text)
         assert set(v2.json()) == {"error"} and token not in v2.text
+    logged = "".join(capfd.readouterr())
+    assert "invalid_api_key" in logged or "token_" in logged  # the access log lines were captured
+    for _, token in refused:
+        signature = token.split(".")[2]
+        assert token not in logged
+        assert not signature or signature[:20] not in logged
 
 
 def test_grpc_takes_tokens_in_authorization_metadata(tgw: TokenGateway) -> None:
@@ -119,7 +141,7 @@ def test_grpc_takes_tokens_in_authorization_metadata(tgw: TokenGateway) -> None:
         request = service_pb2.ModelReadyRequest(name="digits")
         good = [("authorization", f"Bearer {tgw.issuer.token()}")]
         assert stub.ModelReady(request, metadata=good).ready
-        for code, token in _invalid_tokens(tgw.issuer).items():
+        for code, token in _invalid_tokens(tgw.issuer):
             with pytest.raises(grpc.RpcError) as refused:
                 stub.ModelReady(request, metadata=[("authorization", f"Bearer {token}")])
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, code

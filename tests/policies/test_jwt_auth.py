@@ -55,14 +55,14 @@ def issuer() -> Issuer:
 async def test_a_valid_token_names_tenant_and_subject(issuer: Issuer) -> None:
     verifier, fetched = make(issuer, Clock())
     principal = await verifier.authenticate(issuer.token("acme", "svc-7"))
-    assert (principal.tenant, principal.key_id, principal.models) == ("acme", "svc-7", ("*",))
+    assert (principal.tenant, principal.key_id, principal.models) == ("acme", "jwt:svc-7", ("*",))
     await verifier.authenticate(issuer.token("other", "svc-8"))
     assert len(fetched) == 1  # the second token's key was cached: no network
 
 
 async def test_without_subject_claim_the_tenant_is_one_subject(issuer: Issuer) -> None:
     verifier, _ = make(issuer, Clock(), subject_claim=None)
-    assert (await verifier.authenticate(issuer.token("acme", None))).key_id == "jwt"
+    assert (await verifier.authenticate(issuer.token("acme", None))).key_id == "jwt:*"
 
 
 def _forged(issuer: Issuer, alg: str) -> str:
@@ -207,7 +207,7 @@ async def test_es256_keys_verify(issuer: Issuer) -> None:
     verifier = JwtVerifier(spec, time.time, tenants=["acme"], fetch=fetch)
     payload = {"iss": ISSUER, "aud": AUDIENCE, "exp": time.time() + 60, "tenant": "acme", "sub": "e"}
     token = jwt.encode(payload, private, algorithm="ES256", headers={"kid": "e1"})
-    assert (await verifier.authenticate(token)).key_id == "e"
+    assert (await verifier.authenticate(token)).key_id == "jwt:e"
 
 
 def test_config_refuses_symmetric_and_none_algorithms() -> None:
