@@ -6,11 +6,14 @@ guards, then its `before_request` hook, and only then resolves `data` (litestar/
 `authorize_connection`, then `_call_handler_function`), so the properties of the raw reads stay:
 
 1. `IDENTIFIED` (a guard) opens the call and checks its key: an anonymous or revoked key is
-   refused with 401 before a byte of its body is read or decoded.
-2. `read_within_deadline` (`before_request`) refuses a body declared as anything but JSON (415), then reads it under the call's deadline
-   (`server.request_timeout_s`: a body trickled in byte by byte gets a 504 instead of holding the
-   connection forever) and under Litestar's `request_max_body_size` (413). Litestar keeps the
-   bytes on the connection, and its decoding of `data` reads them from there.
+   refused with 401 before a byte of its body is read or decoded. The check runs before the core
+   opens the request's trace span, so with `tracing.step_spans` on, a typed route's trace has no
+   `authenticate` step (its time is in no span); the other steps are there as before.
+2. `read_within_deadline` (`before_request`) refuses a body declared as anything but JSON (415),
+   then reads it under the call's deadline (`server.request_timeout_s`: a body trickled in byte by
+   byte gets a 504 instead of holding the connection forever) and under Litestar's
+   `request_max_body_size` (413). Litestar keeps the bytes on the connection, and its decoding of
+   `data` reads them from there.
 3. Litestar decodes `data`; its refusals (bad JSON, a field of the wrong type, too large) are
    answered by `framework_refusal` in the caller's protocol envelope.
 

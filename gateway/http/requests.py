@@ -1,8 +1,10 @@
-"""HTTP plumbing shared by the protocol adapters: bounded body reads, credentials, errors, answers.
+"""HTTP plumbing shared by the protocol adapters: the `core` and `call` dependencies, errors, answers,
+and the bounded raw body read of the routes that do not take a typed body.
 
-This code runs on every request, on the event loop's one thread, so it avoids the framework's
-conveniences where they cost more than the work: headers are read from the ASGI scope, the body
-from the ASGI receive channel, and the hot inference routes answer with `RawResponse`.
+JSON bodies are Litestar's (typed `data`, gateway/http/bodies.py). `read_body` serves the tensor
+routes, whose bodies are read after the queue-room step and may be the v2 binary extension
+(docs/decisions/0001-raw-tensor-bodies.md), the console's form and the admin routes outside this
+package. The hot inference routes answer with `RawResponse`.
 """
 
 from __future__ import annotations
