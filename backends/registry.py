@@ -14,6 +14,7 @@ ADAPTERS: dict[str, str] = {
     "tfserving": "backends.tfserving",
     "remote": "backends.remote",
     "torch_llm": "backends.torch_llm.backend",
+    "openvino_llm": "backends.openvino_llm.backend",
 }
 
 

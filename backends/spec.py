@@ -159,11 +159,12 @@ class DeploymentSpec(SpecBase):
     """One deployment. Which fields apply depends on `backend` (see each adapter)."""
 
     #: the runtime or server that runs the model; its `options` are listed per backend
-    backend: Literal["onnxruntime", "openvino", "tfserving", "remote", "torch_llm"]
+    backend: Literal["onnxruntime", "openvino", "tfserving", "remote", "torch_llm", "openvino_llm"]
     #: the model of an in-process runtime (file or folder): a local path, or an address fetched into
     #: the cache, hf://org/name[@revision][/path], s3://bucket/key-or-prefix, https://host/file[#sha256=HEX]
     model: str | None = None
-    #: cpu | cuda | cuda:N | auto for torch/onnx; CPU | GPU | AUTO | HETERO:... for OpenVINO
+    #: cpu | cuda | cuda:N | auto for torch/onnx; CPU | GPU | AUTO | HETERO:... for OpenVINO; CPU | GPU |
+    #: NPU | AUTO for openvino_llm
     device: str | None = None
     #: ONNX Runtime execution providers, in order of preference
     providers: list[str] | None = None

@@ -32,6 +32,7 @@ BACKEND_OPTIONS: tuple[tuple[str, str], ...] = (
     ("tfserving", "backends.tfserving.options:TFServingOptions"),
     ("remote", "backends.remote.backend:RemoteOptions"),
     ("torch_llm", "backends.torch_llm.options:LLMOptions"),
+    ("openvino_llm", "backends.openvino_llm.options:OpenVINOLLMOptions"),
 )
 
 #: the name a dict section's entries are shown with in a path (`tenants.<tenant>`)

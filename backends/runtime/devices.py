@@ -17,6 +17,10 @@ def device_problem(backend: str, device: str) -> str | None:
         return torch_device_problem(device)
     if backend == "openvino":
         return openvino_device_problem(device)
+    if backend == "openvino_llm":
+        from backends.openvino_llm.options import device_problem as openvino_llm_device_problem
+
+        return openvino_llm_device_problem(device)
     if backend == "onnxruntime":
         return onnx_device_problem(device)
     return None

@@ -104,7 +104,7 @@ def _did_you_mean(value: str, choices: Iterable[str]) -> str:
 
 def serves(dep: DeploymentSpec) -> frozenset[str]:
     """What a deployment can answer: `text` (completions, chat), `embeddings` or `tensors`."""
-    if dep.backend == "torch_llm":
+    if dep.backend in ("torch_llm", "openvino_llm"):
         return frozenset({"text"})
     if dep.backend == "remote" and dep.protocol == "openai":
         return frozenset({"text", "embeddings"})

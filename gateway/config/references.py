@@ -132,6 +132,7 @@ def _generates_text(config: Config, model: str) -> bool:
     """Whether every route of `model` is a text-generation deployment (an LLM, an OpenAI upstream)."""
     routes = [config.deployments.get(r.deployment) for r in config.models[model].routes]
     return all(
-        d is not None and (d.backend == "torch_llm" or (d.backend == "remote" and d.protocol == "openai"))
+        d is not None
+        and (d.backend in ("torch_llm", "openvino_llm") or (d.backend == "remote" and d.protocol == "openai"))
         for d in routes
     )

@@ -17,6 +17,7 @@ from gateway.serve.commands import (
     cache,
     check_config,
     demo_models,
+    export_llm,
     keys,
     pull,
     quantize,
@@ -27,7 +28,7 @@ from gateway.serve.commands.base import EXIT_UNAVAILABLE, fail
 from policies.errors import StoreUnavailable
 
 #: every subcommand's module (each has `register(add_parser)`), in --help order
-COMMANDS = (serve, check_config, pull, cache, demo_models, build_kernels, quantize, keys, usage, audit)
+COMMANDS = (serve, check_config, pull, cache, demo_models, build_kernels, quantize, export_llm, keys, usage, audit)
 
 
 def _version() -> str:

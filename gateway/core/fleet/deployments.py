@@ -30,7 +30,7 @@ def default_queue_spec(spec: DeploymentConfig) -> QueueSpec:
         return spec.queue
     if spec.batching is not None:
         return QueueSpec(max_concurrency=max(8, 2 * spec.batching.max_batch_size))
-    if spec.backend in ("torch_llm", "remote"):
+    if spec.backend in ("torch_llm", "openvino_llm", "remote"):
         return QueueSpec(max_concurrency=64)
     return QueueSpec(max_concurrency=8)
 

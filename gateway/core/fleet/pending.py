@@ -22,7 +22,7 @@ _REPORT_EVERY_S = 0.5
 
 def expected_capabilities(spec: DeploymentSpec) -> frozenset[Capability]:
     """What the deployment's backend will serve once built (a request meanwhile gets 503, not 400)."""
-    if spec.backend == "torch_llm":
+    if spec.backend in ("torch_llm", "openvino_llm"):
         return frozenset({Capability.GENERATE})
     kinds = {Capability.TENSOR}
     if spec.embedding is not None and spec.backend in EMBEDDING_BACKENDS:
