@@ -81,7 +81,7 @@ def test_sign_in_and_every_page_shows_names_as_text(browser, console_gateway):
     assert SCRIPT_TENANT in names  # the markup is shown as text, and never ran
     assert browser.title != "owned" and "Tenants" in browser.title
     screenshot(browser, "tenants")
-    for page in ("keys", "models", "traffic"):
+    for page in ("keys", "models", "traffic", "audit"):
         link = browser.find_element(_by("id"), f"nav-{page}")
         link.click()
         _navigated(browser, link)

@@ -19,7 +19,7 @@ from tests.console.conftest import SCRIPT_TENANT, infer
 from tests.gateway.test_llm_gateway import _config as llm_gateway_config
 from tests.servers import serve_app
 
-GET_ROUTES = ["/", "/tenants", "/keys", "/models", "/traffic", "/traffic.json"]
+GET_ROUTES = ["/", "/tenants", "/keys", "/models", "/traffic", "/traffic.json", "/audit"]
 POST_ROUTES = ["/keys", "/keys/0123456789ab/revoke", "/reload", "/logout", "/canary/restore"]
 _CSRF = re.compile(r'name="_csrf" value="([^"]+)"')
 
