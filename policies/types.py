@@ -131,6 +131,23 @@ class UsageRow(msgspec.Struct, kw_only=True, frozen=True):
     cost_usd: float = 0.0
 
 
+class KeyUsageRow(msgspec.Struct, kw_only=True, frozen=True):
+    """Usage and spend of one key on one model, served by one deployment, in one UTC day.
+
+    `key_id` is the API key's public id (or `jwt:<subject>` for a token's subject); `model` is what
+    the caller asked for (a LoRA adapter's name for an adapter), `deployment` what served it.
+    """
+
+    tenant: str
+    key_id: str
+    model: str
+    deployment: str
+    period: str
+    requests: int
+    tokens: int
+    cost_usd: float = 0.0
+
+
 class KeyRecord(msgspec.Struct, kw_only=True, frozen=True):
     """One API key as shown to admins: never the secret, never its hash.
 

@@ -115,9 +115,13 @@ async def revoke_key(core: GatewayCore, call: Call, key_id: str) -> Response[byt
 
 
 @get("/admin/usage", guards=ADMIN_GUARD, responses=ADMIN_ERRORS)
-async def usage(core: GatewayCore, call: Call, tenant: str | None = None) -> Response[bytes]:
+async def usage(core: GatewayCore, call: Call, tenant: str | None = None, by: str = "model") -> Response[bytes]:
+    """Usage and spend per tenant, model and period (`by=model`), or per key, model, deployment and
+    period (`by=key`)."""
     try:
-        rows = await core.admission.usage(tenant)
+        if by not in ("model", "key"):
+            raise InvalidInput(f"by must be model or key, got {by!r}")
+        rows = await (core.admission.usage(tenant) if by == "model" else core.admission.key_usage(tenant))
         # A tenant removed from the config keeps its history; a name that is neither configured nor
         # in the history is a typo, and an empty list would hide it.
         if tenant is not None and not rows and tenant not in core.config.tenants:

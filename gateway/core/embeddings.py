@@ -65,6 +65,9 @@ class EmbeddingsPath:
         finally:
             priced = Usage(input_tokens=used, requests=1 if used else 0)
             cost = self._admitter.prices.charge(principal.tenant, plan.model, dep, priced) if used else 0
-            await self._admission.reconcile(reservation, used, failed=used == 0, cost_micros=cost)
+            served_by = dep.name if dep is not None else ""
+            await self._admission.reconcile(
+                reservation, used, failed=used == 0, cost_micros=cost, deployment=served_by
+            )
         served = Served(deployment=dep, plan=plan, headers=self._admission.headers(reservation))
         return EmbeddingsOutcome(vectors, used, served, given.body)

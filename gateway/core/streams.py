@@ -154,8 +154,9 @@ class ChoiceShare:
         )
         try:
             await self.admission.reconcile(
-                self.reservation, self._prompt + self._completion, failed=failed, cost_micros=cost
-            )
+                self.reservation, self._prompt + self._completion, failed=failed, cost_micros=cost,
+                deployment=self._dep.name if self._dep is not None else "",
+            )  # fmt: skip
         finally:
             if self._span is not None:
                 self._span.set_attributes(
@@ -320,7 +321,7 @@ class GenerationStream:
                 job.principal.tenant, job.plan.model, job.dep, priced_usage(usage, failed)
             )
             await self._settlement.admission.reconcile(
-                job.reservation, usage.total_tokens, failed=failed, cost_micros=cost
+                job.reservation, usage.total_tokens, failed=failed, cost_micros=cost, deployment=job.dep.name
             )
         finally:
             if job.span is not None:

@@ -61,7 +61,9 @@ class TensorPath:
         finally:
             # a request that got no answer costs no usage and no request quota (README: what a
             # failure costs); its rate-limit slot stays spent, so failures cannot flood for free
-            await self._admission.reconcile(reservation, used, failed=used == 0, cost_micros=spent)
+            await self._admission.reconcile(
+                reservation, used, failed=used == 0, cost_micros=spent, deployment=dep.name if used else ""
+            )
         return response, Served(deployment=dep, plan=plan, headers=self._admission.headers(reservation))
 
     async def run(

@@ -17,21 +17,15 @@ import structlog
 
 from policies import quotas as q
 from policies import ratelimit as rl
-from policies.admission.budgeting import (
-    BudgetSink,
-    BudgetWatch,
-    budget_denials,
-    refuse_unaffordable,
-    request_budgets,
-)
+from policies.admission import budgeting
 from policies.admission.refusals import refusal, refuse_never_fitting
 from policies.admission.reservation import Reservation, unchecked_tenants
-from policies.admission.settles import late_settle, orphan_settle, reconcile_settle, whole_charge
+from policies.admission.settles import late_settle, orphan_settle, reconcile_settle, whole_charge, with_months
 from policies.errors import QuotaExceeded, StoreUnavailable, Unauthenticated
 from policies.principal import Principal
 from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
-from policies.types import TenantSpec, UsageRow
+from policies.types import KeyUsageRow, TenantSpec, UsageRow
 
 log = structlog.get_logger(__name__)
 
@@ -64,7 +58,7 @@ class Admission:
         lease_ttl_s: float = 300.0,
         instance: str | None = None,
         budget_thresholds: list[float] | None = None,
-        budget_sink: BudgetSink | None = None,
+        budget_sink: budgeting.BudgetSink | None = None,
     ) -> None:
         #: this process, as its reservations' journals and its heartbeat name it
         self.instance = instance or secrets.token_hex(8)
@@ -78,7 +72,7 @@ class Admission:
         self._local = MemoryStore()  # fail-open state
         self._down_since: float | None = None
         self._pending: list[dict] = []  # settles that failed, retried on the next call that works
-        self.budget_watch = BudgetWatch(store, budget_thresholds or [], budget_sink, clock)
+        self.budget_watch = budgeting.BudgetWatch(store, budget_thresholds or [], budget_sink, clock)
         #: counters for metrics (`_STATS`)
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
 
@@ -122,8 +116,8 @@ class Admission:
         buckets, leases = t_buckets + k_buckets, t_leases + k_leases
         quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
         refuse_never_fitting(buckets, quota_checks, cost_tokens, principal.tenant)
-        budgets = request_budgets(principal, spec, now)
-        refuse_unaffordable(budgets, cost_micros)
+        budgets = budgeting.request_budgets(principal, spec, now)
+        budgeting.refuse_unaffordable(budgets, cost_micros)
         quota_ops = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
         budget_ops = [b.op(cost_micros) for b in budgets]
         counters = quota_ops + budget_ops
@@ -142,7 +136,7 @@ class Admission:
         result, degraded = await self._acquire(kwargs, now, fail_open=held is None)
         headers = rl.ratelimit_headers(buckets, result.buckets)
         if not result.ok:
-            over = budget_denials(result, len(quota_checks), budgets)
+            over = budgeting.budget_denials(result, len(quota_checks), budgets)
             error = refusal(principal.tenant, result, buckets, leases, quota_checks, headers, now, over, cost_micros)
             if over:
                 for check, used in over:
@@ -265,6 +259,7 @@ class Admission:
         failed: bool = False,
         parts: Mapping[str, int] | None = None,
         cost_micros: int = 0,
+        deployment: str = "",
     ) -> None:
         """Settle a reservation: refund unused tokens and money, record usage and spend, release
         concurrency. Idempotent.
@@ -276,6 +271,7 @@ class Admission:
             parts: usage rows of the request's parts (a graph's steps: `graph/step` -> rows), one
                 request each, recorded beside the request's own row; never charged to limits or quotas.
             cost_micros: what the request really cost in micro-USD (its budgets are settled at it).
+            deployment: the deployment that served it (its key's usage row names it).
 
         Never raises for a store outage: the settle is kept and retried on a later call (logged).
         """
@@ -285,7 +281,7 @@ class Admission:
         r = reservation
         requests = 0 if failed else 1
         now = self._clock()
-        settle = reconcile_settle(r, actual_tokens, failed, parts, now, cost_micros)
+        settle = reconcile_settle(r, actual_tokens, failed, parts, now, cost_micros, deployment)
         usage = settle["usage"]
         if r.held is not None:  # a batch line: committed by its runner with the line's record
             r.held.hold(settle, late_settle(r, actual_tokens, requests, usage, now, cost_micros))
@@ -395,3 +391,7 @@ class Admission:
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
         """Usage rows per tenant, model and period (days "2026-11-21" and months "2026-11")."""
         return await self._store.usage(tenant)
+
+    async def key_usage(self, tenant: str | None = None) -> list[KeyUsageRow]:
+        """Usage rows per key, model, deployment and day, with each month's sum beside its days."""
+        return with_months(await self._store.key_usage(tenant))

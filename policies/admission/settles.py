@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.admission.reservation import Reservation
-from policies.stores.base import CounterOp, Journal, UsageDelta
+from policies.stores.base import BucketOp, CounterOp, Journal, UsageDelta
+from policies.types import KeyUsageRow
 
 
 def reconcile_settle(
@@ -20,6 +21,7 @@ def reconcile_settle(
     parts: Mapping[str, int] | None,
     now: float,
     cost_micros: int = 0,
+    deployment: str = "",
 ) -> dict[str, Any]:
     """The settle of a finished request: unused tokens and money refunded (or the excess charged),
     usage and spend recorded per day and month (a graph's `parts` beside it), its concurrency
@@ -35,7 +37,7 @@ def reconcile_settle(
         buckets=[b.with_cost(delta) for b in r.token_buckets],
         release=r.lease_keys,
         counters=counters,
-        usage=usage_of(r, actual_tokens, failed, parts, cost_micros),
+        usage=usage_of(r, actual_tokens, failed, parts, cost_micros, deployment),
         now=now,
     )
 
@@ -46,11 +48,17 @@ def usage_of(
     failed: bool,
     parts: Mapping[str, int] | None = None,
     cost_micros: int = 0,
+    deployment: str = "",
 ) -> list[UsageDelta]:
     """The usage rows of a request (none counted as a request when it failed) and of its parts; the
-    request's spend is on its own rows (its parts' are within it)."""
+    request's spend is on its own rows (its parts' are within it). Beside its tenant's day and month
+    rows, its key's day row, per model and deployment (months are summed from days when read)."""
     requests = 0 if failed else 1
     usage = [UsageDelta(r.tenant, r.model, p, requests, actual_tokens, cost_micros) for p in (r.day, r.month)]
+    if requests or actual_tokens or cost_micros:  # a request that used nothing adds no key row
+        usage.append(
+            UsageDelta(r.tenant, r.model, r.day, requests, actual_tokens, cost_micros, r.key_id, deployment)
+        )
     usage += [UsageDelta(r.tenant, m, p, 1, n) for m, n in (parts or {}).items() for p in (r.day, r.month)]
     return usage
 
@@ -76,13 +84,31 @@ def late_settle(
 
 def orphan_settle(rid: str, journal: Journal, now: float) -> dict[str, Any]:
     """The settle of a dead process's reservation, as a failure: leases released, quota
-    reservations refunded, no usage (nothing of it was acknowledged)."""
+    reservations and a slice's bucket units refunded, no usage (nothing of it was acknowledged)."""
     return dict(
         settle_id=rid,
         lease_id=rid,
-        buckets=[],
+        buckets=[BucketOp(b.key, b.capacity, b.rate_per_s, -b.cost) for b in journal.buckets],
         release=journal.leases,
         counters=[CounterOp(c.key, None, -c.cost, c.expires_at) for c in journal.counters],
         usage=[],
         now=now,
     )
+
+
+def with_months(days: list[KeyUsageRow]) -> list[KeyUsageRow]:
+    """Per-key day rows and, for each (tenant, key, model, deployment), its months' sums, sorted."""
+    months: dict[tuple[str, str, str, str, str], list[int | float]] = {}
+    for d in days:
+        k = (d.tenant, d.key_id, d.model, d.deployment, d.period[:7])
+        sums = months.setdefault(k, [0, 0, 0])
+        sums[0] += d.requests
+        sums[1] += d.tokens
+        sums[2] += round(d.cost_usd * 1_000_000)  # exact: the store's sums are whole micro-USD
+    rows = days + [
+        KeyUsageRow(
+            tenant=t, key_id=key, model=m, deployment=dep, period=p, requests=int(r), tokens=int(n), cost_usd=c / 1e6
+        )
+        for (t, key, m, dep, p), (r, n, c) in months.items()
+    ]
+    return sorted(rows, key=lambda r: (r.tenant, r.key_id, r.model, r.deployment, r.period))

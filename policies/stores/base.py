@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from policies.types import Budget, KeyRecord, Limits, UsageRow
+from policies.types import Budget, KeyRecord, KeyUsageRow, Limits, UsageRow
 
 
 class BucketOp(msgspec.Struct, frozen=True):
@@ -49,18 +49,25 @@ class CounterOp(msgspec.Struct, frozen=True):
 
 
 class Journal(msgspec.Struct, frozen=True):
-    """What an admitted request holds, recorded with it so that it can be given back if the
-    process that admitted it dies before settling: its leases, and its period-counter reservations.
+    """What an admitted request (or a lease's slice) holds, recorded with it so that it can be given
+    back if the process that took it dies before settling: its concurrency leases, its period-counter
+    reservations and the bucket units of a slice.
     """
 
     #: the gateway process that admitted it (its heartbeat says whether it is alive)
     instance: str
     leases: list[str]
     counters: list[CounterOp]
+    #: bucket units taken ahead of requests (a lease's slice, policies/leases): given back with it
+    buckets: list[BucketOp] = msgspec.field(default_factory=list)
 
 
 class UsageDelta(msgspec.Struct, frozen=True):
-    """Add to the usage row of (tenant, model, period); `cost_micros` is the spend in micro-USD."""
+    """Add to the usage row of (tenant, model, period); `cost_micros` is the spend in micro-USD.
+
+    With `key_id` set it adds to the per-key row of (tenant, key_id, model, deployment, period)
+    instead, kept apart from the tenant's rows (`StateStore.key_usage`).
+    """
 
     tenant: str
     model: str
@@ -68,6 +75,8 @@ class UsageDelta(msgspec.Struct, frozen=True):
     requests: int
     tokens: int
     cost_micros: int = 0
+    key_id: str | None = None
+    deployment: str = ""
 
 
 class Mark(msgspec.Struct, frozen=True):
@@ -181,6 +190,10 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
         """Usage rows, of one tenant or of all, sorted by tenant, model, period."""
+
+    @abc.abstractmethod
+    async def key_usage(self, tenant: str | None = None) -> list[KeyUsageRow]:
+        """Per-key usage rows, of one tenant or of all, sorted by tenant, key, model, deployment, period."""
 
     @abc.abstractmethod
     async def put_key(self, record: KeyRecord, secret_hash: str) -> bool:

@@ -22,7 +22,7 @@ from policies.stores.base import (
     StateStore,
     UsageDelta,
 )
-from policies.types import KeyRecord, UsageRow
+from policies.types import KeyRecord, KeyUsageRow, UsageRow
 
 
 class _MemoryTxn:
@@ -64,9 +64,12 @@ class _MemoryTxn:
 
     def add_usage(self, rows: list[UsageDelta]) -> None:
         for usage in rows:
+            table: dict = self.s.usage_rows if usage.key_id is None else self.s.key_usage_rows
             k = (usage.tenant, usage.model, usage.period)
-            requests, tokens, cost = self.s.usage_rows.get(k, (0, 0, 0))
-            self.s.usage_rows[k] = (requests + usage.requests, tokens + usage.tokens, cost + usage.cost_micros)
+            if usage.key_id is not None:
+                k = (usage.tenant, usage.key_id, usage.model, usage.deployment, usage.period)
+            requests, tokens, cost = table.get(k, (0, 0, 0))
+            table[k] = (requests + usage.requests, tokens + usage.tokens, cost + usage.cost_micros)
 
     def mark_settled(self, settle_id: str, now: float) -> bool:
         if settle_id in self.s.settled:
@@ -96,6 +99,8 @@ class MemoryStore(StateStore):
         self.counters: dict[str, tuple[int, float]] = {}
         #: (tenant, model, period) -> (requests, tokens, cost in micro-USD)
         self.usage_rows: dict[tuple[str, str, str], tuple[int, int, int]] = {}
+        #: (tenant, key, model, deployment, day) -> (requests, tokens, cost in micro-USD)
+        self.key_usage_rows: dict[tuple[str, str, str, str, str], tuple[int, int, int]] = {}
         self.settled: dict[str, float] = {}
         self.keys: dict[str, tuple[KeyRecord, str]] = {}
         #: open reservations: id -> (instance, encoded Journal); instance -> heartbeat expiry
@@ -181,6 +186,15 @@ class MemoryStore(StateStore):
         return [
             UsageRow(tenant=t, model=m, period=p, requests=r, tokens=k, cost_usd=usd(c))
             for (t, m, p), (r, k, c) in sorted(self.usage_rows.items())
+            if tenant is None or t == tenant
+        ]
+
+    async def key_usage(self, tenant: str | None = None) -> list[KeyUsageRow]:
+        return [
+            KeyUsageRow(
+                tenant=t, key_id=k, model=m, deployment=d, period=p, requests=r, tokens=n, cost_usd=usd(c)
+            )
+            for (t, k, m, d, p), (r, n, c) in sorted(self.key_usage_rows.items())
             if tenant is None or t == tenant
         ]
 

@@ -167,3 +167,27 @@ async def test_usage_rows_sum_costs_exactly(store, clock) -> None:
     (month, day) = await adm.usage("acme")
     assert month == UsageRow(tenant="acme", model="m", period="2026-11", requests=4, tokens=4, cost_usd=90.000007)
     assert day.cost_usd == 90.000007
+
+
+async def test_each_key_has_its_usage_rows_per_model_and_deployment(store, clock) -> None:
+    adm = Admission(store, {"acme": TenantSpec()}, clock)
+    other = Principal("acme", "ba9876543210")
+    for who, dep, cost in ((ACME, "gpu", 5), (ACME, "gpu", 7), (ACME, "cpu", 1), (other, "gpu", 2)):
+        r = await adm.admit(who, "m", 3, cost_micros=cost)
+        await adm.reconcile(r, 3, cost_micros=cost, deployment=dep)
+    failed = await adm.admit(ACME, "m", 3)
+    await adm.reconcile(failed, 0, failed=True)  # no answer, nothing used: no key row
+    rows = [(r.key_id, r.deployment, r.period, r.requests, r.tokens, r.cost_usd) for r in await adm.key_usage("acme")]
+    assert rows == [
+        ("0123456789ab", "cpu", "2026-11", 1, 3, 1e-6),
+        ("0123456789ab", "cpu", "2026-11-21", 1, 3, 1e-6),
+        ("0123456789ab", "gpu", "2026-11", 2, 6, 12e-6),
+        ("0123456789ab", "gpu", "2026-11-21", 2, 6, 12e-6),
+        ("ba9876543210", "gpu", "2026-11", 1, 3, 2e-6),
+        ("ba9876543210", "gpu", "2026-11-21", 1, 3, 2e-6),
+    ]
+    # the tenant's rows are unchanged by the keys' rows beside them
+    assert [(r.period, r.requests, r.cost_usd) for r in await adm.usage("acme")] == [
+        ("2026-11", 4, 15e-6), ("2026-11-21", 4, 15e-6),
+    ]  # fmt: skip
+    assert await adm.key_usage("other") == []

@@ -173,7 +173,7 @@ def test_a_spent_budget_is_resource_exhausted_over_grpc(gw: Gateway) -> None:
 
 
 def test_a_chat_is_charged_at_its_reported_usage(gw: Gateway) -> None:
-    key, _ = admin_create_key(gw.url, "chatty")
+    key, key_id = admin_create_key(gw.url, "chatty")
     spent = 0.0
     for _ in range(3):
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=chat_body("chat"), headers=bearer(key), timeout=30)
@@ -182,6 +182,14 @@ def test_a_chat_is_charged_at_its_reported_usage(gw: Gateway) -> None:
         spent += usage["prompt_tokens"] * CHAT_IN + usage["completion_tokens"] * CHAT_OUT
     assert spent > 0
     assert _day(_usage(gw.url, "chatty"), "chat")["cost_usd"] == pytest.approx(spent, abs=1e-9)
+    # per key: the key, the model asked for and the deployment that served it
+    r = httpx.get(f"{gw.url}/admin/usage", params={"tenant": "chatty", "by": "key"}, headers=ADMIN_HEADERS)
+    assert r.status_code == 200, r.text
+    (day,) = [row for row in r.json()["usage"] if len(row["period"]) == len("2026-11-21")]
+    assert (day["key_id"], day["model"], day["deployment"], day["requests"]) == (key_id, "chat", "echo", 3)
+    assert day["cost_usd"] == pytest.approx(spent, abs=1e-9)
+    bad = httpx.get(f"{gw.url}/admin/usage", params={"by": "colour"}, headers=ADMIN_HEADERS)
+    assert bad.status_code == 400 and "by must be model or key" in bad.json()["error"]
 
 
 def test_a_keys_own_budget_and_limits_beside_its_tenants(gw: Gateway) -> None:

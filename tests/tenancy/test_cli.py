@@ -176,3 +176,5 @@ def test_keys_create_with_limits_and_a_budget_and_usage_prints_spend(config: Pat
     assert_one_line_error(bad, 2, "usd_per_day")
     usage = fleetgate("usage", "--config", str(config))
     assert usage.returncode == 0 and usage.stdout.splitlines()[0].endswith("\tcost_usd"), usage.stdout
+    by_key = fleetgate("usage", "--config", str(config), "--by-key")
+    assert by_key.returncode == 0 and by_key.stdout.startswith("tenant\tkey\tmodel\tdeployment\t"), by_key.stdout

@@ -13,9 +13,10 @@ from gateway.serve.commands.store import check_tenant, with_store
 
 
 def register(add_parser: AddParser) -> None:
-    p = add_parser("usage", help="usage per tenant, model and period")
+    p = add_parser("usage", help="usage and spend per tenant, model and period (or per key)")
     p.add_argument("--config", required=True)
     p.add_argument("--tenant")
+    p.add_argument("--by-key", action="store_true", help="per key, model, deployment and period")
     p.set_defaults(func=run)
 
 
@@ -24,6 +25,14 @@ def run(args: argparse.Namespace) -> int:
     check_tenant(config, args.tenant)
 
     async def report(_: Any, admission: Any) -> int:
+        if args.by_key:
+            print("tenant\tkey\tmodel\tdeployment\tperiod\trequests\ttokens\tcost_usd")
+            for r in await admission.key_usage(args.tenant):
+                print(
+                    f"{r.tenant}\t{r.key_id}\t{r.model}\t{r.deployment}\t{r.period}\t{r.requests}\t{r.tokens}"
+                    f"\t{r.cost_usd:.6f}"
+                )
+            return 0
         rows = await admission.usage(args.tenant)
         print("tenant\tmodel\tperiod\trequests\ttokens\tcost_usd")
         for row in rows:

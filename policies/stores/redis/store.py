@@ -28,7 +28,7 @@ from policies.stores.base import (
 )
 from policies.stores.redis import lua
 from policies.stores.redis.pipeline import ScriptPipeline
-from policies.types import KeyRecord, UsageRow
+from policies.types import KeyRecord, KeyUsageRow, UsageRow
 
 
 class RedisStore(ScriptPipeline, StateStore):
@@ -115,7 +115,7 @@ class RedisStore(ScriptPipeline, StateStore):
         marks: list[Mark] | None = None,
     ) -> bool:
         marks = marks or []
-        members = [json.dumps([u.tenant, u.model, u.period]) for u in usage]
+        members = [_usage_member(u) for u in usage]
         keys = [self._p + "settled:" + settle_id] + [self._p + b.key for b in buckets]
         keys += [self._p + k for k in release] + [self._p + c.key for c in counters]
         keys += [self._p + "usage:" + m for m in members] + [self._p + "usage_index", self._p + "journal"]
@@ -152,23 +152,34 @@ class RedisStore(ScriptPipeline, StateStore):
             args = [lease_id, repr(now + ttl_s), repr(ttl_s)]
             await self._pipelined(self._renew, [self._p + k for k in keys], args)
 
-    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+    async def _usage_rows(self, tenant: str | None, fields: int) -> list[tuple[list[str], list[int]]]:
+        """(member fields, [requests, tokens, cost]) of the usage rows whose members have `fields`
+        fields (3: a tenant's rows; 5: per-key rows), of one tenant or all."""
         members = await self._call(self._client.smembers(self._p + "usage_index"))
-        wanted = [m for m in sorted(members) if tenant is None or json.loads(m)[0] == tenant]
+        parsed = [(m, json.loads(m)) for m in sorted(members)]
+        wanted = [(m, f) for m, f in parsed if len(f) == fields and (tenant is None or f[0] == tenant)]
         pipe = self._client.pipeline(transaction=False)
-        for m in wanted:
+        for m, _ in wanted:
             pipe.hmget(self._p + "usage:" + m, "requests", "tokens", "cost")
         values = await self._call(pipe.execute()) if wanted else []
-        rows = []
-        for m, (requests, tokens, cost) in zip(wanted, values, strict=True):
-            t, model, period = json.loads(m)
-            rows.append(
-                UsageRow(
-                    tenant=t, model=model, period=period, requests=int(requests or 0), tokens=int(tokens or 0),
-                    cost_usd=usd(int(cost or 0)),
-                )  # fmt: skip
-            )
+        return [(f, [int(v or 0) for v in vs]) for (_, f), vs in zip(wanted, values, strict=True)]
+
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        rows = [
+            UsageRow(tenant=t, model=model, period=period, requests=r, tokens=n, cost_usd=usd(c))
+            for (t, model, period), (r, n, c) in await self._usage_rows(tenant, 3)
+        ]
         return sorted(rows, key=lambda r: (r.tenant, r.model, r.period))
+
+    async def key_usage(self, tenant: str | None = None) -> list[KeyUsageRow]:
+        rows = [
+            KeyUsageRow(
+                tenant=t, key_id=key_id, model=model, deployment=dep, period=period, requests=r, tokens=n,
+                cost_usd=usd(c),
+            )  # fmt: skip
+            for (t, model, period, key_id, dep), (r, n, c) in await self._usage_rows(tenant, 5)
+        ]
+        return sorted(rows, key=lambda r: (r.tenant, r.key_id, r.model, r.deployment, r.period))
 
     async def put_key(self, record: KeyRecord, secret_hash: str) -> bool:
         fields = {
@@ -270,6 +281,13 @@ class RedisStore(ScriptPipeline, StateStore):
 
     async def ping(self) -> None:
         await self._call(self._client.ping())
+
+
+def _usage_member(u: UsageDelta) -> str:
+    """A usage row's member of the usage index (and its hash's name): a tenant's row, or a key's."""
+    if u.key_id is None:
+        return json.dumps([u.tenant, u.model, u.period])
+    return json.dumps([u.tenant, u.model, u.period, u.key_id, u.deployment])
 
 
 def _key_from_hash(key_id: str, h: dict[str, str]) -> KeyRecord:

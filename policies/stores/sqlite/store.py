@@ -25,7 +25,7 @@ from policies.stores.base import (
 from policies.stores.sqlite.group_commit import GroupCommit
 from policies.stores.sqlite.schema import KEY_COLUMNS, key_from_row
 from policies.stores.sqlite.txn import SqliteTxn
-from policies.types import KeyRecord, UsageRow
+from policies.types import KeyRecord, KeyUsageRow, UsageRow
 
 
 class SqliteStore(GroupCommit, StateStore):
@@ -142,16 +142,25 @@ class SqliteStore(GroupCommit, StateStore):
 
         await self._tx(run)
 
-    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
-        def run(c: sqlite3.Connection) -> list[tuple]:
-            sql = "SELECT tenant, model, period, requests, tokens, cost_micros FROM usage"
-            if tenant is None:
-                return c.execute(sql + " ORDER BY 1, 2, 3").fetchall()
-            return c.execute(sql + " WHERE tenant = ? ORDER BY 1, 2, 3", (tenant,)).fetchall()
+    async def _rows(self, columns: str, table: str, keys: int, tenant: str | None) -> list[tuple]:
+        """`columns` of `table`, of one tenant or all, ordered by its first `keys` columns."""
+        order = ", ".join(str(i) for i in range(1, keys + 1))
+        sql = f"SELECT {columns} FROM {table}"  # noqa: S608 - fixed names
+        if tenant is None:
+            return await self._tx(lambda c: c.execute(f"{sql} ORDER BY {order}").fetchall())
+        return await self._tx(lambda c: c.execute(f"{sql} WHERE tenant = ? ORDER BY {order}", (tenant,)).fetchall())
 
-        rows = await self._tx(run)
+    async def usage(self, tenant: str | None = None) -> list[UsageRow]:
+        rows = await self._rows("tenant, model, period, requests, tokens, cost_micros", "usage", 3, tenant)
         return [
             UsageRow(tenant=t, model=m, period=p, requests=r, tokens=k, cost_usd=usd(c)) for t, m, p, r, k, c in rows
+        ]
+
+    async def key_usage(self, tenant: str | None = None) -> list[KeyUsageRow]:
+        columns = "tenant, key_id, model, deployment, period, requests, tokens, cost_micros"
+        return [
+            KeyUsageRow(tenant=t, key_id=k, model=m, deployment=d, period=p, requests=r, tokens=n, cost_usd=usd(c))
+            for t, k, m, d, p, r, n, c in await self._rows(columns, "key_usage", 5, tenant)
         ]
 
     async def put_key(self, record: KeyRecord, secret_hash: str) -> bool:

@@ -64,6 +64,16 @@ class SqliteTxn:
         )
 
     def add_usage(self, rows: list[UsageDelta]) -> None:
+        keyed = [(u.tenant, u.key_id, u.model, u.deployment, u.period, u.requests, u.tokens, u.cost_micros) for u in rows if u.key_id is not None]  # fmt: skip
+        if keyed:
+            self.c.executemany(
+                "INSERT INTO key_usage VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (tenant, key_id, model, deployment, period) DO UPDATE SET "
+                "requests = requests + excluded.requests, tokens = tokens + excluded.tokens, "
+                "cost_micros = cost_micros + excluded.cost_micros",
+                keyed,
+            )
+            rows = [u for u in rows if u.key_id is None]
         self.c.executemany(
             "INSERT INTO usage (tenant, model, period, requests, tokens, cost_micros) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (tenant, model, period) DO UPDATE SET requests = requests + excluded.requests, "
