@@ -13,6 +13,7 @@ worst case reserved at admission always covers the real cost settled at the end)
 
 from __future__ import annotations
 
+import functools
 import math
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -63,8 +64,10 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     requests: int = 1
 
 
+@functools.lru_cache(maxsize=256)
 def _dec(value: float | None) -> Decimal:
-    # str() first: Decimal(0.15) is 0.1499999999999999944..., the config said 0.15
+    # str() first: Decimal(0.15) is 0.1499999999999999944..., the config said 0.15; cached, since a
+    # config has a few prices and each request asks for them twice
     return Decimal(0) if value is None else Decimal(str(value))
 
 
@@ -79,7 +82,9 @@ def cost_micros(pricing: Pricing | None, usage: Usage) -> int:
         raise ValueError(f"usage counts must be >= 0, got {usage!r}")
     if usage.cached_tokens > usage.input_tokens:
         raise ValueError(f"cached_tokens ({usage.cached_tokens}) exceed input_tokens ({usage.input_tokens})")
-    p = pricing or FREE
+    if pricing is None or pricing == FREE:
+        return 0  # nothing priced: no decimal arithmetic on the request path
+    p = pricing
     cached_price = p.cached_input_usd_per_mtok if p.cached_input_usd_per_mtok is not None else p.input_usd_per_mtok
     micros = (
         _dec(p.input_usd_per_mtok) * (usage.input_tokens - usage.cached_tokens)
