@@ -181,7 +181,7 @@ def create_app(
         dependencies=DEPENDENCIES,
         # typed bodies (gateway/http/bodies.py); the raw tensor reads enforce the same limit themselves
         request_max_body_size=config.server.max_body_bytes,
-        openapi_config=openapi.CONFIG,
+        openapi_config=openapi.openapi_config("fleetgate"),  # one per app: Litestar fills its components
         debug=False,
     )
     app.state.console_traffic = TrafficWindow()  # the console's live traffic window, per process

@@ -58,9 +58,6 @@ def openapi_config(title: str) -> OpenAPIConfig:
     )
 
 
-#: the served app's (gateway/http/app.py)
-CONFIG = openapi_config("fleetgate")
-
 _encoder = msgspec.json.Encoder()
 
 
