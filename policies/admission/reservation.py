@@ -51,6 +51,8 @@ class Reservation(msgspec.Struct, kw_only=True):
     held: Any = None
     cost_micros: int = 0
     budgets: list[CounterOp] = msgspec.field(default_factory=list)
+    #: admitted from this process's slices (policies/leases): settled with its next batch
+    leased: bool = False
 
 
 _NO_LIMITS, _NO_QUOTAS = Limits(), Quotas()

@@ -18,10 +18,12 @@ import structlog
 from policies import quotas as q
 from policies import ratelimit as rl
 from policies.admission import budgeting
-from policies.admission.refusals import refusal, refuse_never_fitting
+from policies.admission import leased as ls
+from policies.admission.refusals import refusal
 from policies.admission.reservation import Reservation, unchecked_tenants
 from policies.admission.settles import late_settle, orphan_settle, reconcile_settle, whole_charge, with_months
 from policies.errors import QuotaExceeded, StoreUnavailable, Unauthenticated
+from policies.leases import LeasePath, LeaseSettings, PartitionSettings
 from policies.principal import Principal
 from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
@@ -59,6 +61,8 @@ class Admission:
         instance: str | None = None,
         budget_thresholds: list[float] | None = None,
         budget_sink: budgeting.BudgetSink | None = None,
+        leases: LeaseSettings | None = None,
+        partition: PartitionSettings | None = None,
     ) -> None:
         #: this process, as its reservations' journals and its heartbeat name it
         self.instance = instance or secrets.token_hex(8)
@@ -75,11 +79,19 @@ class Admission:
         self.budget_watch = budgeting.BudgetWatch(store, budget_thresholds or [], budget_sink, clock)
         #: counters for metrics (`_STATS`)
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
+        #: the lease strategy (`leases.strategy: leases`); None: a store acquire and settle per request
+        self.leases = (
+            LeasePath(store, self.instance, clock, leases, partition, lease_ttl_s)
+            if leases is not None and leases.strategy == "leases"
+            else None
+        )
 
     def update_tenants(self, tenants: Mapping[str, TenantSpec]) -> None:
         """Replace the tenant specs (config reload); state in the store carries over."""
         self._tenants = dict(tenants)
         self._unchecked = unchecked_tenants(self._tenants)
+        if self.leases is not None:
+            self.leases.reset()
 
     async def admit(
         self, principal: Principal, model: str, cost_tokens: int, cost_micros: int = 0
@@ -102,23 +114,11 @@ class Admission:
         spec = self._tenants[principal.tenant]  # admit_at_once refused a tenant not configured
         now = self._clock()
         held = principal.background
-        # a batch job's requests count against quotas (the bill) but not per-minute limits: those
-        # shape interactive bursts, and the batch runner paces itself through the fair queue
-        # a key's own limits take the place of its tenant's per-key default
-        key_limits = principal.limits or spec.key_limits
-        limits, key_limits = (None, None) if held is not None else (spec.limits, key_limits)
-        t_buckets, t_leases = rl.rate_checks(
-            f"tenant {principal.tenant}", f"t:{principal.tenant}", limits, cost_tokens
-        )
-        k_buckets, k_leases = rl.rate_checks(
-            f"key {principal.key_id}", f"k:{principal.key_id}", key_limits, cost_tokens
-        )
-        buckets, leases = t_buckets + k_buckets, t_leases + k_leases
-        quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
-        refuse_never_fitting(buckets, quota_checks, cost_tokens, principal.tenant)
+        if ls.leaseable(self, principal, spec):
+            return await ls.admit_leased(self, principal, spec, model, cost_tokens)
+        buckets, leases, quota_checks, quota_ops = ls.request_checks(principal, spec, cost_tokens, now)
         budgets = budgeting.request_budgets(principal, spec, now)
         budgeting.refuse_unaffordable(budgets, cost_micros)
-        quota_ops = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
         budget_ops = [b.op(cost_micros) for b in budgets]
         counters = quota_ops + budget_ops
         lease_id = f"{self.instance}.{random_hex(12)}"
@@ -180,7 +180,8 @@ class Admission:
         if isinstance(cost_micros, bool) or not isinstance(cost_micros, int) or cost_micros < 0:
             raise ValueError(f"cost_micros must be a non-negative int, got {cost_micros!r}")
         if principal.tenant not in self._unchecked or principal.limits is not None or principal.budget is not None:
-            return None
+            spec = self._tenants[principal.tenant]
+            return ls.admit_local(self, principal, spec, model, cost_tokens) if ls.leaseable(self, principal, spec) else None
         return self._granted(
             principal, model, cost_tokens, self._clock(), f"{self.instance}.{random_hex(12)}",
             cost_micros=cost_micros,
@@ -283,6 +284,9 @@ class Admission:
         now = self._clock()
         settle = reconcile_settle(r, actual_tokens, failed, parts, now, cost_micros, deployment)
         usage = settle["usage"]
+        if r.leased and self.leases is not None:  # settled with the next batch (policies/leases)
+            self.leases.settle(settle)
+            return
         if r.held is not None:  # a batch line: committed by its runner with the line's record
             r.held.hold(settle, late_settle(r, actual_tokens, requests, usage, now, cost_micros))
             return
@@ -373,6 +377,7 @@ class Admission:
         if (
             reservation.lease_keys
             and not reservation.degraded
+            and not reservation.leased  # a lease's slots are renewed by its ticks
             and now - reservation.renewed_at > self._lease_ttl_s / 3
         ):
             reservation.renewed_at = now
@@ -389,9 +394,25 @@ class Admission:
         return dict(reservation.headers)
 
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
-        """Usage rows per tenant, model and period (days "2026-11-21" and months "2026-11")."""
+        """Usage rows per tenant, model and period (days "2026-11-21" and months "2026-11").
+
+        With leases, this process's batch not yet written is written first (other processes' batches
+        reach the store within `leases.flush_s`)."""
+        await self.flush()
         return await self._store.usage(tenant)
+
+    async def flush(self) -> None:
+        """Write the lease strategy's pending batch now (nothing with the per-request strategy)."""
+        if self.leases is not None:
+            await self.leases.flush(retake=False)
+
+    async def close(self) -> None:
+        """Give back every slice and idle slot this process holds and write its last batch (shutdown,
+        drain). Admission stays usable: a later request takes new slices."""
+        if self.leases is not None:
+            await self.leases.close()
 
     async def key_usage(self, tenant: str | None = None) -> list[KeyUsageRow]:
         """Usage rows per key, model, deployment and day, with each month's sum beside its days."""
+        await self.flush()
         return with_months(await self._store.key_usage(tenant))

@@ -1,0 +1,114 @@
+"""The lease strategy of `Admission` (`state.leases.strategy: leases`, policies/leases).
+
+A request with rate limits and quotas only (no budget, not a batch line) is admitted from this
+process's slices and slots: at once when they cover it (`admit_at_once`: no store call, no task), or
+after one top-up acquire (`admit`). A budget stays per request: its worst-case reservation is a
+large share of a small budget, and the threshold alerts read the store's spend at each admission.
+"""
+
+from __future__ import annotations
+
+from secrets import token_hex
+from typing import TYPE_CHECKING, NamedTuple
+
+from policies import quotas as q
+from policies import ratelimit as rl
+from policies.admission.refusals import refusal, refuse_never_fitting
+from policies.admission.reservation import Reservation
+from policies.errors import QuotaExceeded, StoreUnavailable
+from policies.principal import Principal
+from policies.stores.base import CounterOp
+from policies.types import TenantSpec
+
+if TYPE_CHECKING:
+    from policies.admission.service import Admission
+
+
+class Checks(NamedTuple):
+    """The rate limits and quotas one request is checked against."""
+
+    buckets: list[rl.RateCheck]
+    leases: list[rl.ConcurrencyCheck]
+    quota_checks: list[q.QuotaCheck]
+    #: one counter op per quota check, costing what the request reserves of it
+    quota_ops: list[CounterOp]
+
+
+def request_checks(principal: Principal, spec: TenantSpec, cost_tokens: int, now: float) -> Checks:
+    """The checks of a request (a batch line's: quotas only); NeverAdmitted when no wait can admit it.
+
+    A batch job's requests count against quotas (the bill) but not per-minute limits: those shape
+    interactive bursts, and the batch runner paces itself through the fair queue. A key's own limits
+    take the place of its tenant's per-key default.
+    """
+    key_limits = principal.limits or spec.key_limits
+    held = principal.background is not None
+    limits, key_limits = (None, None) if held else (spec.limits, key_limits)
+    t_buckets, t_leases = rl.rate_checks(f"tenant {principal.tenant}", f"t:{principal.tenant}", limits, cost_tokens)
+    k_buckets, k_leases = rl.rate_checks(f"key {principal.key_id}", f"k:{principal.key_id}", key_limits, cost_tokens)
+    buckets = t_buckets + k_buckets
+    quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
+    refuse_never_fitting(buckets, quota_checks, cost_tokens, principal.tenant)
+    quota_ops = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
+    return Checks(buckets, t_leases + k_leases, quota_checks, quota_ops)
+
+
+def leaseable(adm: Admission, principal: Principal, spec: TenantSpec) -> bool:
+    """Whether the request takes the lease path (leases on, no budget, not a batch line)."""
+    return (
+        adm.leases is not None and principal.background is None and spec.budget is None and principal.budget is None
+    )
+
+
+def admit_local(adm: Admission, principal: Principal, spec: TenantSpec, model: str, cost_tokens: int) -> Reservation | None:
+    """Admit from the slices and slots held, or None (then `admit_leased`)."""
+    assert adm.leases is not None
+    now = adm._clock()
+    c = request_checks(principal, spec, cost_tokens, now)
+    views = adm.leases.admit_local(c.buckets, c.leases, c.quota_ops, now)
+    if views is None:
+        return None
+    return _reservation(adm, principal, model, cost_tokens, now, c, rl.ratelimit_headers(c.buckets, views))
+
+
+async def admit_leased(adm: Admission, principal: Principal, spec: TenantSpec, model: str, cost_tokens: int) -> Reservation:
+    """Admit from the slices held, topping them up from the store where they fall short.
+
+    Raises as `Admission.admit` does.
+    """
+    assert adm.leases is not None
+    now = adm._clock()
+    c = request_checks(principal, spec, cost_tokens, now)
+    views = adm.leases.admit_local(c.buckets, c.leases, c.quota_ops, now)
+    if views is None:
+        try:
+            result, views = await adm.leases.admit_remote(c.buckets, c.leases, c.quota_ops, now)
+        except StoreUnavailable:
+            adm.stats["store_unavailable"] += 1
+            raise
+        if not result.ok:
+            headers = rl.ratelimit_headers(c.buckets, [adm.leases.book.bucket_view(b.op.key, b.op, now) for b in c.buckets])
+            error = refusal(principal.tenant, result, c.buckets, c.leases, c.quota_checks, headers, now)
+            adm.stats[error.code if isinstance(error, QuotaExceeded) else "rate_limited"] += 1
+            raise error
+    return _reservation(adm, principal, model, cost_tokens, now, c, rl.ratelimit_headers(c.buckets, views))
+
+
+def _reservation(
+    adm: Admission, principal: Principal, model: str, cost_tokens: int, now: float, c: Checks, headers: dict[str, str]
+) -> Reservation:
+    assert adm.leases is not None
+    r = adm._granted(
+        principal,
+        model,
+        cost_tokens,
+        now,
+        f"{adm.instance}.{token_hex(12)}",
+        token_buckets=[b for b in c.buckets if b.unit == "tokens"],
+        token_quotas=[op for op, qc in zip(c.quota_ops, c.quota_checks, strict=True) if qc.unit == "tokens"],
+        request_quotas=[op for op, qc in zip(c.quota_ops, c.quota_checks, strict=True) if qc.unit == "requests"],
+        lease_keys=[cc.op.key for cc in c.leases],
+        headers=headers,
+    )
+    r.leased = True
+    return r

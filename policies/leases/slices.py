@@ -1,0 +1,170 @@
+"""Slices: bucket and quota capacity a process took from the store ahead of its requests.
+
+A `Grant` is one store acquire (its id is the store's reservation id, journaled so that the crash
+recovery of a dead process gives its unused units back); a `SliceBook` holds the grants of every key
+and admits from them in memory. The sum of every process's slices is taken through the store's
+all-or-nothing acquire, so it never passes a limit: admitting from a slice is as exact as a store
+acquire per request.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.stores import token_bucket
+from policies.stores.base import BucketOp, BucketView, CounterOp
+
+#: a key not used for this long (s) forgets its observed rate and slice size
+_IDLE_FORGET_S = 5.0
+
+
+class Grant:
+    """The slices of one store acquire: units left per key, and the ops that took them."""
+
+    __slots__ = ("id", "left", "buckets", "counters")
+
+    def __init__(self, grant_id: str) -> None:
+        self.id = grant_id
+        #: key -> units taken and not yet admitted
+        self.left: dict[str, float] = {}
+        #: the ops that took the units (cost: units taken), keyed by store key
+        self.buckets: dict[str, BucketOp] = {}
+        self.counters: dict[str, CounterOp] = {}
+
+    def give_back(self) -> tuple[list[BucketOp], list[CounterOp]]:
+        """The settle ops that return what is left of this grant's slices."""
+        buckets = [BucketOp(k, b.capacity, b.rate_per_s, -self.left[k]) for k, b in self.buckets.items() if self.left[k] > 0]
+        counters = [CounterOp(k, None, -int(self.left[k]), c.expires_at) for k, c in self.counters.items() if self.left[k] > 0]  # fmt: skip
+        return buckets, counters
+
+
+class KeyState:
+    """One store key (a bucket or a period counter) as this process sees it."""
+
+    __slots__ = ("grants", "left", "used", "rate", "last_size", "contended_until", "level", "ts", "store_left", "limit", "seen")  # fmt: skip
+
+    def __init__(self, limit: float) -> None:
+        self.grants: list[Grant] = []
+        self.left = 0.0
+        #: units admitted since the last tick, and the smoothed units per second they make
+        self.used = 0.0
+        self.rate = 0.0
+        self.last_size = 0.0
+        #: until then, slices hold only what a request needs (a top-up at a slice's size was refused)
+        self.contended_until = 0.0
+        #: a bucket's level in the store after this process's last acquire, at `ts` (headers)
+        self.level = 0.0
+        self.ts = 0.0
+        #: units the store had left after that acquire (slices shrink as it runs low); None: not seen
+        self.store_left: float | None = None
+        #: the capacity (bucket) or limit (counter) the slices were taken under
+        self.limit = limit
+        self.seen = 0.0
+
+
+class SliceBook:
+    """Every key's slices in this process; admits from them without a store call."""
+
+    def __init__(self, slice_s: float, max_share: float) -> None:
+        self._slice_s = slice_s
+        self._max_share = max_share
+        self.keys: dict[str, KeyState] = {}
+        #: every grant not yet given back, spent ones included: each is closed by a settle of its id,
+        #: which drops its journal (else the crash recovery would give back units already admitted)
+        self.open: dict[str, Grant] = {}
+
+    def state(self, key: str, limit: float) -> KeyState:
+        ks = self.keys.get(key)
+        if ks is None:
+            ks = self.keys[key] = KeyState(limit)
+        return ks
+
+    def fits(self, needs: list[tuple[str, float, float]]) -> bool:
+        """Whether the slices hold every (key, units, limit) at once (a key may repeat)."""
+        want: dict[str, float] = {}
+        for key, units, limit in needs:
+            ks = self.keys.get(key)
+            if ks is None or ks.limit != limit:
+                return False
+            want[key] = want.get(key, 0.0) + units
+            if ks.left + token_bucket.BUCKET_EPSILON < want[key]:
+                return False
+        return True
+
+    def consume(self, key: str, units: float, now: float) -> None:
+        """Admit `units` of `key` from its slices (the oldest grant first); `fits` said they are there."""
+        ks = self.keys[key]
+        ks.left -= units
+        ks.used += units
+        ks.seen = now
+        while units > 0 and ks.grants:
+            g = ks.grants[0]
+            take = min(units, g.left[key])
+            g.left[key] -= take
+            units -= take
+            if g.left[key] <= token_bucket.BUCKET_EPSILON:
+                ks.grants.pop(0)
+
+    def size(self, key: str, need: float, limit: float, now: float) -> float:
+        """Units to hold after a top-up of `key` for a request needing `need`: about `slice_s` of the
+        observed rate, doubling while slices run out, never above `max_share` of the limit nor of what
+        the store had left at the last look, never below `need` (then it is the per-request path)."""
+        ks = self.keys.get(key)
+        if ks is None or ks.contended_until > now:
+            return need
+        want = max(math.ceil(ks.rate * self._slice_s), 2 * ks.last_size, 1.0)
+        share = limit * self._max_share
+        want = min(want, share)
+        if ks.store_left is not None:  # under contention the store runs low: slices shrink towards 1
+            want = min(want, ks.left + max(0.0, ks.store_left) * self._max_share)
+        return max(need, math.floor(want))
+
+    def add(self, grant: Grant, key: str, units: float, limit: float, now: float) -> None:
+        """Record `units` of `key` taken by `grant`."""
+        ks = self.state(key, limit)
+        self.open[grant.id] = grant
+        grant.left[key] = units
+        ks.grants.append(grant)
+        ks.left += units
+        ks.last_size = ks.left
+        ks.seen = now
+
+    def bucket_view(self, key: str, op: BucketOp, now: float) -> BucketView:
+        """A bucket as the client would see it after this request: the store's level drained to now,
+        less the units this process holds and has not admitted (x-ratelimit-* headers)."""
+        ks = self.keys[key]
+        level = max(0.0, token_bucket.drain(ks.level, ks.ts, op.rate_per_s, now) - ks.left)
+        return BucketView(token_bucket.remaining(level, op.capacity), token_bucket.reset_s(level, op.rate_per_s))
+
+    def detach_key(self, key: str) -> list[Grant]:
+        """The grants holding units of `key`, forgotten here with all their keys' units (to be given back)."""
+        ks = self.keys.get(key)
+        grants = list(ks.grants) if ks is not None else []
+        for g in grants:
+            self.open.pop(g.id, None)
+            for k, units in g.left.items():
+                other = self.keys.get(k)
+                if other is not None and g in other.grants:
+                    other.grants.remove(g)
+                    other.left -= units
+        return grants
+
+    def take_all(self) -> list[Grant]:
+        """Every open grant, forgotten here (to be given back): at a tick, a reload, a shutdown."""
+        grants, self.open = list(self.open.values()), {}
+        for ks in self.keys.values():
+            ks.grants = []
+            ks.left = 0.0
+        return grants
+
+    def tick(self, elapsed: float, now: float) -> list[str]:
+        """Update each key's observed rate; forget idle keys. Returns the keys used since the last tick."""
+        active = []
+        for key, ks in list(self.keys.items()):
+            if ks.used:
+                active.append(key)
+            ks.rate = 0.5 * ks.rate + 0.5 * ks.used / max(elapsed, 1e-3)
+            ks.used = 0.0
+            if not ks.grants and now - ks.seen > _IDLE_FORGET_S:
+                del self.keys[key]
+        return active
