@@ -85,9 +85,13 @@ def _parse_url(text: str) -> Address:
     return Address(text, "https", parts._replace(fragment="").geturl(), sha256=sha256)
 
 
+#: a last segment ending so names a file, not a repository (`models/digits.onnx` is a missing file)
+_FILE_SUFFIXES = (".onnx", ".xml", ".bin", ".safetensors", ".pt", ".pth", ".gguf", ".json", ".npz", ".pb")
+
+
 def looks_like_repo_id(text: str) -> bool:
     """Whether a local path that does not exist reads like `org/name` (then `hf://` is suggested)."""
-    return _REPO_ID.fullmatch(text) is not None
+    return _REPO_ID.fullmatch(text) is not None and not text.lower().endswith(_FILE_SUFFIXES)
 
 
 #: files a model file needs beside it (OpenVINO IR weights, ONNX external data), by suffix

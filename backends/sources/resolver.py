@@ -16,7 +16,11 @@ from backends.sources.errors import DiskFull, NotCached, SourceError
 from backends.sources.spec import StorageSpec
 from backends.sources.types import Fetcher, Listing
 
-log = structlog.get_logger(__name__)
+
+def _log() -> structlog.typing.FilteringBoundLogger:
+    """The logger as configured now: the resolver runs in `fleetgate pull` and in servers of one
+    process (tests), and a logger cached at its first use would keep a stream closed since."""
+    return structlog.get_logger(__name__)  # type: ignore[no-any-return]
 
 _TRUE = ("1", "on", "yes", "true")
 _HEX40 = frozenset("0123456789abcdef")
@@ -119,13 +123,13 @@ class ModelSources:
                 if not damaged:
                     self.cache.set_ref(manifest)
                     return self.cache.snapshot_path(manifest)
-                log.warning("model_cache_damaged", address=text, files=damaged[:5], action="fetching again")
+                _log().warning("model_cache_damaged", address=text, files=damaged[:5], action="fetching again")
                 self.cache.drop(manifest, damaged)
             self._check_room(listing)
             quiet = progress or Quiet()
             blobs = {f.path: fetch_file(self.cache, fetcher, address, f, quiet) for f in listing.files}
             manifest = self.cache.install(listing, blobs, snapshot)
-        log.info("model_fetched", address=text, revision=listing.revision, files=len(blobs), bytes=manifest.size)
+        _log().info("model_fetched", address=text, revision=listing.revision, files=len(blobs), bytes=manifest.size)
         return self.cache.snapshot_path(manifest)
 
     def _offline(self, address: Address) -> Manifest:

@@ -71,6 +71,7 @@ def test_check_config_resolves_without_downloading(store: Store, tmp_path: Path,
         ("hf://acme/absent", "repository acme/absent not found at"),
         ("hf://acme/m@v2", "revision v2 not found in acme/m"),
         ("acme/m", "model file acme/m does not exist; for the Hugging Face repository write hf://acme/m"),
+        ("models/m.onnx", "does not exist - at"),  # a missing file, not a repository: no hint
     ):
         assert main(["check-config", str(_config(tmp_path, model))]) == 2
         # one line (stderr may also hold log lines of HTTP clients other tests turned on)
@@ -105,7 +106,7 @@ def test_a_pull_killed_midway_resumes(store: Store, tmp_path: Path) -> None:
     second = subprocess.run(pull, env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
     assert "fleetgate pull: resuming hf://acme/m/model.onnx model.onnx" in second.stderr
-    snapshot = Path(second.stdout.split(" -> ")[1].split("\n")[0])
+    snapshot = Path(second.stdout.split(" -> ")[1].split("\n")[0].rsplit(" (", 1)[0])  # "-> PATH (REVISION)"
     assert snapshot.read_bytes() == WEIGHTS
     # the second pull asked for the rest only (the killed one may have sent a little more than it kept)
     assert store.served.file_bytes < 2 * len(WEIGHTS) - kept + 200_000
