@@ -263,3 +263,20 @@ def test_entries_survive_a_restart(agw: AuditGateway) -> None:
     with serve_app(agw.make_app()) as url:
         r = httpx.get(f"{url}/admin/audit", params={"limit": 500}, headers=ADMIN_HEADERS)
         assert r.json()["entries"] == before
+
+
+def test_a_refused_change_leaves_no_entry(agw: AuditGateway) -> None:
+    """A reload the gateway refuses (here: `auth` changed, which needs a restart) changes nothing
+    and records nothing; so does revoking a key that does not exist."""
+    _api_key_create(agw, "")  # an entry to compare with
+    newest = agw.trail(limit=1)["entries"][0]["id"]
+    original = agw.config_path.read_text()
+    jwt = "auth: {jwt: {issuer: https://i.test, audience: fg, jwks_url: 'https://i.test/jwks'}}\n"
+    agw.config_path.write_text(original + jwt)
+    try:
+        r = httpx.post(f"{agw.url}/admin/reload", headers=ADMIN_HEADERS)
+        assert r.status_code == 400 and "auth changes need a restart" in r.json()["error"], r.text
+    finally:
+        agw.config_path.write_text(original)
+    assert httpx.delete(f"{agw.url}/admin/keys/0123456789ab", headers=ADMIN_HEADERS).status_code == 404
+    assert agw.trail(limit=1)["entries"][0]["id"] == newest
