@@ -32,8 +32,11 @@ class OpenVINOLLMOptions(SpecBase):
     #: the precision OpenVINO computes in (INFERENCE_PRECISION_HINT). f32 by default: CPUs with
     #: bf16 support otherwise compute in bf16, whose answers differ from the exported weights'
     precision: Literal["f32", "bf16", "f16", "auto"] = "f32"
-    #: KV cache precision (KV_CACHE_PRECISION); auto: the device's default
-    kv_cache_precision: Literal["auto", "f32", "f16", "bf16", "u8"] = "auto"
+    #: KV cache precision (KV_CACHE_PRECISION). f32 by default, for the same reason: the CPU's own
+    #: default (u8) quarters the cache's memory but flips near-tied greedy tokens (measured on the
+    #: tests' tiny Llama: 11 of 24 tokens agreed with Hugging Face on u8, all 24 on f32); auto: the
+    #: device's default
+    kv_cache_precision: Literal["auto", "f32", "f16", "bf16", "u8"] = "f32"
 
     def __post_init__(self) -> None:
         if self.cache_size_gb < 1:
