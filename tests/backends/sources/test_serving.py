@@ -160,6 +160,14 @@ def test_a_deployment_still_fetching_is_not_ready_and_the_others_serve(
         headers = {"Authorization": f"Bearer {create_key(url, 'acme')}"}
         refused = httpx.post(f"{url}/v1/completions", headers=headers, json={"model": "llm", "prompt": "hi", "max_tokens": 2})
         assert refused.status_code == 503, refused.text
+        store.served.pace_s = 0.3  # a slow link: the download takes seconds, its progress is shown
         store.repos["acme/tiny-llama"] = llama  # published: the retry (backoff from 1 s) fetches and loads it
+        deadline = time.monotonic() + 60
+        while "MB" not in str(_detail(url)["llm"]["error"]):
+            assert time.monotonic() < deadline, _detail(url)
+            time.sleep(0.05)
+        detail = _detail(url)["llm"]
+        assert detail["ready"] is False and str(detail["error"]).startswith("fetching hf://acme/tiny-llama "), detail
+        store.served.pace_s = 0.0
         _wait_ready(url, {"llm"})
         _serves_everything(url)
