@@ -63,6 +63,13 @@ CONTROLS: list[tuple[str, str, str, str, bool]] = [
 ]  # fmt: skip
 
 
+NOTES = [
+    "bare_proxy (bench/floor_servers.py proxy) is not shared code: at bc1f8af it forwards with the own "
+    "HTTP/1.1 client (backends.upstream_http.UpstreamPool), after the refactor with httpx.AsyncClient, as "
+    "the remote backend does: its after/before is the upstream client's own cost, not the machine's drift",
+    "cpu_ms_per_req is the gateway process's own CPU (user + system) per request: the figure least moved "
+    "by other processes on a shared machine; req/s and latencies move with the load of the machine",
+]
 #: "a/b": a's figure over b's in the same run, b being code both checkouts share (the tensor floors, the
 #: upstream): what is left of the machine's drift between a before and an after once it is divided out
 NORMALIZED: list[tuple[str, str, str, str, bool]] = [
@@ -246,7 +253,7 @@ def compare(rounds: list[dict[str, Any]], figures: list[tuple[str, str, str, str
         values: dict[str, list[float]] = {"before": [], "after": []}
         for r in rounds:
             for label in values:
-                value = point_value(r[label][bench]["points"], server, c, metric)
+                value = point_value(r[label].get(bench, {}).get("points", {}), server, c, metric)
                 if value is not None:
                     values[label].append(value)
         if len(values["before"]) != len(rounds) or len(values["after"]) != len(rounds):
@@ -271,13 +278,17 @@ def compare(rounds: list[dict[str, Any]], figures: list[tuple[str, str, str, str
 def plot(report: dict[str, Any], path: Path) -> None:
     from bench import plotting
 
+    # fleetgate's figures, then the same divided by shared code, then the shared code alone (grey:
+    # how far the machine itself moved between a before and an after)
     rows = {k: v for k, v in report["fleetgate"].items() if not k.endswith("added_p50_ms")}
-    fig, ax = plotting.figure(size=(10, 0.28 * len(rows) + 1.5))
+    rows |= report["normalized"]
+    rows |= {f"{k} (control)": v for k, v in report["controls"].items()}
+    fig, ax = plotting.figure(size=(10, 0.24 * len(rows) + 1.5))
     names = list(rows)
     ys = range(len(names))
     # shown as "after better (> 1) or worse (< 1)": req/s as after/before, latencies and CPU inverted
     good = [1 / (1 + rows[n]["worse_pct"] / 100) for n in names]
-    colors = ["C2" if g >= 0.9 else "C3" for g in good]
+    colors = ["grey" if n.endswith("(control)") else "C2" if g >= 0.9 else "C3" for n, g in zip(names, good, strict=True)]
     ax.barh(ys, [g - 1 for g in good], left=1, color=colors)
     ax.axvline(1, color="black", linewidth=0.8)
     ax.axvline(0.9, color="C3", linestyle="--", linewidth=0.8, label="10 % worse")
@@ -303,10 +314,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             result: dict[str, Any] = {"order": []}
             for tree in trees if index % 2 == 0 else trees[::-1]:
                 result["order"].append(tree.label)
-                result[tree.label] = {
-                    "policy_proxy": run_policy(tree, args.policy_seconds),
-                    "tensor_peers": run_tensor(tree, args.tensor_seconds, Path(tmp)),
-                }
+                result[tree.label] = {}
+                if "policy_proxy" in args.benches:
+                    result[tree.label]["policy_proxy"] = run_policy(tree, args.policy_seconds)
+                if "tensor_peers" in args.benches:
+                    result[tree.label]["tensor_peers"] = run_tensor(tree, args.tensor_seconds, Path(tmp))
                 sys.stderr.write(f"round {index + 1} {tree.label} done at {time.perf_counter() - started:.0f} s\n")
             rounds.append(result)
             # kept as it goes (bench/results/*.tmp is ignored by git): a late failure keeps the rounds
@@ -332,6 +344,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "commits": {t.label: t.commit() for t in trees},
         "imports_checked": imports,
         "rounds": args.rounds,
+        "benches": args.benches,
         "seconds_per_point": {"policy_proxy": args.policy_seconds, "tensor_peers": args.tensor_seconds},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "loadavg_before_after": [load_before, os.getloadavg()]},  # fmt: skip
@@ -346,6 +359,9 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="checkout of the commit before")
     parser.add_argument("--after", type=Path, help="checkout of the commit after")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--benches", nargs="+", choices=("policy_proxy", "tensor_peers"), default=["policy_proxy", "tensor_peers"]
+    )
     parser.add_argument("--policy-seconds", type=float, default=3.0)
     parser.add_argument("--tensor-seconds", type=float, default=3.0)
     parser.add_argument("--starts", type=int, default=1, help="LLM starts on empty caches per checkout (0: none)")
@@ -365,9 +381,9 @@ def main() -> None:
     else:
         report = measure(args)
     # the summaries first in the file, then the starts and the raw rounds
-    report = {k: v for k, v in report.items() if k not in ("fleetgate", "normalized", "controls")}
+    report = {k: v for k, v in report.items() if k not in ("notes", "fleetgate", "normalized", "controls")}
     raw = {k: report.pop(k) for k in ("start_llm_empty_caches", "per_round", "wall_s")}
-    report |= summarize(raw["per_round"]) | raw
+    report |= {"notes": NOTES} | summarize(raw["per_round"]) | raw
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".tmp").unlink(missing_ok=True)
     plot(report, args.out.with_suffix(".png"))
