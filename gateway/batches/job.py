@@ -176,7 +176,7 @@ class Job:
             if self.ctx.clock() >= self.record.expires_at:
                 self.stop = "expired"
                 return
-            if self.record.owner_key and not await self.ctx.core().keys.still_valid(self.record.owner_key):
+            if self.record.owner_key and not await self.ctx.core().identity.still_valid(self.record.owner_key):
                 # a revoked (say, leaked) key stops spending the tenant's quota, in batches too
                 message = f"the API key {self.record.owner_key} that created this batch was revoked or expired"
                 self.record.errors = BatchErrors([BatchError(code="key_revoked", message=message)])

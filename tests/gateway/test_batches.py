@@ -354,3 +354,19 @@ def test_a_line_past_its_deadline_waits_for_its_turn_instead_of_failing(upstream
         done = wait_for(client, batch_id, {"completed"})
         assert (done.request_counts.completed, done.request_counts.failed) == (2, 0)
         assert usage_of(url, "other")[0] == 2
+
+
+def test_a_batch_created_with_a_jwt_runs(upstream_url: str, tmp_path: Path) -> None:
+    """A job's owner may be a token's subject (`jwt:<sub>`), not an API key: the job's check that its
+    owner is still valid asks the identity step, so the lines run (it failed as "key revoked" when
+    the check asked only the API keys)."""
+    from tests.jwt_issuer import auth_yaml, serve_issuer
+
+    with serve_issuer() as (issuer, jwks_url):
+        yaml = batch_yaml(upstream_url, tmp_path / "state.db", tmp_path / "files") + auth_yaml(jwks_url)
+        with serve_app(create_app(parse_config(yaml, base_dir=tmp_path))) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=issuer.token("other", "svc-1"), max_retries=0)
+            batch_id = start(client, [chat_line(f"j{i}", f"alpha {i}") for i in range(3)])
+            done = wait_for(client, batch_id, {"completed", "failed"})
+            assert done.status == "completed", done.errors
+            assert done.request_counts.completed == 3
