@@ -16,10 +16,29 @@ def test_a_key_with_a_daily_budget_from_the_form(console_gateway) -> None:  # ty
         assert r.status_code == 201, r.text
         secret = re.search(r'id="new-secret"[^>]*>([^<]+)<', r.text).group(1)  # type: ignore[union-attr]
         key_id = secret.split("-")[1]
-        own = re.search(rf'id="key-{key_id}".*?class="own">(.*?)</td>', client.get("/keys").text, re.S)
+        page = client.get("/keys").text
+        own = re.search(rf'id="key-{key_id}".*?class="own">(.*?)</td>', page, re.S)
         assert own is not None and "usd_per_day 0.5" in own.group(1)
+        assert re.search(rf'id="key-{key_id}".*?class="spend">0 / 0</td>', page, re.S)
         assert infer(console_gateway.url, secret).status_code == 200  # unpriced models cost nothing
         bad = client.post("/keys", data={**form, "budget_usd_per_day": "-2", "_csrf": csrf_of(client)})
         assert bad.status_code == 400 and "budget_usd_per_day" in bad.text
         tenants = client.get("/tenants").text
         assert "Spend USD (month)" in tenants and "<dt>Budget</dt>" in tenants
+
+
+def test_each_keys_spend_this_month_and_today() -> None:
+    from datetime import UTC, datetime
+
+    from gateway.admin.console.views import key_spend
+    from policies.types import KeyUsageRow
+
+    def row(key: str, period: str, usd: float) -> KeyUsageRow:
+        return KeyUsageRow(
+            tenant="acme", key_id=key, model="m", deployment="d", period=period, requests=1, tokens=1, cost_usd=usd
+        )
+
+    rows = [row("a", "2026-11-27", 0.25), row("a", "2026-11", 1.5), row("b", "2026-10", 9.0), row("b", "2026-10-31", 9.0)]
+    spend = key_spend(rows, datetime(2026, 11, 27, 12, tzinfo=UTC))
+    assert spend["a"] == {"month": 1.5, "today": 0.25}
+    assert "b" not in spend  # nothing this month

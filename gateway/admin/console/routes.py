@@ -87,7 +87,7 @@ async def _keys_page(
         status=status,
         csrf=signed.csrf,
         active="keys",
-        keys=views.key_rows(records),
+        keys=views.key_rows(records, views.key_spend(await core.admission.key_usage(None))),
         tenants=sorted(core.config.tenants),
         created=created,
     )

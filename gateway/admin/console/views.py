@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.core.service import GatewayCore
 from policies.audit import AuditEntry
-from policies.types import KeyRecord, UsageRow
+from policies.types import KeyRecord, KeyUsageRow, UsageRow
 
 #: the widest bar of a usage chart, in SVG units
 CHART_WIDTH = 170
@@ -86,8 +86,20 @@ def _counts(row: UsageRow) -> dict[str, float]:
     return {"requests": row.requests, "tokens": row.tokens, "cost_usd": row.cost_usd}
 
 
-def key_rows(records: list[KeyRecord]) -> list[dict[str, Any]]:
-    """The keys table: newest first, state spelled out."""
+def key_spend(rows: list[KeyUsageRow], now: datetime | None = None) -> dict[str, dict[str, float]]:
+    """Each key's spend in USD this month and today (UTC), from its usage rows."""
+    now = now or datetime.now(UTC)
+    periods = {now.strftime("%Y-%m"): "month", now.strftime("%Y-%m-%d"): "today"}
+    spend: dict[str, dict[str, float]] = defaultdict(lambda: {"month": 0.0, "today": 0.0})
+    for r in rows:
+        if r.period in periods:
+            spend[r.key_id][periods[r.period]] += r.cost_usd
+    return spend
+
+
+def key_rows(records: list[KeyRecord], spend: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """The keys table: newest first, state spelled out, spend this month and today."""
+    spend = spend or {}
     now = datetime.now(UTC).timestamp()
     rows = []
     for r in reversed(records):
@@ -99,6 +111,7 @@ def key_rows(records: list[KeyRecord]) -> list[dict[str, Any]]:
                 "tenant": r.tenant,
                 "name": r.name or "",
                 "models": ", ".join(r.models),
+                "spend": spend.get(r.key_id, {"month": 0.0, "today": 0.0}),
                 # the key's own limits and budget (beside its tenant's)
                 "own": {k: v for spec in (r.limits, r.budget) if spec is not None for k, v in _limits(spec).items()},
                 "created": _when(r.created_at),
