@@ -249,9 +249,18 @@ def _compress(ov_model: Any, weights: str, hidden_size: int) -> Any:
         raise ExportError("--weights int8/int4 needs nncf (pip install 'fleetgate[quantize]')") from None
     if weights == "int8":
         return nncf.compress_weights(ov_model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-    # a group must divide the input channels; a small model falls back to one group per channel
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters
+
+    # a group must divide the input channels; a small model falls back to one group per channel, and
+    # a layer whose channels the group does not divide (an MLP of 8/3 x hidden) gets a smaller group
     group = _INT4_GROUP if hidden_size % _INT4_GROUP == 0 else -1
-    return nncf.compress_weights(ov_model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=group, ratio=1.0)
+    advanced = AdvancedCompressionParameters(group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST)
+    try:
+        return nncf.compress_weights(
+            ov_model, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=group, ratio=1.0, advanced_parameters=advanced
+        )
+    except (nncf.InternalError, nncf.InvalidGroupSizeError) as exc:
+        raise ExportError(f"int4 compression failed: {_one_line(exc)}") from None
 
 
 def _tokenizers(ov: Any, transformers: Any, model: pathlib.Path, out: pathlib.Path) -> None:
