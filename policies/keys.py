@@ -212,6 +212,12 @@ class KeyService:
         tenant_known = self._tenants is None or record.tenant in self._tenants
         return record.revoked_at is None and record.active(self._clock()) and tenant_known
 
+    async def budget_of(self, key_id: str) -> Budget | None:
+        """The key's own spending limit (None: it has none, or `key_id` is not an API key): for work
+        the key started that runs on without it, which its budget still bounds (batch jobs)."""
+        found = await self._lookup(key_id)
+        return found[0].budget if found is not None else None
+
     async def _lookup(self, key_id: str) -> tuple[KeyRecord, str] | None:
         now = self._clock()
         cached = self._cache.get(key_id)

@@ -43,6 +43,7 @@ from policies.errors import StoreUnavailable
 from policies.held_settle import HeldSettle
 from policies.principal import Principal
 from policies.stores.base import Mark
+from policies.types import Budget
 
 log = structlog.get_logger(__name__)
 
@@ -84,6 +85,8 @@ class Job:
         self._part = results.PartFile(ctx.workdir(record.id), f"{ctx.instance}-{secrets.token_hex(4)}")
         self._counts = RequestCounts()
         self._saved_counts = RequestCounts()
+        #: the owner key's own budget, once read (a 1-tuple: its value may be None)
+        self._owner_budget_read: tuple[Budget | None] | None = None
         #: a worker failed unexpectedly: the others take no new line (the job resumes at a later poll)
         self._halted = False
 
@@ -201,6 +204,14 @@ class Job:
         else:
             self._counts.failed += 1
 
+    async def _owner_budget(self) -> Budget | None:
+        """The owner key's own budget, which bounds its batch lines as it bounds its requests (the
+        tenant's budget applies through the tenant); read once per job run."""
+        if self._owner_budget_read is None:
+            key = self.record.owner_key
+            self._owner_budget_read = (await self.ctx.core().keys.budget_of(key) if key else None,)
+        return self._owner_budget_read[0]
+
     async def _execute(self, request: Request) -> tuple[HeldSettle, LineAnswer] | None:
         """Run the line, again after a transient refusal (backing off), up to `max_retries` times.
 
@@ -213,7 +224,11 @@ class Job:
         while True:
             held = HeldSettle()
             principal = Principal(
-                self.tenant, self.record.owner_key, tuple(self.record.owner_models), background=held
+                self.tenant,
+                self.record.owner_key,
+                tuple(self.record.owner_models),
+                background=held,
+                budget=await self._owner_budget(),
             )
             try:
                 answer = await run_line(self.ctx.core(), principal, request)

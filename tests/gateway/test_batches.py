@@ -370,3 +370,22 @@ def test_a_batch_created_with_a_jwt_runs(upstream_url: str, tmp_path: Path) -> N
             done = wait_for(client, batch_id, {"completed", "failed"})
             assert done.status == "completed", done.errors
             assert done.request_counts.completed == 3
+
+
+def test_a_keys_own_budget_bounds_its_batch_lines(upstream_url: str, tmp_path: Path) -> None:
+    """A key's own budget holds for the lines of the jobs it creates, as for its requests: a key
+    worth three requests gets three lines answered, the rest fail with `budget_exceeded` (before,
+    lines were held only to the tenant's budget, so a batch spent past the key's)."""
+    yaml = batch_yaml(upstream_url, tmp_path / "state.db", tmp_path / "files").replace(
+        "    api_key_env: TEST_UPSTREAM_KEY\n", "    api_key_env: TEST_UPSTREAM_KEY\n    pricing: {usd_per_request: 0.1}\n"
+    )
+    with serve_app(create_app(parse_config(yaml, base_dir=tmp_path))) as url:
+        made = httpx.post(
+            f"{url}/admin/keys", json={"tenant": "other", "budget": {"usd_per_day": 0.3}}, headers=ADMIN_HEADERS
+        )
+        assert made.status_code == 201, made.text
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=made.json()["key"], max_retries=0)
+        done = wait_for(client, start(client, [chat_line(f"b{i}", f"alpha {i}") for i in range(6)]), {"completed"})
+        assert (done.request_counts.completed, done.request_counts.failed) == (3, 3)
+        errors = read_lines(client, done.error_file_id)
+        assert {line["response"]["body"]["error"]["code"] for line in errors} == {"budget_exceeded"}, errors
