@@ -27,7 +27,12 @@ from typing import Any
 
 from litestar import Request, Response
 from litestar.connection import ASGIConnection
-from litestar.exceptions import HTTPException, InternalServerException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    InternalServerException,
+    SerializationException,
+    ValidationException,
+)
 
 from fleetgate.errors import GatewayError, Protocol
 from gateway.core.calls import Call
@@ -115,18 +120,21 @@ async def read_within_deadline(request: Request[Any, Any, Any]) -> None:
 
 
 def _validation_message(exc: ValidationException) -> str:
-    """msgspec's own words and the JSON path of the bad field (`- at $.messages[0].role`), as the
-    gateway's own decoders say it."""
+    """msgspec's own words and where the bad value is: the JSON path of a body's field
+    (`- at $.messages[0].role`, as the gateway's own decoders say it) or the parameter's name."""
     problems = exc.extra if isinstance(exc.extra, list) else []
     for problem in problems:
-        if isinstance(problem, dict) and problem.get("source") == "body":
-            key = str(problem.get("key", ""))
-            message = str(problem.get("message", ""))
-            if key == "data" and message in ("'data'", "Object missing required field `data`"):
-                return "invalid request: the request has no JSON body"  # Litestar had nothing to convert
-            if key in ("", "data"):  # the body itself: a required field missing, or not an object
-                return f"invalid request: {message}"
-            return f"invalid request: {message} - at `$.{key}`"
+        if not isinstance(problem, dict):
+            continue
+        key = str(problem.get("key", ""))
+        message = str(problem.get("message", ""))
+        if problem.get("source") != "body":
+            return f"invalid request: {message} - {problem.get('source', 'parameter')} parameter `{key}`"
+        if key == "data" and message in ("'data'", "Object missing required field `data`"):
+            return "invalid request: the request has no JSON body"  # Litestar had nothing to convert
+        if key in ("", "data"):  # the body itself: a required field missing, or not an object
+            return f"invalid request: {message}"
+        return f"invalid request: {message} - at `$.{key}`"
     return f"invalid request: {exc.detail}"
 
 
@@ -142,9 +150,8 @@ def framework_refusal(request: Request[Any, Any, Any], exc: HTTPException) -> tu
         return status, "body_too_large", f"request body exceeds {limit} bytes"
     if isinstance(exc, ValidationException):
         return status, "invalid_request", _validation_message(exc)
-    if status == 400:  # Litestar's ClientException from a body that is not JSON
-        detail = str(exc.detail)
-        return status, "invalid_json", detail if detail.startswith("malformed JSON") else f"malformed JSON: {detail}"
+    if isinstance(exc.__cause__, SerializationException):  # Litestar's word for a body that is not JSON
+        return status, "invalid_json", f"malformed JSON: {exc.detail}"
     return status, "http_error", str(exc.detail)
 
 
