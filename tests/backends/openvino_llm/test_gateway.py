@@ -249,3 +249,19 @@ def test_details_and_metrics(gateway: tuple[str, Any], client: OpenAI) -> None:
         "fleetgate_llm_num_requests_waiting",
     ):
         assert f'{name}{{deployment="ov"}}' in metrics, name
+
+
+def test_structured_regex_and_a_schema_keyword_it_cannot_enforce(client: OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "letters"}], max_tokens=8, temperature=0,
+        extra_body={"structured_outputs": {"regex": "[ab]{3}"}},
+    )  # fmt: skip
+    content = out.choices[0].message.content
+    assert len(content) == 3 and set(content) <= {"a", "b"}
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "dependentSchemas": {"a": {}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "json"}], max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        )  # fmt: skip
+    assert "dependentSchemas" in str(err.value)
