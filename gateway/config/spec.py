@@ -19,6 +19,7 @@ from gateway.config.server import ServerConfig
 from policies.budgets import BudgetAlerts
 from policies.fair_queue import QueueSpec
 from policies.jwt_auth import AuthSpec
+from policies.leases import LeaseSettings, PartitionSettings
 from policies.pricing import Pricing
 from policies.types import TenantSpec
 from router.graphs import GraphConfig
@@ -29,8 +30,16 @@ class StateConfig(SpecBase):
     #: memory:// | sqlite:///path | redis://host:port/db
     url: str = "sqlite:///./var/fleetgate.db"
     #: when the store cannot be reached, keep admitting on this replica's local state for this many
-    #: seconds before refusing (503); 0, the default, fails closed at once
+    #: seconds before refusing (503); 0, the default, fails closed at once (per_request strategy:
+    #: with leases, `partition` bounds what an outage may admit)
     fail_open_s: float = 0.0
+    #: how admission takes capacity from the store: `strategy: leases` (the default) admits from
+    #: slices held in memory and settles in batches every `flush_s`; `per_request` pays a store
+    #: acquire and settle per request (docs/state.md)
+    leases: LeaseSettings = msgspec.field(default_factory=LeaseSettings)
+    #: edge partition tolerance, off (null) by default: {max_overspend_fraction, max_seconds} lets a
+    #: gateway cut off from the store admit beyond its slices up to that bound (docs/state.md)
+    partition: PartitionSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("memory://", "sqlite:///", "redis://", "rediss://")):

@@ -113,6 +113,7 @@ def create_app(
         admission = Admission(
             store, config.tenants, clock, fail_open_s=config.state.fail_open_s,
             budget_thresholds=config.budget_alerts.thresholds, budget_sink=alerts,
+            leases=config.state.leases, partition=config.state.partition,
         )  # fmt: skip
         breakers = CircuitBreakers(config.breakers.failure_threshold, config.breakers.cooldown_s)
         app.state.core = GatewayCore.assemble(
@@ -153,6 +154,7 @@ def create_app(
             await close_deployments(deployments)
             await keys.uses_written()  # the last-use writes still in flight go to the store first
             await admission.budget_watch.settled()
+            await admission.close()  # the slices' unused units back, the last batch written
             await alerts.close()
             await store.close()
             await app.state.tracing.shutdown()

@@ -322,16 +322,25 @@ class LeasePath:
     # --- settlement ------------------------------------------------------------------------------
 
     def settle(self, settle: dict[str, Any]) -> None:
-        """A leased request ended: its slots are free, its settle joins the next batch."""
+        """A leased request ended: its slots are free, its refunds go back to a slice held (admitted
+        from here at once, given back to the store with it), the rest joins the next batch."""
         for key in settle["release"]:
             pool = self.slots.get(key)
             if pool is not None:
                 pool.release()
-        self.ledger.add(settle["buckets"], settle["counters"], settle["usage"])
+        buckets = [b for b in settle["buckets"] if not (b.cost < 0 and self.book.refund(b.key, -b.cost))]
+        counters = [c for c in settle["counters"] if not (c.cost < 0 and self.book.refund(c.key, -c.cost))]
+        self.ledger.add(buckets, counters, settle["usage"])
 
     async def flush(self, *, retake: bool = True) -> None:
         """One tick: give every slice's unused units back, write the ledger's batch, release idle slots,
-        renew held ones; then take fresh slices for the keys used since the last tick."""
+        renew held ones; then take fresh slices for the keys used since the last tick.
+
+        Never beside a top-up: one that computed its costs from the slices held must find them there."""
+        async with self._topping:
+            await self._flush(retake)
+
+    async def _flush(self, retake: bool) -> None:
         now = self._clock()
         active = self.book.tick(now - self._last_tick, now)
         self._last_tick = now

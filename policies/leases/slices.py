@@ -105,6 +105,19 @@ class SliceBook:
             if g.left[key] <= token_bucket.BUCKET_EPSILON:
                 ks.grants.pop(0)
 
+    def refund(self, key: str, units: float) -> bool:
+        """Units a request reserved and did not use, back into the newest slice of `key` held; False
+        when none is held (the refund then goes to the store with the next batch)."""
+        ks = self.keys.get(key)
+        grant = next((g for g in reversed(list(self.open.values())) if key in g.left), None)
+        if ks is None or grant is None:
+            return False
+        if grant.left[key] <= token_bucket.BUCKET_EPSILON:
+            ks.grants.append(grant)
+        grant.left[key] += units
+        ks.left += units
+        return True
+
     def size(self, key: str, need: float, limit: float, now: float) -> float:
         """Units to hold after a top-up of `key` for a request needing `need`: about `slice_s` of the
         observed rate, doubling while slices run out, never above `max_share` of the limit nor of what

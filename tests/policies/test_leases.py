@@ -15,7 +15,6 @@ from policies.types import Limits, Quotas, TenantSpec
 from tests.policies.helpers import ACME, ACME_KEY2, admission
 
 LEASES = LeaseSettings()
-QUIET = LeaseSettings(flush_s=1000.0)  # no tick within a test: answers depend on nothing but the steps
 
 
 async def _one(adm, i: int, cost: int = 0):  # noqa: ANN001, ANN202
@@ -123,7 +122,7 @@ async def test_same_answers_as_per_request(seed: int, clock) -> None:
         clock.now = start
         return [*out, [(u.period, u.requests, u.tokens) for u in usage]]
 
-    assert await run(QUIET) == await run(LeaseSettings(strategy="per_request"))
+    assert await run(LeaseSettings(flush_s=0.001)) == await run(LeaseSettings(strategy="per_request"))
 
 
 async def test_batch_settles_once_and_kill_loses_at_most_one_flush(clock) -> None:
@@ -186,3 +185,17 @@ async def test_partition_bound_and_exact_reconciliation(clock) -> None:
     await adm.close()
     rows = {u.period: u.requests for u in await inner.usage("acme")}
     assert rows["2026-11-21"] == len(answered) + held_then  # recorded usage equals answered requests
+
+
+async def test_refunds_go_back_to_the_slice_held(clock) -> None:
+    """Tokens reserved and not used are admitted again from memory at once, not after the batch."""
+    from policies.stores import open_store
+
+    adm = admission(await open_store("memory://"), clock, limits=Limits(tokens_per_minute=1_000), leases=LEASES)
+    r = await adm.admit(ACME, "m", 100)
+    left = adm.leases.book.keys["rl:t:acme:tpm"].left
+    await adm.reconcile(r, 40)
+    assert adm.leases.book.keys["rl:t:acme:tpm"].left == left + 60
+    await adm.close()
+    store_level = adm.leases.book.keys["rl:t:acme:tpm"]
+    assert store_level.left == 0
