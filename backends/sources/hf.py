@@ -86,7 +86,8 @@ class HfFetcher:
         siblings = {s.rfilename: s for s in info.siblings or ()}
         paths = _wanted(sorted(siblings), address.path)
         if not paths:
-            raise SourceNotFound(f"{address.text}: no file {address.path} in {address.location} at {info.sha}")
+            what = f"no file {address.path}" if address.path else "no files"
+            raise SourceNotFound(f"{address.text}: {what} in {address.location} at {info.sha}")
         files = []
         for path in paths:
             s = siblings[path]

@@ -9,12 +9,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import structlog
+
 from backends.base import Capability, GenerateRequest, ModelMetadata, estimate_prompt_tokens
 from backends.errors import BackendUnavailable
 from backends.registry import EMBEDDING_BACKENDS
 from backends.sources import ModelSources, SourceError, is_address
 from backends.spec import DeploymentSpec
 from gateway.config.sources import spec_models, with_local_paths
+
+log = structlog.get_logger(__name__)
 
 #: how often the readiness detail's byte count of a download is refreshed
 _REPORT_EVERY_S = 0.5
@@ -133,5 +137,9 @@ def localize(spec: DeploymentSpec, sources: ModelSources) -> tuple[DeploymentSpe
         return spec, None
     local = with_local_paths(spec, sources.cached)
     if local is not None:
+        for _, value in spec_models(spec):  # what is served: the exact revision of each address
+            manifest = sources.cache.lookup(value) if is_address(value) else None
+            if manifest is not None:
+                log.info("model_from_cache", address=value, revision=manifest.revision)
         return local, None
     return spec, PendingFetch(spec, sources)
