@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Annotated
 
 import msgspec
 import structlog
-from litestar import Request, Response, delete, get, post
+from litestar import Response, delete, get, post
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Body
 
 from backends.errors import BackendUnavailable, InvalidInput
 from backends.sources import ModelSources, SourceError, is_address
@@ -29,9 +32,22 @@ from gateway.core.calls import Call
 from gateway.core.fleet.deployments import Deployment
 from gateway.core.operations import Operations
 from gateway.core.service import GatewayCore
-from gateway.http.requests import http_failure, json_response, read_admin_json
+from gateway.http.api_docs import ADMIN_ERRORS, PlainError
+from gateway.http.bodies import read_within_deadline
+from gateway.http.requests import ADMIN_BODY_LIMIT, http_failure, json_response
 
 log = structlog.get_logger(__name__)
+
+#: `responses=` of the adapter routes: the admin API's errors and what loading adds
+ADAPTER_ERRORS = {
+    **ADMIN_ERRORS,
+    404: ResponseSpec(PlainError, description="no such deployment, or no such adapter on it", generate_examples=False),
+    409: ResponseSpec(PlainError, description="server.workers > 1: declare adapters in the config", generate_examples=False),
+    413: ResponseSpec(PlainError, description="body too large", generate_examples=False),
+    415: ResponseSpec(PlainError, description="not JSON", generate_examples=False),
+    503: ResponseSpec(PlainError, description="the adapter's model store cannot be reached", generate_examples=False),
+}
+
 
 class LoadAdapterBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     name: str
@@ -85,7 +101,7 @@ async def _adapter_folder(core: GatewayCore, path: str) -> str:
     return path
 
 
-@get("/admin/adapters", guards=ADMIN_GUARD)
+@get("/admin/adapters", guards=ADMIN_GUARD, responses=ADAPTER_ERRORS)
 async def list_adapters(core: GatewayCore, call: Call) -> Response[bytes]:
     try:
         out = {}
@@ -99,10 +115,19 @@ async def list_adapters(core: GatewayCore, call: Call) -> Response[bytes]:
         return http_failure(call, exc)
 
 
-@post("/admin/deployments/{deployment:str}/adapters", status_code=201, guards=ADMIN_GUARD)
-async def load_adapter(request: Request, core: GatewayCore, call: Call, deployment: str) -> Response[bytes]:
+@post(
+    "/admin/deployments/{deployment:str}/adapters",
+    status_code=201,
+    guards=ADMIN_GUARD,  # the admin key is checked first, then the body read under the deadline and decoded
+    before_request=read_within_deadline,
+    request_max_body_size=ADMIN_BODY_LIMIT,
+    responses=ADAPTER_ERRORS,
+)
+async def load_adapter(
+    core: GatewayCore, call: Call, deployment: str, data: Annotated[LoadAdapterBody, Body(title="Adapter to load")]
+) -> Response[bytes]:
+    body = data  # decoded by Litestar; its refusals answer in the admin envelope (gateway/http/bodies.py)
     try:
-        body = await read_admin_json(request, LoadAdapterBody)
         dep = _lora_deployment(core, deployment)
         _check_name(core, body.name, deployment)
         folder = await _adapter_folder(core, body.path)
@@ -121,7 +146,12 @@ async def load_adapter(request: Request, core: GatewayCore, call: Call, deployme
 
 
 # `path`: an adapter name may hold `/` (`acme/support`), which a `str` parameter never matches
-@delete("/admin/deployments/{deployment:str}/adapters/{name:path}", status_code=200, guards=ADMIN_GUARD)
+@delete(
+    "/admin/deployments/{deployment:str}/adapters/{name:path}",
+    status_code=200,
+    guards=ADMIN_GUARD,
+    responses=ADAPTER_ERRORS,
+)
 async def unload_adapter(core: GatewayCore, call: Call, deployment: str, name: str) -> Response[bytes]:
     name = name.removeprefix("/")  # the framework hands a path parameter over with its leading slash
     try:

@@ -3,22 +3,20 @@ and the bounded raw body read of the routes that do not take a typed body.
 
 JSON bodies are Litestar's (typed `data`, gateway/http/bodies.py). `read_body` serves the tensor
 routes, whose bodies are read after the queue-room step and may be the v2 binary extension
-(docs/decisions/0001-raw-tensor-bodies.md), the console's form and the admin routes outside this
-package. The hot inference routes answer with `RawResponse`.
+(docs/decisions/0001-raw-tensor-bodies.md) and the console's form. The hot inference routes answer
+with `RawResponse`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.di import Provide
 
-from backends.errors import InvalidInput
-from backends.runtime.json_errors import JSON_DECODE_ERRORS, describe_decode_error
 from fleetgate.errors import GatewayError, Protocol, describe
 from gateway.core.calls import Call
 from gateway.core.service import GatewayCore
@@ -85,19 +83,8 @@ async def read_body(
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-StructT = TypeVar("StructT")
-
 #: the largest body an admin or batch-creation route accepts (they carry a few small fields)
 ADMIN_BODY_LIMIT = 64 * 1024
-
-
-async def read_admin_json(request: Request, body_type: type[StructT], limit: int = ADMIN_BODY_LIMIT) -> StructT:
-    """An admin route's small JSON body decoded into `body_type` (a 400 names what is wrong)."""
-    raw = await read_body(request, limit, allowed_types=("application/json", ""))
-    try:
-        return msgspec.json.decode(raw, type=body_type)
-    except JSON_DECODE_ERRORS as exc:
-        raise InvalidInput(describe_decode_error(exc)) from None
 
 
 class RawResponse:
