@@ -192,6 +192,8 @@ class OpenVINOLLMBackend:
             InvalidInput: a field this backend does not serve, bad sampling values, a prompt too long.
             BackendUnavailable: not loaded.
         """
+        from backends.openvino_llm.engine import merge
+
         engine = self._engine
         if engine is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
@@ -208,6 +210,8 @@ class OpenVINOLLMBackend:
         try:
             while True:
                 out = await queue.get()
+                while out.finish_reason is None and not queue.empty():  # fell behind: one event
+                    out = merge(out, queue.get_nowait())
                 if out.finish_reason in ("error", "abort"):
                     finished = True
                     raise _failure(self.name, out.finish_reason, out.error)

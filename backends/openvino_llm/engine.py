@@ -107,6 +107,8 @@ class PipelineEngine:
         #: requests added and not yet finished (read on the event loop for the capacity gate)
         self._active = 0
         self._lock = threading.Lock()
+        #: outputs of the current pass, by the event loop that waits for them
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[StepOutput], StepOutput]]] = {}
 
     @property
     def capacity(self) -> tuple[int, int]:
@@ -145,6 +147,7 @@ class PipelineEngine:
 
     def _run(self) -> None:
         while True:
+            self._flush()
             if not self._take_commands(block=not self._live):
                 break
             if not self._live:
@@ -164,6 +167,7 @@ class PipelineEngine:
         for live in list(self._live.values()):
             live.handle.cancel()
             self._end(live, StepOutput("", [], finish_reason="abort"))
+        self._flush()
 
     def _take_commands(self, *, block: bool) -> bool:
         """Apply waiting adds and aborts; False once closed."""
@@ -281,10 +285,17 @@ class PipelineEngine:
                 self._active -= 1
 
     def _send(self, live: _Live, step: StepOutput) -> None:
-        try:
-            live.loop.call_soon_threadsafe(live.out.put_nowait, step)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
+        """Hand `step` over at the end of this pass (`_flush`): one wake-up of the event loop per
+        pipeline step, not one per request."""
+        self._outbox.setdefault(live.loop, []).append((live.out, step))
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
 
     def _observe(self) -> None:
         """KV usage and the running/waiting gauges from the pipeline's own metrics."""
@@ -295,6 +306,25 @@ class PipelineEngine:
         m.KV_USAGE.labels(self.name).set(float(metrics.cache_usage) / 100.0)
         m.NUM_RUNNING.labels(self.name).set(int(metrics.scheduled_requests))
         m.NUM_WAITING.labels(self.name).set(max(0, int(metrics.requests) - int(metrics.scheduled_requests)))
+
+
+def _deliver(items: list[tuple[asyncio.Queue[StepOutput], StepOutput]]) -> None:
+    """On the event loop: each output to its request's queue."""
+    for out, step in items:
+        out.put_nowait(step)
+
+
+def merge(first: StepOutput, then: StepOutput) -> StepOutput:
+    """Two consecutive outputs of one request as one (a consumer that fell behind takes them in one
+    event: one SSE chunk instead of several, nothing delayed)."""
+    logprobs = first.logprobs + then.logprobs if first.logprobs is not None and then.logprobs is not None else None
+    return StepOutput(
+        text=first.text + then.text,
+        token_ids=first.token_ids + then.token_ids,
+        logprobs=logprobs,
+        finish_reason=then.finish_reason,
+        error=then.error,
+    )
 
 
 #: the marker of an empty command queue (None is the close command)
