@@ -28,6 +28,7 @@ from gateway.config import Config, ConfigError, load_config, with_listen_overrid
 from gateway.core.calls import Call
 from gateway.core.operations import Operations
 from gateway.core.service import GatewayCore
+from gateway.http.api_docs import ADMIN_ERRORS
 from gateway.http.requests import http_failure
 from policies.audit import AuditLog
 
@@ -77,7 +78,7 @@ def config_change(old: Config, new: Config) -> dict[str, dict[str, list[str]]]:
     return {"before": names(old), "after": {**names(new), "changed_sections": changed}}
 
 
-@post("/admin/reload", status_code=200, guards=ADMIN_GUARD)
+@post("/admin/reload", status_code=200, guards=ADMIN_GUARD, responses=ADMIN_ERRORS)
 async def reload_endpoint(request: Request, call: Call) -> Response[bytes]:
     try:
         new = await reload_or_refuse(request.app)
