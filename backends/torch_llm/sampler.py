@@ -131,13 +131,14 @@ def sample(
     raw = logits
     grammars = [st.grammar for st in states]
     constrained = any(g is not None for g in grammars)
-    if constrained or any(st.adjusts for st in states):  # processors and grammars: on a copy
-        logits = logits.clone()
-        for row, st in enumerate(states):
-            if st.adjusts:
-                logits[row] = st.adjusted(logits[row])
+    adjusted = [st.adjusts for st in states]
+    if any(adjusted) or (constrained and any(st.params.logprobs for st in states)):
+        logits = logits.clone()  # processors and grammars work on a copy: logprobs read `raw`
+    for row, st in enumerate(states):
+        if adjusted[row]:
+            logits[row] = st.adjusted(logits[row])
     if constrained:
-        _constrain(raw, logits, grammars)
+        _constrain(raw, logits, grammars, adjusted)
     tokens = torch.argmax(logits, dim=-1)  # greedy for everyone first, one batched op
     for row, st in enumerate(states):
         if st.generator is None:
@@ -155,15 +156,20 @@ def sample(
     return token_list, logprobs.tolist()
 
 
-def _constrain(raw: torch.Tensor, logits: torch.Tensor, grammars: list[GrammarState | None]) -> None:
-    """Mask what each row's grammar forbids. A row left with no token (min_tokens or a bias pushed
-    every allowed one to -inf, say the end of a complete JSON value) takes the grammar's mask over
-    the model's own logits: the grammar wins over the processors. [N, V] in place"""
+def _constrain(
+    raw: torch.Tensor, logits: torch.Tensor, grammars: list[GrammarState | None], adjusted: list[bool]
+) -> None:
+    """Mask what each row's grammar forbids. A processed row left with no token (min_tokens or a
+    bias pushed every allowed one to -inf, say the end of a complete JSON value) takes the grammar's
+    mask over the model's own logits: the grammar wins over the processors. [N, V] in place"""
     apply_grammars(logits, grammars)
-    dead = torch.isneginf(logits.max(dim=-1).values).tolist()
-    for row, grammar in enumerate(grammars):
-        if grammar is not None and dead[row]:
-            logits[row] = apply_grammars(raw[row : row + 1].clone(), [grammar])[0]
+    checked = [row for row, g in enumerate(grammars) if g is not None and adjusted[row]]
+    if not checked:  # a grammar alone always leaves a token: no check, no device sync
+        return
+    dead = torch.isneginf(logits[checked].max(dim=-1).values).tolist()
+    for row, is_dead in zip(checked, dead, strict=True):
+        if is_dead:
+            logits[row] = apply_grammars(raw[row : row + 1].clone(), [grammars[row]])[0]
 
 
 def top_logprobs(logits: torch.Tensor, states: list[SamplingState]) -> list[list[tuple[int, float]]] | None:

@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import importlib.util
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -94,8 +95,10 @@ class GrammarState:
 def apply_grammars(logits: torch.Tensor, grammars: list[GrammarState | None]) -> torch.Tensor:
     """Set to -inf, in place, the logits of tokens each row's grammar forbids now. [N, V] -> [N, V]
 
-    Rows without a grammar are left alone. The masks are filled on the CPU (the matchers live
-    there) and unpacked with plain tensor ops, so this runs on any device with no kernel to build.
+    Rows without a grammar are left alone. The matchers fill a packed bitmask on the CPU (32
+    tokens a word, 4 KB a row for a 32k vocabulary); only that crosses to the logits' device, where
+    it is unpacked with plain tensor ops: no kernel to build, and on a GPU the unpacking is a few
+    launches instead of host work.
     """
     import torch
     import xgrammar as xgr
@@ -103,16 +106,31 @@ def apply_grammars(logits: torch.Tensor, grammars: list[GrammarState | None]) ->
     rows = [i for i, g in enumerate(grammars) if g is not None]
     if not rows:
         return logits
-    vocab = logits.shape[-1]
+    n, vocab = logits.shape
     bitmask = xgr.allocate_token_bitmask(len(rows), vocab)  # [R, ceil(V / 32)] int32, all allowed
     for slot, row in enumerate(rows):
         grammars[row].fill(bitmask, slot)  # type: ignore[union-attr]
-    bits = torch.arange(32, dtype=torch.int32)
-    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab]  # [R, V]
-    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    picked = logits.index_select(0, index).masked_fill_(~allowed.to(logits.device), float("-inf"))
-    logits.index_copy_(0, index, picked)
+    with torch.inference_mode():  # the step's logits are inference tensors: update them as such
+        words = bitmask.to(logits.device, non_blocking=True)
+        forbidden = ((words.unsqueeze(-1) & _bits(logits.device)) == 0).flatten(1)[:, :vocab]  # [R, V]
+        if len(rows) == n:  # every row constrained (a structured-only batch): no gather and scatter
+            return logits.masked_fill_(forbidden, float("-inf"))
+        index = torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
+        logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(forbidden, float("-inf")))
     return logits
+
+
+_BITS: dict[str, Any] = {}
+
+
+def _bits(device: torch.device) -> torch.Tensor:
+    """[32] int32: bit i set in entry i (1 << 31 is the sign bit; `&` does not mind)."""
+    import torch
+
+    key = str(device)
+    if key not in _BITS:
+        _BITS[key] = (torch.ones(32, dtype=torch.int64) << torch.arange(32)).to(torch.int32).to(device)
+    return _BITS[key]
 
 
 class GrammarCompiler:
@@ -145,7 +163,9 @@ class GrammarCompiler:
         self._cache: OrderedDict[StructuredOutput, CompiledGrammar] = OrderedDict()
         #: compiles under way, so concurrent requests with one schema share one compile
         self._pending: dict[StructuredOutput, concurrent.futures.Future[CompiledGrammar]] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grammar")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            threads, thread_name_prefix="grammar", initializer=_yield_to_serving
+        )
         self._lock = threading.Lock()
         #: xgrammar compilers, built by the first compile that needs one: JSON (no control
         #: bytes) or any text
@@ -250,6 +270,16 @@ class GrammarCompiler:
                 compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
                 self._compilers[json_kind] = compiler
             return compiler
+
+
+def _yield_to_serving() -> None:
+    """Lower this compile thread's priority (Linux: niceness is per thread): on a machine with few
+    cores a long compile then takes CPU the engine thread and the event loop leave, instead of
+    slowing every running stream."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not allowed: compile at normal priority
+        pass
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
