@@ -12,6 +12,9 @@ to `enable`. This module keeps the call sites small and the same whether tracing
   is off or the trace is not sampled. The gateway's own steps (`step(...)`: authenticate, route, admit, queue) are made only while
   `enable(..., step_spans=True)`: each is an SDK span on every request, and what they would show
   (time before the backend) is the gap between the root span's start and the backend's span.
+  `past_step(name, start_ns, end_ns)` records a step that ran before the root span was opened (a
+  typed route's key check runs in a guard); the root span is then started at that step's start
+  (`start_ns=` of `span` / `start_span`), so it still covers the whole request.
 - `trace_headers()`: W3C `traceparent` / `tracestate` of the current span, for calls to other servers.
 
 While tracing is off every call returns one shared no-op context manager, None or {} before
@@ -153,21 +156,22 @@ def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attributes.items() if v is not None}
 
 
-def start_span(name: str, context: Any = None, **attributes: Any) -> Span | None:
+def start_span(name: str, context: Any = None, start_ns: int | None = None, **attributes: Any) -> Span | None:
     """A request's root span, started; the caller ends it (None while tracing is off).
 
     Sampling is the provider's: parent-based, a client's `traceparent` decides, else the ratio.
+    `start_ns` (ns since the epoch) starts it in the past, where the request's first step began.
     """
     tracer = _tracer
     if tracer is None:
         return None
     parent = _api.empty if context is None else context
-    return Span(tracer.start_span(name, parent, _api.server, _clean(attributes)))
+    return Span(tracer.start_span(name, parent, _api.server, _clean(attributes), start_time=start_ns))
 
 
-def span(name: str, context: Any = None, **attributes: Any) -> Any:
+def span(name: str, context: Any = None, start_ns: int | None = None, **attributes: Any) -> Any:
     """A request's root span as a context manager yielding it (a no-op yielding None while off)."""
-    started = start_span(name, context, **attributes)
+    started = start_span(name, context, start_ns, **attributes)
     return _NULL if started is None else started
 
 
@@ -183,6 +187,16 @@ def step(name: str, **attributes: Any) -> Any:
     """A span timing one of the gateway's own steps (authenticate, route, admit, queue): a `child`
     only while `step_spans` is on; otherwise the no-op (each would cost an SDK span a request)."""
     return child(name, **attributes) if _step_spans else _NULL
+
+
+def past_step(name: str, start_ns: int, end_ns: int) -> None:
+    """Record a step that already ran, from `start_ns` to `end_ns` (ns since the epoch), under the
+    current span: a typed route's key check, made by a guard before the request's span existed.
+    Made only where `step` would make a span."""
+    tracer = _tracer
+    if tracer is None or not _step_spans or not _api.current_span().is_recording():
+        return
+    tracer.start_span(name, None, _api.internal, start_time=start_ns).end(end_time=end_ns)
 
 
 def current(started: Span | None) -> Any:

@@ -63,6 +63,7 @@ class Call:
         "headers",
         "api_key",
         "principal",
+        "authenticated_ns",
     )
 
     def __init__(self, protocol: Protocol, headers: Mapping[str, str], api_key: str | None = None) -> None:
@@ -72,8 +73,13 @@ class Call:
         #: the credential the adapter found (None: the caller sent none)
         self.api_key = api_key
         #: who the call is for when the gateway itself makes it (a batch job's line, run as the
-        #: job's tenant): `identify` takes it instead of a credential. Never set from a request.
+        #: job's tenant) or a guard checked its key already: `identify` takes it instead of a
+        #: credential. Never set from what a request says.
         self.principal: Principal | None = None
+        #: (start, end) in ns since the epoch of a key check made before the core opened the
+        #: request's span (a typed route's guard, gateway/http/bodies.py): the core starts the span
+        #: there and records the check as its `authenticate` step
+        self.authenticated_ns: tuple[int, int] | None = None
         # The gateway's own id keys the request everywhere inside (engine, aborts, shadows): a
         # client-chosen id could collide with, reveal or abort another tenant's request. 128 random
         # bits as 32 hex digits.
@@ -86,6 +92,12 @@ class Call:
         self.backend = ""
         self.device = ""
         self.tenant = ""
+
+    @property
+    def span_start_ns(self) -> int | None:
+        """Where the request's span starts: at a guard's key check when one ran before the span
+        was opened, else (None) when it is opened."""
+        return None if self.authenticated_ns is None else self.authenticated_ns[0]
 
     def served_by(self, deployment: str, backend: str, device: str) -> None:
         self.deployment, self.backend, self.device = deployment, backend, device

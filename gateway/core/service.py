@@ -152,6 +152,8 @@ class GatewayCore:
             )
         if call.principal is not None:  # made by the gateway itself (a batch line), already known
             principal = call.principal
+            if call.authenticated_ns is not None:  # a guard checked the key before this span opened
+                tracing.past_step("authenticate", *call.authenticated_ns)
         else:
             with tracing.step("authenticate"):
                 principal = await self.identity.authenticate(call.api_key)
@@ -167,7 +169,7 @@ class GatewayCore:
         metadata), admit, attempt, settle, record. All of it under the call's deadline."""
         call.model = model.name
         with tracing.span(
-            "fleetgate.request", tracing.extract_context(call.headers), **span_attributes(call)
+            "fleetgate.request", tracing.extract_context(call.headers), call.span_start_ns, **span_attributes(call)
         ) as span:
             principal = await self.identify(call)
             if model.name in self.config.graphs:
@@ -222,7 +224,7 @@ class GatewayCore:
         iterates the returned stream to its end or closes it; either settles (the settle step)."""
         # the request's span ends when its stream settles (GenerationStream), not here
         span = tracing.start_span(
-            "fleetgate.request", tracing.extract_context(call.headers), **span_attributes(call)
+            "fleetgate.request", tracing.extract_context(call.headers), call.span_start_ns, **span_attributes(call)
         )
         try:
             with tracing.current(span):
@@ -254,7 +256,7 @@ class GatewayCore:
         """Serve one embeddings call: identify, load, plan, room, then gateway/core/embeddings.py
         (bound, admit, tokenize off the loop, attempt, settle), record."""
         with tracing.span(
-            "fleetgate.request", tracing.extract_context(call.headers), **span_attributes(call)
+            "fleetgate.request", tracing.extract_context(call.headers), call.span_start_ns, **span_attributes(call)
         ) as span:
             principal, deadline, given, plan = await self._payload_call(call, load)
             async with deadline.scope():

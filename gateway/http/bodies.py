@@ -7,8 +7,9 @@ guards, then its `before_request` hook, and only then resolves `data` (litestar/
 
 1. `IDENTIFIED` (a guard) opens the call and checks its key: an anonymous or revoked key is
    refused with 401 before a byte of its body is read or decoded. The check runs before the core
-   opens the request's trace span, so with `tracing.step_spans` on, a typed route's trace has no
-   `authenticate` step (its time is in no span); the other steps are there as before.
+   opens the request's trace span, so the guard notes when it ran (`Call.authenticated_ns`): the
+   core starts the request's span there and, with `tracing.step_spans` on, records the check as
+   the `authenticate` step, as on a route whose key the core checks itself.
 2. `read_within_deadline` (`before_request`) refuses a body declared as anything but JSON (415),
    then reads it under the call's deadline (`server.request_timeout_s`: a body trickled in byte by
    byte gets a 504 instead of holding the connection forever) and under Litestar's
@@ -23,6 +24,7 @@ string (`"max_tokens": "5"`) is accepted. That is the framework's documented beh
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from litestar import Request, Response
@@ -92,11 +94,14 @@ async def identified(connection: ASGIConnection[Any, Any, Any, Any], _handler: A
     """Guard: the caller's key is checked before its body is read (401 costs no body read).
 
     The principal is kept on the call, so the core's identify step takes it instead of checking
-    the key a second time (a second check would count the key's use twice).
+    the key a second time (a second check would count the key's use twice); so is when the check
+    ran, for the request's trace (the core opens its span later).
     """
     core: GatewayCore = connection.app.state.core
     call = call_of(connection)
+    started = time.time_ns()
     call.principal = await core.identify(call)
+    call.authenticated_ns = (started, time.time_ns())
 
 
 IDENTIFIED = [identified]

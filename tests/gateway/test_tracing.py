@@ -98,6 +98,33 @@ def test_a_stream_is_traced_to_its_end_and_the_trace_goes_upstream(traced) -> No
     assert "hello" not in everything  # never the prompt
 
 
+def _authenticate_step_within_the_request(finished) -> None:  # noqa: ANN001
+    """One `authenticate` span, a child of the request's span and inside its time."""
+    (root,) = [s for s in finished if s.name == "fleetgate.request"]
+    (step,) = [s for s in finished if s.name == "authenticate"]
+    assert step.parent.span_id == root.context.span_id and step.context.trace_id == root.context.trace_id
+    assert root.start_time <= step.start_time <= step.end_time <= root.end_time
+
+
+def test_the_key_check_is_a_step_on_typed_and_untyped_routes(traced) -> None:  # noqa: ANN001
+    """/v1/chat/completions checks the key in a guard, before the core opens the request's span;
+    v2 infer checks it inside the span. Both traces show the `authenticate` step."""
+    url, key, exporter, step_spans = traced
+    headers = {"Authorization": f"Bearer {key}"}
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    row = digits_split()[1][0].tolist()
+    infer = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": row}]}
+    for path, body in (("/v1/chat/completions", chat), ("/v2/models/digits/infer", infer)):
+        exporter.clear()
+        assert httpx.post(f"{url}{path}", json=body, headers=headers).status_code == 200
+        finished = exporter.get_finished_spans()
+        if step_spans:
+            assert set(STEPS) <= {s.name for s in finished}, path
+            _authenticate_step_within_the_request(finished)
+        else:
+            assert not {s.name for s in finished} & set(STEPS), path
+
+
 def test_tracing_is_off_by_default_and_free_while_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from gateway.config import TracingConfig
     from gateway.observe.telemetry import TracingSwitch
