@@ -1,6 +1,6 @@
 """One call through the gateway, whatever its protocol: what the adapter extracted, and its record.
 
-A protocol adapter (gateway/protocols/, and the gRPC servicers to come) turns its wire request into
+A protocol adapter (gateway/http/, the gRPC servicers in gateway/grpc/) turns its wire request into
 a `Call`: the protocol, the credentials it found, the request's metadata (HTTP headers or gRPC
 metadata, names lower-cased) and a `ModelRef` where the model is named outside the payload. The
 core (`gateway/core/service.py`) takes the call from there in one pass and fills in who it was for and who

@@ -16,7 +16,7 @@ turns its wire request into a `Call` and asks `GatewayCore` for one thing: `serv
 - settle: reconcile the reservation with what was used (a stream settles at its end)
 - record: who served, on the call (access log, metrics) and the request span
 
-The kinds of work live beside this file: tensors.py, generation.py, embeddings.py, graph_runner.py.
+The kinds of work live beside this file: tensors.py, generation.py, embeddings.py, graphs/runner.py.
 Admin, console, reload and adapters change the live state only through `operations.py`.
 """
 
