@@ -16,12 +16,29 @@ import structlog
 log = structlog.get_logger(__name__)
 
 
+#: the most a key set may weigh: an issuer's JWKS holds a few keys (a few kB); anything near this
+#: is not one, and reading it whole would let a broken or hostile endpoint fill the gateway's memory
+MAX_JWKS_BYTES = 1 << 20
+
+
 async def fetch_url(url: str, timeout_s: float) -> bytes:
-    """GET `url` (the key set); raises on a transport error or a non-2xx answer."""
-    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client:
-        response = await client.get(url, headers={"accept": "application/json"})
-        response.raise_for_status()
-        return response.content
+    """GET `url` (the key set) within `timeout_s` in all; raises on a transport error, a non-2xx
+    answer, a body over `MAX_JWKS_BYTES` or the time running out.
+
+    httpx's own timeout bounds each read, not the whole answer: an endpoint that drips a byte a
+    second would hold every request waiting for the key set, so the whole fetch runs under one
+    deadline, and the body is read in chunks so its size is checked before it is all in memory.
+    """
+    async with asyncio.timeout(timeout_s):
+        async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client:
+            async with client.stream("GET", url, headers={"accept": "application/json"}) as response:
+                response.raise_for_status()
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_JWKS_BYTES:
+                        raise ValueError(f"the key set is larger than {MAX_JWKS_BYTES} bytes")
+                return bytes(body)
 
 
 class KeyRing:
@@ -91,12 +108,13 @@ class KeyRing:
             body = await self._fetch(self._url)
             keys = _parse_jwks(body)
         except Exception as exc:  # noqa: BLE001 - the old keys stay; tokens of unknown kids are refused
-            log.warning("jwks_fetch_failed", url=self._url, error=f"{type(exc).__name__}: {exc}")
+            log.warning("jwks_fetch_failed", url=_shown(self._url), error=_reason(exc))
             return
         if keys != self._keys:
             self._keys = keys
             self.generation += 1
-            log.info("jwks_loaded", url=self._url, kids=sorted(keys))
+            # a few kids: a set of thousands (each up to the body's size) is not one log line
+            log.info("jwks_loaded", url=_shown(self._url), keys=len(keys), kids=sorted(keys)[:10])
         self._loaded_at = self._clock()
 
 
@@ -110,3 +128,21 @@ def _parse_jwks(body: bytes) -> dict[str, dict[str, Any]]:
         if isinstance(key, dict) and isinstance(key.get("kid"), str) and key.get("use", "sig") == "sig":
             out[key["kid"]] = key
     return out
+
+
+def _shown(url: str) -> str:
+    """The URL fit for a log line: without user:password or query (where a credential could sit)."""
+    parsed = httpx.URL(url)
+    return str(parsed.copy_with(userinfo=b"", query=None, fragment=None))
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a fetch failed, in words that quote neither the URL (httpx's status error does) nor
+    the body."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return "timed out"
+    if isinstance(exc, httpx.HTTPError):
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {str(exc)[:200]}"

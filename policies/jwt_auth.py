@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -118,7 +119,9 @@ def unverified_header(raw: str) -> dict[str, Any] | None:
     segment = raw.partition(".")[0]
     try:
         header = msgspec.json.decode(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
-    except (ValueError, binascii.Error, msgspec.DecodeError):
+    except (ValueError, binascii.Error, msgspec.DecodeError, RecursionError):
+        # RecursionError: a header of a few thousand nested brackets (a 3 kB token) exceeds the
+        # decoder's depth; it is a malformed token like any other, not a server error
         return None
     return header if isinstance(header, dict) and "alg" in header else None
 
@@ -288,8 +291,10 @@ def _header(raw: str) -> dict[str, Any]:
 
 def _number(claims: Mapping[str, Any], name: str) -> float:
     value = claims.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidToken("malformed", f"token claim {name!r} is not a number")
+    # not finite: PyJWT's json.loads reads NaN and Infinity, and an `exp` of NaN compares false
+    # with every time (a token that never expires)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidToken("malformed", f"token claim {name!r} is not a finite number")
     return float(value)
 
 

@@ -19,6 +19,17 @@ AUDIENCE = "fleetgate"
 JWKS_PATH = "/.well-known/jwks.json"
 
 
+async def answer_lifespan(receive: Any, send: Any) -> None:
+    """Complete an ASGI lifespan's startup and shutdown (the test servers hold no resources)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 class Issuer:
     """Signing keys by kid; `publish` decides which public keys the JWKS lists."""
 
@@ -66,13 +77,8 @@ class Issuer:
     def asgi(self) -> Any:
         async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "lifespan":
-                while True:
-                    message = await receive()
-                    if message["type"] == "lifespan.startup":
-                        await send({"type": "lifespan.startup.complete"})
-                    elif message["type"] == "lifespan.shutdown":
-                        await send({"type": "lifespan.shutdown.complete"})
-                        return
+                await answer_lifespan(receive, send)
+                return
             status, body = 404, b"{}"
             if scope["path"] == JWKS_PATH:
                 self.fetches += 1

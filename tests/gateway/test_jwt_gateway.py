@@ -159,7 +159,10 @@ def test_key_rotation_during_traffic_gives_no_401(tgw: TokenGateway) -> None:
                 token = issuer.token(sub=f"svc-{n}", jti=f"{n}-{time.monotonic_ns()}")
                 statuses.append(http.get(f"{tgw.url}/v1/models", headers=_bearer(token)).status_code)
 
-    time.sleep(1.1)  # past the refresh interval of whatever fetched before
+    # the key set held (run alone, the first client's request would fetch it 0.5 s before the
+    # rotation, inside the interval), then past the refresh interval of that fetch
+    assert httpx.get(f"{tgw.url}/v1/models", headers=_bearer(issuer.token())).status_code == 200
+    time.sleep(1.1)
     before = issuer.fetches
     threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
     for t in threads:

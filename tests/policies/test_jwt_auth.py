@@ -10,8 +10,10 @@ import json
 import time
 from typing import Any
 
+import httpx
 import jwt
 import pytest
+import structlog.testing
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from policies.jwt_auth import InvalidToken, JwtSpec, JwtVerifier, looks_like_jwt
@@ -222,3 +224,21 @@ def test_shape_tells_tokens_from_api_keys(issuer: Issuer) -> None:
     assert looks_like_jwt(issuer.token())
     assert not looks_like_jwt("fg-0123456789ab-" + "a" * 43)
     assert not looks_like_jwt("a.b.c")
+
+
+async def test_a_failed_fetch_logs_neither_the_urls_credentials_nor_the_answer(issuer: Issuer) -> None:
+    url = "https://reader:s3cret-pass@issuer.test/jwks?access_token=tok-123"
+
+    async def fetch(asked: str) -> bytes:
+        request = httpx.Request("GET", asked)
+        response = httpx.Response(403, request=request, text="denied for tok-123")
+        raise httpx.HTTPStatusError(f"403 for {asked}", request=request, response=response)
+
+    spec = JwtSpec(issuer=ISSUER, audience=AUDIENCE, jwks_url=url)
+    verifier = JwtVerifier(spec, time.time, tenants=["acme"], fetch=fetch)
+    with structlog.testing.capture_logs() as logged:
+        with pytest.raises(InvalidToken):
+            await verifier.authenticate(issuer.token())
+    (line,) = [entry for entry in logged if entry["event"] == "jwks_fetch_failed"]
+    assert line["error"] == "HTTP 403" and line["url"] == "https://issuer.test/jwks"
+    assert "s3cret" not in repr(logged) and "tok-123" not in repr(logged)
