@@ -63,7 +63,7 @@ compiler:
 	  else echo "g++ missing and not root: the engine will use its fallbacks (gather + SDPA attention, torch ops)"; fi; }
 
 # redis-server backs the Redis state-store tests, chromium + chromium-driver run the admin console's
-# browser tests (tests/console); installed with apt when missing (needs root).
+# browser tests (tests/gateway/admin/console); installed with apt when missing (needs root).
 system-deps: compiler
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } \

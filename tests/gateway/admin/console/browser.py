@@ -17,7 +17,7 @@ import pytest
 
 #: screenshots of each page, kept after the run (git-ignored)
 ARTIFACTS = (
-    Path(os.environ.get("FLEETGATE_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")) / "console"
+    Path(os.environ.get("FLEETGATE_TEST_ARTIFACTS", Path(__file__).parents[4] / "test-artifacts")) / "console"
 )
 _BINARIES = ("chromium", "chromium-browser", "google-chrome")
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN_KEY, create_key
-from tests.console.browser import chromium, require_browser, screenshot, skip_reason
-from tests.console.conftest import SCRIPT_TENANT, infer
+from tests.gateway.admin.console.browser import chromium, require_browser, screenshot, skip_reason
+from tests.gateway.admin.console.conftest import SCRIPT_TENANT, infer
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 

@@ -15,7 +15,7 @@ from litestar.testing import TestClient
 from gateway.config import parse_config
 from gateway.http.app import create_app
 from tests.conftest import ADMIN_KEY, create_key
-from tests.console.conftest import SCRIPT_TENANT, infer
+from tests.gateway.admin.console.conftest import SCRIPT_TENANT, infer
 from tests.gateway.test_llm_gateway import _config as llm_gateway_config
 from tests.servers import serve_app
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from tests.console.conftest import infer
-from tests.console.test_console_http import csrf_of, signed_in
+from tests.gateway.admin.console.conftest import infer
+from tests.gateway.admin.console.test_console_http import csrf_of, signed_in
 
 
 def test_a_key_with_a_daily_budget_from_the_form(console_gateway) -> None:  # type: ignore[no-untyped-def]
