@@ -9,7 +9,7 @@ import time
 import pytest
 
 from policies.fair_queue import FairQueue, QueueDeadlineExceeded, QueueFull, QueueSpec
-from tests.policies_fairness.conftest import FakeClock, Sim, settle
+from tests.policies.fair_queue.conftest import FakeClock, Sim, settle
 
 
 async def test_work_conserving_under_random_load(clock: FakeClock) -> None:

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from policies.fair_queue import FairQueue, QueueSpec, Ticket
-from tests.policies_fairness.conftest import FakeClock, Sim
+from tests.policies.fair_queue.conftest import FakeClock, Sim
 
 MAX_COST = 8.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from policies.fair_queue import FairQueue, QueueSpec
-from tests.policies_fairness.conftest import FakeClock
+from tests.policies.fair_queue.conftest import FakeClock
 
 
 async def test_background_fills_idle_capacity_and_yields_to_interactive_traffic(clock: FakeClock) -> None:
