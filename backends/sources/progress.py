@@ -4,6 +4,7 @@ otherwise (a container's log)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from backends.sources.download import Progress
@@ -35,10 +36,11 @@ class TerminalProgress:
 
 
 class LineProgress:
-    """A line per file when it starts and ends, and one every `every_s` seconds while it runs."""
+    """A line per file when it starts and ends, and one every `every_s` seconds while it runs,
+    handed to `show` (a log stream for `fleetgate pull`, a deployment's readiness detail)."""
 
-    def __init__(self, stream: IO[str], every_s: float = 10.0) -> None:
-        self._stream = stream
+    def __init__(self, show: Callable[[str], None], every_s: float = 10.0) -> None:
+        self._show = show
         self._every_s = every_s
         self._label = ""
         self._total: int | None = None
@@ -48,8 +50,7 @@ class LineProgress:
     def _line(self, what: str) -> None:
         total = f" of {self._total / 1e6:.1f} MB" if self._total is not None else " MB"
         share = f" ({100 * self._done / self._total:.0f}%)" if self._total else ""
-        self._stream.write(f"fleetgate pull: {what} {self._label}: {self._done / 1e6:.1f}{total}{share}\n")
-        self._stream.flush()
+        self._show(f"{what} {self._label}: {self._done / 1e6:.1f}{total}{share}")
 
     def begin(self, label: str, total: int | None, done: int) -> None:
         self._label, self._total, self._done = label, total, done
@@ -68,4 +69,11 @@ class LineProgress:
 
 def progress_for(stream: IO[str]) -> Progress:
     """Bars when `stream` is a terminal, periodic lines otherwise."""
-    return TerminalProgress(stream) if stream.isatty() else LineProgress(stream)
+    if stream.isatty():
+        return TerminalProgress(stream)
+
+    def show(line: str) -> None:
+        stream.write(f"fleetgate pull: {line}\n")
+        stream.flush()
+
+    return LineProgress(show)

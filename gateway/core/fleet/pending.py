@@ -5,7 +5,6 @@ load's backoff). Until then the deployment is not ready and its readiness detail
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from backends.base import Capability, GenerateRequest, ModelMetadata, estimate_p
 from backends.errors import BackendUnavailable
 from backends.registry import EMBEDDING_BACKENDS
 from backends.sources import ModelSources, SourceError, is_address
+from backends.sources.progress import LineProgress
 from backends.spec import DeploymentSpec
 from gateway.config.sources import spec_models, with_local_paths
 
@@ -65,38 +65,18 @@ class PendingBackend:
         return estimate_prompt_tokens(request)
 
 
-class _Reporter:
-    """Download progress as the deployment's readiness detail (`fetching ADDRESS: 3.1 of 40.0 MB`);
-    stops the download when the gateway shuts down."""
+class _Reporter(LineProgress):
+    """Download progress as the deployment's readiness detail (`fetching ADDRESS FILE: 3.1 of 40.0
+    MB (8%)`); stops the download when the gateway shuts down."""
 
     def __init__(self, show: Callable[[str], None], stop: threading.Event) -> None:
-        self._show = show
+        super().__init__(show, every_s=_REPORT_EVERY_S)
         self._stop = stop
-        self._label = ""
-        self._total: int | None = None
-        self._done = 0
-        self._shown = 0.0
-
-    def begin(self, label: str, total: int | None, done: int) -> None:
-        self._label, self._total, self._done = label, total, done
-        self._report(force=True)
 
     def advance(self, n: int) -> None:
         if self._stop.is_set():
             raise SourceError("fetch cancelled: the gateway is shutting down")
-        self._done += n
-        self._report(force=False)
-
-    def end(self) -> None:
-        pass
-
-    def _report(self, force: bool) -> None:
-        now = time.monotonic()
-        if not force and now - self._shown < _REPORT_EVERY_S:
-            return
-        self._shown = now
-        total = f" of {self._total / 1e6:.1f}" if self._total is not None else ""
-        self._show(f"fetching {self._label}: {self._done / 1e6:.1f}{total} MB")
+        super().advance(n)
 
 
 class PendingFetch:
