@@ -23,6 +23,11 @@ from fleetgate.spec import SpecBase
 
 #: micro-USD in one USD
 MICROS_PER_USD = 1_000_000
+#: the highest price a field may hold (100,000 USD per million tokens, per request or per row, far
+#: above any real price): the stores keep costs in 64-bit integers (SQLite INTEGER, Redis INCRBY),
+#: and a request's worst case at a price near float's range (1e300) overflowed them, a 500 on
+#: every priced call; at this bound a request's worst case stays below 1e18 micro-USD
+MAX_PRICE_USD = 100_000.0
 
 
 class Pricing(SpecBase):
@@ -45,8 +50,10 @@ class Pricing(SpecBase):
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"pricing.{name} must be a finite number >= 0 or null, got {value!r}")
+            if isinstance(value, bool) or not math.isfinite(value) or not 0 <= value <= MAX_PRICE_USD:
+                raise ValueError(
+                    f"pricing.{name} must be a number in 0..{MAX_PRICE_USD:g} (USD) or null, got {value!r}"
+                )
 
 
 #: the price of something that has none configured

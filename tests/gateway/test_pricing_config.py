@@ -42,6 +42,12 @@ def test_prices_on_a_model_and_a_deployment_and_a_tenants_budget() -> None:
     ("fields", "needle"),
     [
         ({"dep": ", pricing: {input_usd_per_mtok: -1}"}, "$.deployments.d"),
+        # beyond what the stores' 64-bit counters can add (a 500 on every priced call before)
+        ({"dep": ", pricing: {usd_per_row: 1.0e+300}"}, "usd_per_row must be a number in 0..100000"),
+        ({"model": ", pricing: {output_usd_per_mtok: 1.0e+6}"}, "$.models.m"),
+        ({"model": ", pricing: {usd_per_request: .nan}"}, "usd_per_request"),
+        ({"model": ", pricing: {usd_per_request: .inf}"}, "usd_per_request"),
+        ({"model": ", pricing: {usd_per_request: '0.1'}"}, "usd_per_request"),
         ({"model": ", pricing: {usd_per_tokn: 1}"}, "usd_per_tokn"),
         ({"tenant": "budget: {usd_per_day: 0}"}, "usd_per_day"),
         ({"tenant": "budget: {usd_per_week: 5}"}, "usd_per_week"),
