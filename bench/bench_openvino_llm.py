@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -66,7 +68,7 @@ def options(threads: int) -> dict[str, Any]:
 # --- the pipeline called directly ----------------------------------------------------------------
 
 
-def run_direct(folder: pathlib.Path, trace: list[dict[str, Any]], in_flights: list[int], threads: int) -> dict[str, Any]:
+def direct_pipeline(folder: pathlib.Path, trace: list[dict[str, Any]], threads: int) -> Any:
     """The bare pipeline (same export and options as the gateway's), warmed like the gateway."""
     import openvino_genai as ov_genai
 
@@ -78,17 +80,20 @@ def run_direct(folder: pathlib.Path, trace: list[dict[str, Any]], in_flights: li
     sched.max_num_batched_tokens, sched.enable_prefix_caching = o.max_num_batched_tokens, o.enable_prefix_caching
     sched.dynamic_split_fuse = o.dynamic_split_fuse
     pipe = ov_genai.ContinuousBatchingPipeline(str(folder), sched, "CPU", o.properties())
-    _closed_loop(pipe, trace[:4], 2, 10_000)  # warm: first compilations and allocations
-    return {str(c): _closed_loop(pipe, trace, c, 0) for c in in_flights}
+    _closed_loop(pipe, trace[:4], 2, 1 << 30)  # warm: first compilations and allocations
+    return pipe
 
 
-def _closed_loop(pipe: Any, trace: list[dict[str, Any]], in_flight: int, first_id: int) -> dict[str, float]:
+_REQUEST_IDS = iter(range(1 << 40))
+
+
+def _closed_loop(pipe: Any, trace: list[dict[str, Any]], in_flight: int, first_id: int = 0) -> dict[str, float]:
     """Keep `in_flight` requests added, step, read, until the trace is served."""
     import numpy as np
     import openvino as ov
     import openvino_genai as ov_genai
 
-    pending = [(first_id + i, r) for i, r in enumerate(trace)]
+    pending = [(first_id + next(_REQUEST_IDS), r) for r in trace]
     live: dict[int, Any] = {}
     tokens = 0
     started = time.perf_counter()
@@ -121,7 +126,11 @@ def gateway_config(deployment: str, work: pathlib.Path) -> pathlib.Path:
     return path
 
 
-async def _client_run(url: str, key: str, trace: list[dict[str, Any]], in_flight: int) -> dict[str, Any]:
+async def _client_run(
+    url: str, key: str, trace: list[dict[str, Any]], in_flight: int, stream: bool = True
+) -> dict[str, Any]:
+    """Closed loop over HTTP. `stream=False` asks for whole answers: the client then costs nothing
+    per token, so on a 2-core box its CPU does not count against the gateway."""
     queue = list(trace)
     ttft: list[float] = []
     itl: list[float] = []  # per request: (last token - first token) / (tokens - 1)
@@ -132,8 +141,15 @@ async def _client_run(url: str, key: str, trace: list[dict[str, Any]], in_flight
         while queue:
             r = queue.pop(0)
             body = {"model": "m", "prompt": r["prompt"], "max_tokens": r["max_tokens"], "temperature": 0,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+                    "ignore_eos": True, "stream": stream}  # fmt: skip
+            if stream:
+                body["stream_options"] = {"include_usage": True}
             sent = time.perf_counter()
+            if not stream:
+                resp = await client.post(f"{url}/v1/completions", json=body)
+                resp.raise_for_status()
+                tokens += resp.json()["usage"]["completion_tokens"]
+                continue
             first = last = None
             async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
                 resp.raise_for_status()
@@ -160,7 +176,8 @@ async def _client_run(url: str, key: str, trace: list[dict[str, Any]], in_flight
     wall = time.perf_counter() - started
     return {
         "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
-        "ttft_p50_ms": 1000 * statistics.median(ttft), "ttft_p99_ms": 1000 * _pct(ttft, 0.99), "ttft_s": ttft,
+        "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else 0.0, "ttft_p99_ms": 1000 * _pct(ttft, 0.99),
+        "ttft_s": ttft,
         "itl_p50_ms": 1000 * statistics.median(itl) if itl else 0.0, "itl_p99_ms": 1000 * _pct(itl, 0.99),
     }  # fmt: skip
 
@@ -172,10 +189,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_gateway(
-    deployment: str, work: pathlib.Path, trace: list[dict[str, Any]], in_flights: list[int], flood: bool = False
-) -> dict[str, Any]:
-    """Start `fleetgate serve` with one deployment, replay the trace at each concurrency, read its peak RSS."""
+@contextlib.contextmanager
+def gateway(deployment: str, work: pathlib.Path, trace: list[dict[str, Any]]) -> Iterator[tuple[str, str, int]]:
+    """A `fleetgate serve` subprocess with one deployment, warmed: (url, the bench tenant's key, pid)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = work / f"gateway-{port}.log"
@@ -190,16 +206,19 @@ def run_gateway(
         wait_ready(proc, f"{url}/health/ready", log, timeout_s=300)
         key = _key(url, "bench")
         asyncio.run(_client_run(url, key, trace[:4], 2))  # warm: first compilations and allocations
-        runs: dict[str, Any] = {str(c): asyncio.run(_client_run(url, key, trace, c)) for c in in_flights}
-        for c in in_flights:
-            runs[str(c)].pop("ttft_s")
-        runs["peak_rss_mib"] = _peak_rss_mib(proc.pid)
-        if flood:
-            keys = {t: _key(url, t) for t in TENANTS[1:]}
-            runs["flood"] = asyncio.run(_flood(url, keys, trace))
-        return runs
+        yield url, key, proc.pid
     finally:
         stop(proc)
+
+
+def whole(url: str, key: str, trace: list[dict[str, Any]], c: int) -> dict[str, Any]:
+    return asyncio.run(_client_run(url, key, trace, c, stream=False))
+
+
+def streamed(url: str, key: str, trace: list[dict[str, Any]], c: int) -> dict[str, Any]:
+    run = asyncio.run(_client_run(url, key, trace, c))
+    run.pop("ttft_s")
+    return run
 
 
 def _key(url: str, tenant: str) -> str:
@@ -208,28 +227,40 @@ def _key(url: str, tenant: str) -> str:
     return str(r.json()["key"])
 
 
-async def _flood(url: str, keys: dict[str, str], trace: list[dict[str, Any]]) -> dict[str, Any]:
-    """The quiet tenants' TTFT p99, alone and beside `noisy` keeping 32 requests in flight."""
+def _noise(url: str, key: str, trace: list[dict[str, Any]], done: Any) -> None:
+    """In its own process: `noisy` keeps 32 whole-answer requests in flight until `done` is set."""
+    while not done.is_set():
+        asyncio.run(_client_run(url, key, trace, 32, stream=False))
+
+
+def flood(url: str, trace: list[dict[str, Any]]) -> dict[str, Any]:
+    """The quiet tenants' TTFT p99 (streamed, one request in flight each), alone and beside `noisy`."""
+    import multiprocessing
+
+    keys = {t: _key(url, t) for t in TENANTS[1:]}
     quiet = [t for t in keys if t != "noisy"]
 
     async def quiet_run() -> list[float]:
         runs = await asyncio.gather(*(_client_run(url, keys[t], trace[:12], 1) for t in quiet))
         return [x for r in runs for x in r["ttft_s"]]
 
-    solo = await quiet_run()
-    stop_noise = asyncio.Event()
-
-    async def noise() -> None:
-        while not stop_noise.is_set():
-            await _client_run(url, keys["noisy"], trace, 32)
-
-    task = asyncio.create_task(noise())
-    await asyncio.sleep(2.0)  # the noisy backlog builds up first
-    flooded = await quiet_run()
-    stop_noise.set()
-    await task
+    solo = asyncio.run(quiet_run())
+    ctx = multiprocessing.get_context("spawn")
+    done = ctx.Event()
+    noise = ctx.Process(target=_noise, args=(url, keys["noisy"], trace, done))
+    noise.start()
+    try:
+        time.sleep(3.0)  # the noisy backlog builds up first
+        flooded = asyncio.run(quiet_run())
+    finally:
+        done.set()
+        noise.join(timeout=120)
+        if noise.is_alive():
+            noise.terminate()
     solo_p99, flood_p99 = 1000 * _pct(solo, 0.99), 1000 * _pct(flooded, 0.99)
-    return {"quiet_ttft_p99_solo_ms": solo_p99, "quiet_ttft_p99_flood_ms": flood_p99,
+    return {"quiet_ttft_p99_solo_ms": round(solo_p99, 1), "quiet_ttft_p99_flood_ms": round(flood_p99, 1),
+            "quiet_ttft_p50_solo_ms": round(1000 * statistics.median(solo), 1),
+            "quiet_ttft_p50_flood_ms": round(1000 * statistics.median(flooded), 1),
             "ratio": round(flood_p99 / solo_p99, 3)}  # fmt: skip
 
 
@@ -317,17 +348,19 @@ def plot(result: dict[str, Any], path: pathlib.Path) -> None:
     from bench import plotting  # the footer with the date and machine
 
     fig, (tax, pick) = plotting.figure(1, 2, (12, 4.5))
-    groups = [f"{c} in flight" for c in result["in_flight"]]
-    plotting.grouped_bars(tax, groups, {
-        "pipeline direct": [result["tax"]["direct"][str(c)]["tokens_per_s"] for c in result["in_flight"]],
-        "through fleetgate": [result["tax"]["gateway"][str(c)]["tokens_per_s"] for c in result["in_flight"]],
+    cs = [str(c) for c in result["in_flight"]]
+    plotting.grouped_bars(tax, [f"{c} in flight" for c in cs], {
+        "pipeline direct": [result["tax"]["direct_tokens_per_s"][c] for c in cs],
+        "through fleetgate": [result["tax"]["gateway_tokens_per_s"][c] for c in cs],
     })  # fmt: skip
-    tax.set_title("openvino_llm fp32: output tokens/s, fleetgate over the bare pipeline")
+    tax.set_title("openvino_llm fp32, output tokens/s (medians of rounds)")
     names = list(result["pick"])
-    c = str(max(result["in_flight"]))
-    plotting.grouped_bars(pick, names, {"tokens/s": [result["pick"][n][c]["tokens_per_s"] for n in names],
-                                        "peak RSS MiB / 10": [result["pick"][n]["peak_rss_mib"] / 10 for n in names]})  # fmt: skip
-    pick.set_title(f"which to pick at {c} in flight (ITL p50 in the JSON)")
+    plotting.grouped_bars(pick, [n.replace("openvino_llm ", "ov ") for n in names], {
+        "tokens/s": [result["pick"][n]["tokens_per_s"] for n in names],
+        "ITL p50 ms": [result["pick"][n]["itl_p50_ms"] for n in names],
+        "peak RSS MiB / 10": [result["pick"][n]["peak_rss_mib"] / 10 for n in names],
+    }, fmt="{:.1f}")  # fmt: skip
+    pick.set_title(f"which to pick at {max(result['in_flight'])} in flight")
     plotting.save(fig, path)
 
 
@@ -336,6 +369,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--max-prompt", type=int, default=256)
     ap.add_argument("--max-output", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
@@ -351,35 +385,74 @@ def main() -> None:
         for w in ("fp32", "int8", "int4"):
             export_llm(src, work / w, w)
             exports[w] = work / w
-        ov_dep = "{{backend: openvino_llm, model: {}, device: CPU, options: {}}}"
-        opts = json.dumps(options(args.threads))
-        direct = run_direct(exports["fp32"], trace, in_flight, args.threads)
-        gateway = run_gateway(ov_dep.format(exports["fp32"], opts), work, trace, in_flight, flood=True)
-        pick: dict[str, Any] = {"openvino_llm fp32": gateway}
-        for w in ("int8", "int4"):
-            pick[f"openvino_llm {w}"] = run_gateway(ov_dep.format(exports[w], opts), work, trace, [16])
-        torch_opts = json.dumps({"max_num_seqs": 16, "kv_cache_bytes": 1 << 28})
-        pick["torch_llm"] = run_gateway(f"{{backend: torch_llm, model: {src}, device: cpu, options: {torch_opts}}}",
-                                        work, trace, [16])  # fmt: skip
+        tax, flooded = no_tax(exports["fp32"], work, trace, in_flight, args.rounds, args.threads)
+        pick = which_to_pick(exports, src, work, trace, args.rounds, args.threads)
         agree = agreement(exports, [r["prompt"] for r in trace[:8]], 32, args.threads)
     result = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads},
+        "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
+                    "load_average": os.getloadavg()},  # fmt: skip
         "model": {"hidden": args.hidden, "layers": args.layers, "vocab": VOCAB},
-        "trace": {"requests": args.requests, "max_prompt": args.max_prompt, "max_output": args.max_output},
+        "trace": {"requests": args.requests, "max_prompt": args.max_prompt, "max_output": args.max_output,
+                  "rounds": args.rounds},  # fmt: skip
         "in_flight": in_flight,
-        "tax": {"direct": direct, "gateway": {str(c): gateway[str(c)] for c in in_flight},
-                "ratio": {str(c): round(gateway[str(c)]["tokens_per_s"] / direct[str(c)]["tokens_per_s"], 3)
-                          for c in in_flight}},  # fmt: skip
+        "tax": tax,
         "pick": pick,
         "agreement": agree,
-        "flood": gateway.pop("flood"),
+        "flood": flooded,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     plot(result, args.out.with_suffix(".png"))
-    print(json.dumps({"ratio": result["tax"]["ratio"], "agreement": agree, "flood": result["flood"],
-                      "pick": {n: {"tokens_per_s": round(v["16"]["tokens_per_s"], 1), "itl_p50_ms": round(v["16"]["itl_p50_ms"], 2),
-                                   "peak_rss_mib": v["peak_rss_mib"]} for n, v in pick.items()}}, indent=2))  # fmt: skip
+    print(json.dumps({"tax": tax["ratio"], "agreement": agree, "flood": flooded, "pick": pick}, indent=2))
+
+
+def no_tax(
+    folder: pathlib.Path, work: pathlib.Path, trace: list[dict[str, Any]], in_flight: list[int], rounds: int, threads: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Whole answers through the gateway against the bare pipeline, interleaved round by round; then
+    streamed runs for TTFT and ITL, and the flood."""
+    pipe = direct_pipeline(folder, trace, threads)
+    direct: dict[str, list[float]] = {str(c): [] for c in in_flight}
+    through: dict[str, list[float]] = {str(c): [] for c in in_flight}
+    deployment = f"{{backend: openvino_llm, model: {folder}, device: CPU, options: {json.dumps(options(threads))}}}"
+    with gateway(deployment, work, trace) as (url, key, _):
+        for _ in range(rounds):
+            for c in in_flight:
+                direct[str(c)].append(_closed_loop(pipe, trace, c)["tokens_per_s"])
+                through[str(c)].append(whole(url, key, trace, c)["tokens_per_s"])
+        streams = {str(c): streamed(url, key, trace, c) for c in in_flight}
+        flooded = flood(url, trace)
+    ratio = {c: round(statistics.median(g / d for g, d in zip(through[c], direct[c], strict=True)), 3) for c in direct}
+    return {
+        "direct_tokens_per_s": {c: round(statistics.median(v), 1) for c, v in direct.items()},
+        "gateway_tokens_per_s": {c: round(statistics.median(v), 1) for c, v in through.items()},
+        "ratio": ratio, "rounds": {"direct": direct, "gateway": through}, "streamed": streams,
+    }, flooded  # fmt: skip
+
+
+def which_to_pick(
+    exports: dict[str, pathlib.Path], src: pathlib.Path, work: pathlib.Path, trace: list[dict[str, Any]],
+    rounds: int, threads: int,
+) -> dict[str, Any]:  # fmt: skip
+    """torch_llm and the three exports, each behind its own gateway, all up at once and measured in
+    interleaved rounds at 16 in flight (whole answers for tokens/s, one streamed run for ITL/TTFT)."""
+    deployments = {f"openvino_llm {w}": f"{{backend: openvino_llm, model: {f}, device: CPU, "
+                   f"options: {json.dumps(options(threads))}}}" for w, f in exports.items()}  # fmt: skip
+    torch_opts = json.dumps({"max_num_seqs": 16, "kv_cache_bytes": 1 << 28})
+    deployments["torch_llm"] = f"{{backend: torch_llm, model: {src}, device: cpu, options: {torch_opts}}}"
+    with contextlib.ExitStack() as stack:
+        up = {name: stack.enter_context(gateway(dep, work, trace)) for name, dep in deployments.items()}
+        rates: dict[str, list[float]] = {name: [] for name in up}
+        for _ in range(rounds):
+            for name, (url, key, _pid) in up.items():
+                rates[name].append(whole(url, key, trace, 16)["tokens_per_s"])
+        out = {}
+        for name, (url, key, pid) in up.items():
+            s = streamed(url, key, trace, 16)
+            out[name] = {"tokens_per_s": round(statistics.median(rates[name]), 1), "rounds": rates[name],
+                         "itl_p50_ms": round(s["itl_p50_ms"], 2), "ttft_p50_ms": round(s["ttft_p50_ms"], 1),
+                         "streamed_tokens_per_s": round(s["tokens_per_s"], 1), "peak_rss_mib": _peak_rss_mib(pid)}  # fmt: skip
+        return out
 
 
 if __name__ == "__main__":
