@@ -23,7 +23,7 @@ from backends.demo_models.digits import digits_onnx_bytes
 from backends.demo_models.exports import write_openvino_ir, write_tf_savedmodel
 
 HIDDEN = 32
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SERVER = REPO / "tests" / "tfserving_server.py"
 #: the TF Serving test server's subprocess runs TensorFlow on the CPU, quietly
 TF_ENV = {"CUDA_VISIBLE_DEVICES": "-1", "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
