@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from backends.sources.address import Address
-from backends.sources.cache import CHUNK, Cache, digest, no_space
+from backends.sources.cache import CHUNK, Cache, digest, hash_file, no_space
 from backends.sources.errors import ChecksumMismatch
 from backends.sources.types import Fetcher, RemoteFile
 
@@ -118,11 +118,13 @@ def fetch_file(cache: Cache, fetcher: Fetcher, address: Address, file: RemoteFil
         ChecksumMismatch: the bytes are not what the store or the address promised (after one try
             from scratch when a resumed part was to blame).
     """
-    if (known := cache.known(file)) is not None:
-        return known
     with cache.lock(f"file-{digest(file.identity)}"):
-        if (known := cache.known(file)) is not None:  # another process brought it meanwhile
-            return known
+        # in the cache already (this address before, another address of the same bytes, or another
+        # process meanwhile): re-read before it goes into a new snapshot; a damaged copy is dropped
+        if (known := cache.known(file)) is not None:
+            if hash_file(cache.blob(known)) == known:
+                return known
+            cache.blob(known).unlink(missing_ok=True)
         part = cache.partial(file.identity)
         for attempt in range(2):
             resumed = part.exists() and part.stat().st_size > 0

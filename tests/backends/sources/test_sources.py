@@ -192,3 +192,20 @@ def test_no_room_is_refused_before_the_first_byte(store: Store, tmp_path: Path) 
     with pytest.raises(DiskFull, match=r"disk full: it needs .* MB and the model cache .* has .* MB free"):
         _sources(tmp_path).check("hf://acme/tiny")
     assert store.served.file_gets == 0
+
+
+def test_a_damaged_blob_is_not_reused_by_another_address(store: Store, tmp_path: Path) -> None:
+    store.plain["m.onnx"] = WEIGHTS
+    sha = hashlib.sha256(WEIGHTS).hexdigest()
+    sources = _sources(tmp_path)
+    sources.fetch(f"{store.url}/files/m.onnx#sha256={sha}")
+    blob = tmp_path / "cache" / "blobs" / sha
+    os.chmod(blob, 0o644)
+    with blob.open("r+b") as f:
+        f.write(b"\0" * 16)
+    folder = tmp_path / "same-bytes"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(WEIGHTS)  # an LFS file: the Hub names it by the same sha256
+    store.add_repo("acme/same", folder)
+    path = sources.fetch("hf://acme/same/model.onnx")
+    assert path.read_bytes() == WEIGHTS and store.served.file_gets == 2  # fetched again, not linked
