@@ -12,6 +12,7 @@ replaces the value of any field named like a secret on top of that.
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ AUDIT_OWNER = ""
 SECRET_FIELDS = frozenset({"key", "secret", "secret_hash", "token", "password", "api_key", "admin_key"})
 #: largest page a query answers
 MAX_PAGE = 500
+#: the shape of an entry's id, which is also the cursor a page hands out
+_CURSOR = re.compile(r"\d{17}-[0-9a-f]{8}")
 _SCAN_PAGE = 200
 
 
@@ -138,10 +141,9 @@ class AuditLog:
         matches `keys.create`). `cursor` is a previous page's `next`.
 
         Raises:
-            ValueError: `limit` outside 1..MAX_PAGE.
+            ValueError: `limit` outside 1..MAX_PAGE, or a `cursor` no page gave.
         """
-        if not 1 <= limit <= MAX_PAGE:
-            raise ValueError(f"limit must be within 1..{MAX_PAGE}, got {limit}")
+        check_page(cursor, limit)
         found: list[AuditEntry] = []
         after = cursor
         while True:
@@ -157,6 +159,20 @@ class AuditLog:
                         return AuditPage(found, entry.id)
             if len(bodies) < _SCAN_PAGE:
                 return AuditPage(found, None)
+
+
+def check_page(cursor: str | None, limit: int) -> None:
+    """Refuse a page request no reader could mean.
+
+    Raises:
+        ValueError: `limit` outside 1..MAX_PAGE, or a `cursor` that no page gave.
+    """
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be within 1..{MAX_PAGE}, got {limit}")
+    if cursor is not None and not _CURSOR.fullmatch(cursor):
+        # any string sorts somewhere among the ids: a mistyped cursor silently answered the trail
+        # from its start (`zzz`) or nothing at all (`0`) instead of saying so
+        raise ValueError("cursor is not one a page of the trail gave (its `next`)")
 
 
 def parse_when(value: str) -> float:

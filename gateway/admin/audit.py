@@ -23,7 +23,7 @@ from gateway.admin.actor import AdminActor, current_actor
 from gateway.admin.guard import ADMIN_GUARD
 from gateway.core.calls import Call
 from gateway.http.requests import answer_json
-from policies.audit import MAX_PAGE, AuditEntry, AuditLog, AuditPage, parse_when
+from policies.audit import AuditEntry, AuditLog, AuditPage, check_page, parse_when
 
 
 async def record(
@@ -72,8 +72,10 @@ async def read_trail(
     limit: int = 50,
 ) -> AuditPage:
     """A page of the trail for these filters (shared by the API route and the console); 400 on bad input."""
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidInput(f"limit must be within 1..{MAX_PAGE}, got {limit}")
+    try:
+        check_page(cursor or None, limit)
+    except ValueError as exc:  # a limit out of range, a cursor no page gave: both name themselves
+        raise InvalidInput(str(exc)) from None
     return await AuditLog(connection.app.state.store).query(
         since=parse_time(since, "since"),
         until=parse_time(until, "until"),

@@ -241,7 +241,19 @@ def test_pages_follow_the_cursor_without_overlap(agw: AuditGateway) -> None:
 
 @pytest.mark.parametrize(
     ("params", "status"),
-    [({"since": "yesterday"}, 400), ({"limit": 0}, 400), ({"limit": 501}, 400), ({"until": "nan"}, 400)],
+    [
+        ({"since": "yesterday"}, 400),
+        ({"limit": 0}, 400),
+        ({"limit": 501}, 400),
+        ({"limit": 10**12}, 400),
+        ({"limit": "many"}, 400),
+        ({"until": "nan"}, 400),
+        ({"since": "1e400"}, 400),
+        # a cursor no page gave: `zzz` answered the trail from its start, `0` an empty page
+        ({"cursor": "zzz"}, 400),
+        ({"cursor": "0"}, 400),
+        ({"cursor": "9" * 5000}, 400),
+    ],
 )
 def test_bad_filters_are_400(agw: AuditGateway, params: dict, status: int) -> None:
     r = httpx.get(f"{agw.url}/admin/audit", params=params, headers=ADMIN_HEADERS)
