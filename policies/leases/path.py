@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from secrets import token_hex
 from typing import Any
 
@@ -28,7 +28,16 @@ from policies.leases.ledger import Ledger
 from policies.leases.settings import LeaseSettings, PartitionSettings
 from policies.leases.slices import Grant, SliceBook
 from policies.leases.slots import SlotPool
-from policies.stores.base import AcquireResult, BucketOp, BucketView, CounterOp, Denial, Journal, StateStore
+from policies.stores.base import (
+    AcquireResult,
+    BucketOp,
+    BucketView,
+    CounterOp,
+    Denial,
+    Journal,
+    LeaseOp,
+    StateStore,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +49,11 @@ def _settle(settle_id: str, *, buckets: list[BucketOp] | None = None, release: l
             counters: list[CounterOp] | None = None, now: float) -> dict[str, Any]:  # fmt: skip
     return dict(settle_id=settle_id, lease_id=settle_id, buckets=buckets or [], release=release or [],
                 counters=counters or [], usage=[], now=now)  # fmt: skip
+
+
+def _release(pools: Iterable[SlotPool]) -> None:
+    for p in pools:
+        p.release()
 
 
 class LeasePath:
@@ -70,6 +84,8 @@ class LeasePath:
         #: the op (capacity, rate, limit, expiry) each key was last taken with, for the tick's new slices
         self._templates: dict[str, BucketOp | CounterOp] = {}
         self._down_since: float | None = None
+        #: acquires whose answer was lost (maybe applied), given back once the store answers again
+        self.unsure: set[str] = set()
         #: units admitted beyond the slices while the store was cut off, per key (partition tolerance)
         self.overspent: dict[str, float] = {}
         self._last_tick = clock()
@@ -131,20 +147,20 @@ class LeasePath:
         free = [p.take() for p in pools]
         lacking = [i for i, ok in enumerate(free) if not ok]
         try:
+            if self._down_since is not None and self._partition is not None:
+                # cut off: no request waits for the store's timeout; the ticks watch for its return
+                raise StoreUnavailable("the state store is cut off")
             result, slot_ids = await self._top_up(buckets, conc, counters, lacking, now)
         except StoreUnavailable:
-            for p, ok in zip(pools, free, strict=True):
-                if ok:
-                    p.release()
+            _release(p for p, ok in zip(pools, free, strict=True) if ok)
             return self._partitioned(buckets, conc, counters, lacking, now)
         self._down_since = None
-        for i, slot_id in zip(lacking, slot_ids, strict=True):
+        new = dict(zip(lacking, slot_ids, strict=True))
+        for i, slot_id in new.items():
             if slot_id is not None:
                 pools[i].add(slot_id)
         if not result.ok:  # the slots this request took stay held, free for the next one
-            for i, p in enumerate(pools):
-                if free[i] or (i in lacking and slot_ids[lacking.index(i)] is not None):
-                    p.release()
+            _release(p for i, p in enumerate(pools) if free[i] or new.get(i) is not None)
             return result, []
         for b in buckets:
             self.book.consume(b.op.key, b.op.cost, now)
@@ -161,13 +177,7 @@ class LeasePath:
         now: float,
     ) -> tuple[AcquireResult, list[str | None]]:
         slot_ids = [f"{self._instance}.slot.{token_hex(8)}" for _ in lacking]
-        slot_calls = [
-            self._store.acquire(
-                lease_id=sid, lease_ttl_s=self._lease_ttl_s, buckets=[], leases=[conc[i].op], counters=[],
-                now=now, journal=Journal(self._instance, [conc[i].op.key], []),
-            )  # fmt: skip
-            for i, sid in zip(lacking, slot_ids, strict=True)
-        ]
+        slot_calls = [self._acquire(sid, [], [conc[i].op], [], now) for i, sid in zip(lacking, slot_ids, strict=True)]
         sized = self._grant_ops(buckets, counters, now, exact=False)
         exact = self._grant_ops(buckets, counters, now, exact=True)
         if slot_calls:
@@ -224,11 +234,7 @@ class LeasePath:
                 lease_id=f"{self._instance}.peek", lease_ttl_s=0.0, buckets=b_ops, leases=[], counters=c_ops, now=now
             ), None  # fmt: skip
         grant = Grant(f"{self._instance}.slice.{token_hex(8)}")
-        journal = Journal(self._instance, [], [c for c in c_ops if c.cost], [b for b in b_ops if b.cost])
-        result = await self._store.acquire(
-            lease_id=grant.id, lease_ttl_s=self._lease_ttl_s, buckets=b_ops, leases=[], counters=c_ops,
-            now=now, journal=journal,
-        )  # fmt: skip
+        result = await self._acquire(grant.id, b_ops, [], c_ops, now)
         if not result.ok:
             return result, None
         for op in b_ops:
@@ -240,6 +246,34 @@ class LeasePath:
                 grant.counters[c.key] = c
                 self.book.add(grant, c.key, float(c.cost), float(c.limit or 0), now)
         return result, grant
+
+    async def _acquire(
+        self, lease_id: str, b_ops: list[BucketOp], leases: list[LeaseOp], c_ops: list[CounterOp], now: float
+    ) -> AcquireResult:
+        """One journaled acquire of slices or a slot. One whose answer was lost (a timeout in a cut)
+        may have been applied: its id is kept, and `_reclaim_unsure` gives it back once the store answers."""
+        journal = Journal(self._instance, [op.key for op in leases], [c for c in c_ops if c.cost], [b for b in b_ops if b.cost])
+        try:
+            return await self._store.acquire(
+                lease_id=lease_id, lease_ttl_s=self._lease_ttl_s, buckets=b_ops, leases=leases, counters=c_ops,
+                now=now, journal=journal,
+            )  # fmt: skip
+        except StoreUnavailable:
+            self.unsure.add(lease_id)
+            raise
+
+    async def _reclaim_unsure(self, now: float) -> None:
+        """Give back the acquires whose answer was lost: one applied left its journal under this
+        process (the store holds a journal exactly when the acquire was applied); one not applied left
+        nothing, and nothing is given back for it."""
+        found = [(rid, j) for rid, j in await self._store.orphans(1e18) if rid in self.unsure]
+        for rid, j in found:
+            buckets = [BucketOp(b.key, b.capacity, b.rate_per_s, -b.cost) for b in j.buckets]
+            counters = [CounterOp(c.key, None, -c.cost, c.expires_at) for c in j.counters]
+            await self._store.settle(**_settle(rid, buckets=buckets, release=j.leases, counters=counters, now=now))
+        if found:
+            log.warning("lease_lost_answers_given_back", count=len(found))
+        self.unsure.clear()
 
     def _observe(self, result: AcquireResult, b_ops: list[BucketOp], c_ops: list[CounterOp], now: float) -> None:
         """Remember what the store had after an acquire (headers, and how big the next slices may be)."""
@@ -336,26 +370,33 @@ class LeasePath:
         """One tick: give every slice's unused units back, write the ledger's batch, release idle slots,
         renew held ones; then take fresh slices for the keys used since the last tick.
 
-        Never beside a top-up: one that computed its costs from the slices held must find them there."""
-        async with self._topping:
-            await self._flush(retake)
-
-    async def _flush(self, retake: bool) -> None:
+        The slices are given back between two top-ups, never during one: a top-up computed its costs
+        from the slices held and must find them there, and must see the store with them given back
+        (else it would refuse what a per-request acquire admits). While the store is cut off, the
+        tick only asks whether it is back, outside that lock, so that requests never wait on it."""
         now = self._clock()
-        active = self.book.tick(now - self._last_tick, now)
-        self._last_tick = now
-        for g in self.book.take_all() + self._closing:
-            buckets, counters = g.give_back()
-            self.pending.append(_settle(g.id, buckets=buckets, counters=counters, now=now))
-        self._closing = []
-        batch = self.ledger.drain(now)
-        if batch is not None:
-            self.pending.append(batch)
-        for key, pool in self.slots.items():
-            for sid in pool.surplus(now, self.settings.slot_idle_s):
-                self.pending.append(_settle(sid, release=[key], now=now))
-        if not await self._apply_pending():
+        async with self._topping:
+            active = self.book.tick(now - self._last_tick, now)
+            self._last_tick = now
+            for g in self.book.take_all() + self._closing:
+                buckets, counters = g.give_back()
+                self.pending.append(_settle(g.id, buckets=buckets, counters=counters, now=now))
+            self._closing = []
+            batch = self.ledger.drain(now)
+            if batch is not None:
+                self.pending.append(batch)
+            for key, pool in self.slots.items():
+                for sid in pool.surplus(now, self.settings.slot_idle_s):
+                    self.pending.append(_settle(sid, release=[key], now=now))
+            applied = self._down_since is None and await self._apply_pending(now)
+        if self._down_since is not None:
+            await self._store.ping()  # StoreUnavailable: still cut off
+            async with self._topping:
+                applied = await self._apply_pending(now)
+        if not applied:
             return
+        if self.unsure:
+            await self._reclaim_unsure(now)
         if now - self._renewed_at > self._lease_ttl_s / 3:
             self._renewed_at = now
             for key, pool in self.slots.items():
@@ -364,9 +405,11 @@ class LeasePath:
         if retake and active:
             await self._retake(active, now)
 
-    async def _apply_pending(self) -> bool:
+    async def _apply_pending(self, now: float) -> bool:
         """Apply the pending settles (each at most once, by its id); False while the store is cut off."""
         if not self.pending:
+            self._down_since = None
+            self.overspent.clear()
             return True
         todo, self.pending = self.pending, []
         answers = await asyncio.gather(*(self._store.settle(**s) for s in todo), return_exceptions=True)
@@ -376,6 +419,8 @@ class LeasePath:
                 log.error("lease_settle_failed", error=repr(a))
         if self.pending:
             log.warning("lease_settles_deferred", pending=len(self.pending))
+            if self._down_since is None:
+                self._down_since = now
             return False
         self._down_since = None
         self.overspent.clear()  # the outage's charges are in the store now
@@ -419,7 +464,8 @@ class LeasePath:
             self._task = asyncio.get_running_loop().create_task(self._ticks())
 
     async def _ticks(self) -> None:
-        while True:
+        # `_closed`, not the cancel alone: a store client may turn a cancel into its own error
+        while not self._closed:
             await asyncio.sleep(self.settings.flush_s)
             try:
                 await self.flush()
