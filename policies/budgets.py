@@ -19,6 +19,7 @@ from policies import quotas as q
 from policies.pricing import micros_of, usd
 from policies.stores.base import CounterOp
 from policies.types import Budget
+from policies.urls import check_http_url
 
 __all__ = ["Budget", "BudgetAlerts", "BudgetCheck", "BudgetEvent", "alert_once_op", "budget_checks", "crossed"]
 
@@ -40,8 +41,8 @@ class BudgetAlerts(SpecBase):
                 raise ValueError(f"budget_alerts.thresholds must be in (0, 1], got {t!r}")
         if not (math.isfinite(self.webhook_timeout_s) and self.webhook_timeout_s > 0):
             raise ValueError("budget_alerts.webhook_timeout_s must be a finite number > 0")
-        if self.webhook_url is not None and not self.webhook_url.startswith(("http://", "https://")):
-            raise ValueError("budget_alerts.webhook_url must be an http:// or https:// URL")
+        if self.webhook_url is not None:
+            check_http_url(self.webhook_url, "budget_alerts.webhook_url")
 
 
 class BudgetCheck(msgspec.Struct, frozen=True, kw_only=True):

@@ -30,6 +30,7 @@ from fleetgate.spec import SpecBase
 from policies.errors import Unauthenticated
 from policies.jwks import KeyRing, fetch_url
 from policies.principal import Principal
+from policies.urls import check_http_url
 
 log = structlog.get_logger(__name__)
 
@@ -72,8 +73,7 @@ class JwtSpec(SpecBase):
     fetch_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not self.jwks_url.startswith(("http://", "https://")):
-            raise ValueError("jwks_url must be an http:// or https:// URL")
+        check_http_url(self.jwks_url, "jwks_url")
         if not self.algorithms:
             raise ValueError("algorithms must name at least one algorithm")
         bad = sorted(set(self.algorithms) - PUBLIC_KEY_ALGORITHMS)

@@ -53,9 +53,14 @@ def test_prices_on_a_model_and_a_deployment_and_a_tenants_budget() -> None:
         ({"tenant": "budget: {usd_per_week: 5}"}, "usd_per_week"),
         ({"extra": "budget_alerts: {thresholds: [1.5]}"}, "thresholds"),
         ({"extra": "budget_alerts: {webhook_url: 'ftp://x'}"}, "webhook_url"),
+        # a URL no request can be made to, refused at start rather than failing at the first event;
+        # the message never repeats the URL (it may carry a credential)
+        ({"extra": "budget_alerts: {webhook_url: 'https://u:s3cret@hooks.example:99999/x'}"}, "host or port"),
+        ({"extra": "budget_alerts: {webhook_url: 'https://'}"}, "must name a host"),
+        ({"extra": "budget_alerts: {webhook_url: 'https://hooks example/x'}"}, "must name a host"),
     ],
 )
 def test_bad_prices_budgets_and_alerts_name_their_path(fields: dict[str, str], needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         _parse(**fields)
-    assert needle in str(err.value)
+    assert needle in str(err.value) and "s3cret" not in str(err.value)

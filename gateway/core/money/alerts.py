@@ -56,7 +56,7 @@ class BudgetAlertSink:
             self._client = httpx.AsyncClient(timeout=self.config.webhook_timeout_s)
         try:
             answer = await self._client.post(url, content=msgspec.json.encode(event), headers=_JSON)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             # the URL may carry a token (query, userinfo), and httpx's messages may quote it: log the
             # host and the error's class only
             log.warning("budget_webhook_failed", host=httpx.URL(url).host, error=type(exc).__name__)
