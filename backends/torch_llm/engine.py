@@ -20,7 +20,7 @@ from backends.torch_llm.detokenizer import Decoder, IncrementalDetokenizer
 from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
 from backends.torch_llm.kv_waste import KVWasteStats
 from backends.torch_llm.runner import ModelRunner
-from backends.torch_llm.sampler import SamplingState, sample, top_logprobs
+from backends.torch_llm.sampler import SamplingState, prefetch_grammar_masks, sample, top_logprobs
 from backends.torch_llm.scheduler import Scheduler, WaitingQueue
 from backends.torch_llm.sequence import Sequence, SequenceStatus
 from backends.torch_llm.structured.grammar import CompiledGrammar
@@ -229,6 +229,7 @@ class LLMEngine:
         for seq, _ in out.scheduled:
             if seq.data.first_scheduled_at is None:
                 seq.data.first_scheduled_at = started
+        prefetch_grammar_masks(out.scheduled)  # host work of the masks beside the forward pass
         try:
             logits, sampled = self.runner.execute(out.scheduled)
             scheduled, failed = out.scheduled, []

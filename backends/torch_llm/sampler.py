@@ -9,11 +9,17 @@ race: argmax(p / E) with E ~ Exp(1) picks index i with probability p_i.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from backends.base import SamplingParams
-from backends.torch_llm.structured.grammar import CompiledGrammar, GrammarState, apply_grammars
+from backends.torch_llm.structured.grammar import (
+    CompiledGrammar,
+    GrammarState,
+    apply_grammars,
+    prefetch_masks,
+)
 
 
 @dataclass
@@ -154,6 +160,15 @@ def sample(
     # the model's own distribution (before penalties and biases), as the alternatives are
     logprobs = torch.log_softmax(raw, dim=-1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     return token_list, logprobs.tolist()
+
+
+def prefetch_grammar_masks(scheduled: list[tuple[Any, int]]) -> None:
+    """Before a step's forward pass: start filling the masks of the constrained sequences it will
+    sample (those whose last token it computes), see `prefetch_masks`."""
+    prefetch_masks([
+        seq.data.sampling.grammar for seq, n in scheduled
+        if seq.data.sampling.grammar is not None and seq.num_computed_tokens + n == seq.num_tokens
+    ])  # fmt: skip
 
 
 def _constrain(

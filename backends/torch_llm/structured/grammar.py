@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarState", "STRUCTURED_FIELDS"]
+__all__ = [
+    "CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarState", "STRUCTURED_FIELDS", "prefetch_masks",
+]
 
 #: OpenAI / vLLM request fields (`GenerateRequest.extra`) this engine honours through
 #: `SamplingParams.structured` (the gateway maps them there; a remote upstream gets them as sent)
@@ -67,15 +69,23 @@ class GrammarState:
         import xgrammar as xgr
 
         self.grammar = grammar
-        self._matcher = xgr.GrammarMatcher(
+        self.matcher = xgr.GrammarMatcher(
             grammar.compiled,
             override_stop_tokens=sorted(stop_ids) or None,
             terminate_without_stop_token=not stop_ids,
         )
+        #: this state's next mask being filled on the prefetch thread: (its future, its row)
+        self._prefetched: tuple[concurrent.futures.Future[Any], int] | None = None
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the tokens allowed next into `bitmask[row]` (int32 words, bit i: token i)."""
-        self._matcher.fill_next_token_bitmask(bitmask, row)
+        """Write the tokens allowed next into `bitmask[row]` (int32 words, bit i: token i): the
+        row `prefetch_masks` filled for this state, else filled now."""
+        pending, self._prefetched = self._prefetched, None
+        if pending is not None:
+            future, slot = pending
+            bitmask[row] = future.result()[slot]
+        else:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token: int) -> None:
         """Advance past a sampled token.
@@ -83,13 +93,16 @@ class GrammarState:
         Raises:
             RuntimeError: the grammar forbids it (the mask was not applied: an engine bug).
         """
-        if not self._matcher.accept_token(token):
+        if self._prefetched is not None:  # never move the matcher under a fill still running
+            self._prefetched[0].result()
+            self._prefetched = None  # and a mask filled before this token is stale now
+        if not self.matcher.accept_token(token):
             raise RuntimeError(f"token {token} breaks the output's grammar")
 
     @property
     def terminated(self) -> bool:
         """The grammar is complete and has taken its stop token (or needs none): nothing may follow."""
-        return bool(self._matcher.is_terminated())
+        return bool(self.matcher.is_terminated())
 
 
 def apply_grammars(logits: torch.Tensor, grammars: list[GrammarState | None]) -> torch.Tensor:
@@ -120,7 +133,50 @@ def apply_grammars(logits: torch.Tensor, grammars: list[GrammarState | None]) ->
     return logits
 
 
+def prefetch_masks(states: list[GrammarState]) -> None:
+    """Start filling the next masks of `states` (the constrained sequences a step is about to
+    sample) on a worker thread, so the step's forward pass runs meanwhile: on a GPU the host work
+    hides behind the device's; `fill` then takes the row. The rows fill in parallel inside
+    xgrammar. A single row (tens of microseconds on a 32k vocabulary) is filled in the step itself:
+    on an H200 at 1 in flight the hop to the thread cost more than it hid (0.71x free decoding
+    against 0.83x)."""
+    if len(states) < 2:  # one row fills in tens of microseconds: less than the thread hop costs
+        return
+    future = _prefetcher().submit(_fill_rows, [s.matcher for s in states], states[0].grammar.vocab_size)
+    for slot, state in enumerate(states):
+        state._prefetched = (future, slot)  # noqa: SLF001 - the pair is this module's own
+
+
+def _fill_rows(matchers: list[Any], vocab: int) -> torch.Tensor:
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)
+    _batch_matcher().batch_fill_next_token_bitmask(matchers, bitmask)
+    return bitmask
+
+
+_PREFETCH: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _prefetcher() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's mask-filling threads (engines of several deployments may step at once)."""
+    if not _PREFETCH:
+        _PREFETCH.append(concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="grammar-mask"))
+    return _PREFETCH[0]
+
+
 _BITS: dict[str, Any] = {}
+_LOCAL = threading.local()
+
+
+def _batch_matcher() -> Any:
+    """This thread's xgrammar batch filler (one per thread: they may fill at once)."""
+    batch = getattr(_LOCAL, "batch", None)
+    if batch is None:
+        import xgrammar as xgr
+
+        batch = _LOCAL.batch = xgr.BatchGrammarMatcher(max_threads="auto")
+    return batch
 
 
 def _bits(device: torch.device) -> torch.Tensor:
