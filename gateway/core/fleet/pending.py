@@ -4,15 +4,17 @@ load's backoff). Until then the deployment is not ready and its readiness detail
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_type_hints
 
 import structlog
 
 from backends.base import Capability, GenerateRequest, ModelMetadata, estimate_prompt_tokens
 from backends.errors import BackendUnavailable
-from backends.registry import EMBEDDING_BACKENDS
+from backends.registry import ADAPTERS, EMBEDDING_BACKENDS
 from backends.sources import ModelSources, SourceError, is_address
 from backends.sources.progress import LineProgress
 from backends.spec import DeploymentSpec
@@ -25,10 +27,17 @@ _REPORT_EVERY_S = 0.5
 
 
 def expected_capabilities(spec: DeploymentSpec) -> frozenset[Capability]:
-    """What the deployment's backend will serve once built (a request meanwhile gets 503, not 400)."""
-    if spec.backend in ("torch_llm", "openvino_llm"):
-        return frozenset({Capability.GENERATE})
-    kinds = {Capability.TENSOR}
+    """What the deployment's backend will serve once built (a request meanwhile gets 503, not
+    400): the capabilities its adapter's `create` returns a backend class with.
+
+    Raises:
+        ValueError: the adapter cannot be imported (its extra is not installed).
+    """
+    try:
+        module = importlib.import_module(ADAPTERS[spec.backend])
+    except ImportError as exc:
+        raise ValueError(f"backend {spec.backend!r} cannot be imported ({exc}); is its extra installed?") from None
+    kinds = set(get_type_hints(module.create)["return"].capabilities)
     if spec.embedding is not None and spec.backend in EMBEDDING_BACKENDS:
         kinds.add(Capability.EMBED)
     return frozenset(kinds)
