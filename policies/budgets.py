@@ -89,9 +89,11 @@ def budget_checks(tenant: str, key_id: str | None, budget: Budget | None, now: f
         ("usd_per_day", budget.usd_per_day, f"d:{day}", d_end),
         ("usd_per_month", budget.usd_per_month, f"m:{month}", m_end),
     ]
+    # a positive budget below half a micro-USD rounds to 0: it is one micro-USD instead (the least
+    # the store can hold), never a 0 that admits nothing priced yet divides the used ratio
     return [
         BudgetCheck(
-            tenant=tenant, key_id=key_id, name=name, limit_micros=micros_of(limit),
+            tenant=tenant, key_id=key_id, name=name, limit_micros=max(1, micros_of(limit)),
             key=f"b:{prefix}:usd:{period}", resets_at=end,
         )  # fmt: skip
         for name, limit, period, end in table

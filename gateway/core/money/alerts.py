@@ -34,7 +34,7 @@ class BudgetAlertSink:
 
     def level(self, check: BudgetCheck, used_micros: int) -> None:
         """A tenant budget's counter as an admission saw it (keys are not metric labels)."""
-        if check.key_id is None:
+        if check.key_id is None and check.limit_micros > 0:
             ratio = used_micros / check.limit_micros
             metrics.child(metrics.BUDGET_USED, check.tenant, check.name).set(ratio)
 
