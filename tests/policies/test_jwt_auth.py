@@ -218,6 +218,11 @@ def test_config_refuses_symmetric_and_none_algorithms() -> None:
             JwtSpec(issuer=ISSUER, audience=AUDIENCE, jwks_url="https://x/jwks", algorithms=bad)
     with pytest.raises(ValueError):
         JwtSpec(issuer=ISSUER, audience=AUDIENCE, jwks_url="file:///etc/keys")
+    # no request could be made to these: refused when read, without repeating the URL
+    for url in ("https://u:s3cret@issuer.test:70000/jwks", "https://", "https://issuer .test/jwks"):
+        with pytest.raises(ValueError) as refused:
+            JwtSpec(issuer=ISSUER, audience=AUDIENCE, jwks_url=url)
+        assert "s3cret" not in str(refused.value)
 
 
 def test_shape_tells_tokens_from_api_keys(issuer: Issuer) -> None:
