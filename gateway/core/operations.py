@@ -30,6 +30,10 @@ class Operations:
             raise ConfigError("server and state changes need a restart - at `$.server` / `$.state`")
         if new.auth != core.config.auth:
             raise ConfigError("auth changes need a restart - at `$.auth`")
+        if new.storage != core.config.storage:
+            # the model cache and offline mode are read when deployments load: applied now, they would
+            # silently do nothing until the next restart
+            raise ConfigError("storage changes need a restart - at `$.storage`")
         taken = sorted((set(new.models) | set(new.graphs)) & set(core.adapter_models))
         if taken:
             raise ConfigError(f"model names {taken} are served LoRA adapters; unload them first - at `$.models`")
