@@ -191,3 +191,17 @@ async def test_each_key_has_its_usage_rows_per_model_and_deployment(store, clock
         ("2026-11", 4, 15e-6), ("2026-11-21", 4, 15e-6),
     ]  # fmt: skip
     assert await adm.key_usage("other") == []
+
+
+async def test_enormous_budgets_and_key_limits_admit_and_settle(store, clock) -> None:  # noqa: ANN001
+    """The largest budgets and limits the admin API and the config accept (1e300 USD, 10**30 a
+    minute) are held by every store: a priced request is admitted and settled, and the spend adds."""
+    huge = Budget(usd_per_day=1e300, usd_per_month=1e300)
+    limits = Limits(requests_per_minute=10**30, tokens_per_minute=10**30, max_concurrency=10**30)
+    key = Principal("acme", "0123456789ab", ("*",), limits=limits, budget=huge)
+    adm = Admission(store, {"acme": TenantSpec(budget=huge, key_limits=limits)}, clock)
+    for _ in range(2):
+        reservation = await adm.admit(key, "m", 10, cost_micros=10**15)
+        await adm.reconcile(reservation, 10, cost_micros=10**15)
+    (day,) = [r for r in await adm.usage("acme") if len(r.period) == 10]
+    assert day.cost_usd == 2e9
