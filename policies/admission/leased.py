@@ -8,20 +8,31 @@ large share of a small budget, and the threshold alerts read the store's spend a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from secrets import token_hex
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from policies import quotas as q
 from policies import ratelimit as rl
 from policies.admission.refusals import refusal, refuse_never_fitting
 from policies.admission.reservation import Reservation
 from policies.errors import QuotaExceeded, StoreUnavailable
+from policies.leases import LeasePath, LeaseSettings, PartitionSettings
 from policies.principal import Principal
-from policies.stores.base import CounterOp
+from policies.stores.base import CounterOp, StateStore
 from policies.types import TenantSpec
 
-if TYPE_CHECKING:
-    from policies.admission.service import Admission
+
+class Admission(Protocol):
+    """What the lease strategy uses of `policies.admission.service.Admission` (named here, not
+    imported: the service imports this module)."""
+
+    instance: str
+    leases: LeasePath | None
+    stats: dict[str, int]
+    _clock: Callable[[], float]
+
+    def _granted(self, principal: Principal, model: str, cost_tokens: int, now: float, lease_id: str, **kw: Any) -> Reservation: ...  # noqa: E501
 
 
 class Checks(NamedTuple):
@@ -32,6 +43,20 @@ class Checks(NamedTuple):
     quota_checks: list[q.QuotaCheck]
     #: one counter op per quota check, costing what the request reserves of it
     quota_ops: list[CounterOp]
+
+
+def lease_path(
+    store: StateStore,
+    instance: str,
+    clock: Callable[[], float],
+    leases: LeaseSettings | None,
+    partition: PartitionSettings | None,
+    lease_ttl_s: float,
+) -> LeasePath | None:
+    """The lease strategy's state, or None for the per-request strategy (or no settings)."""
+    if leases is None or leases.strategy != "leases":
+        return None
+    return LeasePath(store, instance, clock, leases, partition, lease_ttl_s)
 
 
 def request_checks(principal: Principal, spec: TenantSpec, cost_tokens: int, now: float) -> Checks:

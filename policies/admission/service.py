@@ -19,11 +19,11 @@ from policies import quotas as q
 from policies import ratelimit as rl
 from policies.admission import budgeting
 from policies.admission import leased as ls
+from policies.admission import settles as st
 from policies.admission.refusals import refusal
 from policies.admission.reservation import Reservation, unchecked_tenants
-from policies.admission.settles import late_settle, orphan_settle, reconcile_settle, whole_charge, with_months
 from policies.errors import QuotaExceeded, StoreUnavailable, Unauthenticated
-from policies.leases import LeasePath, LeaseSettings, PartitionSettings
+from policies.leases import LeaseSettings, PartitionSettings
 from policies.principal import Principal
 from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
@@ -48,6 +48,7 @@ class Admission:
             replica cannot leak slots); `check_stream` renews it for long streams.
         budget_thresholds: shares of a budget whose passing is announced to `budget_sink`.
         budget_sink: where budget levels and threshold events go (None: nowhere).
+        leases, partition: `state.leases` and `state.partition` (policies/leases); None: per request.
     """
 
     def __init__(
@@ -80,11 +81,7 @@ class Admission:
         #: counters for metrics (`_STATS`)
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
         #: the lease strategy (`leases.strategy: leases`); None: a store acquire and settle per request
-        self.leases = (
-            LeasePath(store, self.instance, clock, leases, partition, lease_ttl_s)
-            if leases is not None and leases.strategy == "leases"
-            else None
-        )
+        self.leases = ls.lease_path(store, self.instance, clock, leases, partition, lease_ttl_s)
 
     def update_tenants(self, tenants: Mapping[str, TenantSpec]) -> None:
         """Replace the tenant specs (config reload); state in the store carries over."""
@@ -282,18 +279,18 @@ class Admission:
         r = reservation
         requests = 0 if failed else 1
         now = self._clock()
-        settle = reconcile_settle(r, actual_tokens, failed, parts, now, cost_micros, deployment)
+        settle = st.reconcile_settle(r, actual_tokens, failed, parts, now, cost_micros, deployment)
         usage = settle["usage"]
         if r.leased and self.leases is not None:  # settled with the next batch (policies/leases)
             self.leases.settle(settle)
             return
         if r.held is not None:  # a batch line: committed by its runner with the line's record
-            r.held.hold(settle, late_settle(r, actual_tokens, requests, usage, now, cost_micros))
+            r.held.hold(settle, st.late_settle(r, actual_tokens, requests, usage, now, cost_micros))
             return
         if r.degraded:
             await self._local.settle(**settle)
             # The shared store never saw this request: charge it there (quotas, usage) when it is back.
-            charge = whole_charge(r, actual_tokens, requests, cost_micros)
+            charge = st.whole_charge(r, actual_tokens, requests, cost_micros)
             settle = dict(settle, buckets=[], release=[], counters=charge)
         try:
             applied = await self._store.settle(**settle)
@@ -315,7 +312,7 @@ class Admission:
         The reclaim refunded the whole reservation; the request did run, so its usage is recorded
         and its real cost charged to the quotas, once (its own settle id).
         """
-        await self._store.settle(**late_settle(r, actual_tokens, requests, usage, self._clock(), cost_micros))
+        await self._store.settle(**st.late_settle(r, actual_tokens, requests, usage, self._clock(), cost_micros))
         log.warning("reclaimed_reservation_settled_late", reservation=r.id)
 
     async def commit(self, held: Any, marks: list[Mark]) -> None:
@@ -345,20 +342,9 @@ class Admission:
         await self._store.heartbeat(self.instance, self._clock() + ttl_s)
 
     async def recover(self) -> int:
-        """Give back what processes that died left reserved; returns how many reservations.
-
-        A reservation whose process has no live heartbeat is settled as a failure: its leases are
-        released and its quota reservations refunded; no usage is recorded (nothing of it was
-        acknowledged by a settle). Its settle id is the reservation's, so should that process come
-        back and settle it after all, the second settle is a no-op.
-        """
-        now = self._clock()
-        orphans = await self._store.orphans(now)
-        for rid, journal in orphans:
-            await self._store.settle(**orphan_settle(rid, journal, now))
-        if orphans:
-            log.warning("orphaned_reservations_released", count=len(orphans))
-        return len(orphans)
+        """Give back what processes that died left reserved (requests' reservations, leases' slices and
+        slots); returns how many. See `settles.recover_orphans`."""
+        return await st.recover_orphans(self._store, self._clock())
 
     async def _flush_pending(self) -> None:
         try:
@@ -394,10 +380,7 @@ class Admission:
         return dict(reservation.headers)
 
     async def usage(self, tenant: str | None = None) -> list[UsageRow]:
-        """Usage rows per tenant, model and period (days "2026-11-21" and months "2026-11").
-
-        With leases, this process's batch not yet written is written first (other processes' batches
-        reach the store within `leases.flush_s`)."""
+        """Usage rows per tenant, model and period ("2026-11-21", "2026-11"); this process's lease batch first."""
         await self.flush()
         return await self._store.usage(tenant)
 
@@ -407,12 +390,11 @@ class Admission:
             await self.leases.flush(retake=False)
 
     async def close(self) -> None:
-        """Give back every slice and idle slot this process holds and write its last batch (shutdown,
-        drain). Admission stays usable: a later request takes new slices."""
+        """Give back the slices and idle slots held, write the last batch (shutdown; still usable after)."""
         if self.leases is not None:
             await self.leases.close()
 
     async def key_usage(self, tenant: str | None = None) -> list[KeyUsageRow]:
         """Usage rows per key, model, deployment and day, with each month's sum beside its days."""
         await self.flush()
-        return with_months(await self._store.key_usage(tenant))
+        return st.with_months(await self._store.key_usage(tenant))

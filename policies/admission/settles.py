@@ -9,9 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import structlog
+
 from policies.admission.reservation import Reservation
-from policies.stores.base import BucketOp, CounterOp, Journal, UsageDelta
+from policies.stores.base import BucketOp, CounterOp, Journal, StateStore, UsageDelta
 from policies.types import KeyUsageRow
+
+log = structlog.get_logger(__name__)
 
 
 def reconcile_settle(
@@ -112,3 +116,18 @@ def with_months(days: list[KeyUsageRow]) -> list[KeyUsageRow]:
         for (t, key, m, dep, p), (r, n, c) in months.items()
     ]
     return sorted(rows, key=lambda r: (r.tenant, r.key_id, r.model, r.deployment, r.period))
+
+
+async def recover_orphans(store: StateStore, now: float) -> int:
+    """Settle as failures the reservations whose process has no live heartbeat; returns how many.
+
+    Each is settled as a failure: its leases are released, its quota reservations and slices
+    refunded; no usage is recorded (nothing of it was acknowledged by a settle). Its settle id is the
+    reservation's, so should that process come back and settle it after all, the second is a no-op.
+    """
+    orphans = await store.orphans(now)
+    for rid, journal in orphans:
+        await store.settle(**orphan_settle(rid, journal, now))
+    if orphans:
+        log.warning("orphaned_reservations_released", count=len(orphans))
+    return len(orphans)

@@ -14,7 +14,6 @@ process gives back exactly what it had not admitted (docs/state.md).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import Callable, Iterable
 from secrets import token_hex
@@ -25,9 +24,11 @@ import structlog
 from policies import ratelimit as rl
 from policies.errors import StoreUnavailable
 from policies.leases.ledger import Ledger
+from policies.leases.partition import PartitionTolerance
 from policies.leases.settings import LeaseSettings, PartitionSettings
 from policies.leases.slices import Grant, SliceBook
 from policies.leases.slots import SlotPool
+from policies.leases.ticks import Ticking
 from policies.stores.base import (
     AcquireResult,
     BucketOp,
@@ -45,18 +46,12 @@ log = structlog.get_logger(__name__)
 _UNCHECKED = 1e18
 
 
-def _settle(settle_id: str, *, buckets: list[BucketOp] | None = None, release: list[str] | None = None,
-            counters: list[CounterOp] | None = None, now: float) -> dict[str, Any]:  # fmt: skip
-    return dict(settle_id=settle_id, lease_id=settle_id, buckets=buckets or [], release=release or [],
-                counters=counters or [], usage=[], now=now)  # fmt: skip
-
-
 def _release(pools: Iterable[SlotPool]) -> None:
     for p in pools:
         p.release()
 
 
-class LeasePath:
+class LeasePath(Ticking, PartitionTolerance):
     """One process's slices, slots and ledger on a shared store."""
 
     def __init__(
@@ -72,7 +67,7 @@ class LeasePath:
         self._instance = instance
         self._clock = clock
         self.settings = settings
-        self._partition = partition
+        self.partition = partition
         self._lease_ttl_s = lease_ttl_s
         self.book = SliceBook(settings.slice_s, settings.max_share)
         self.slots: dict[str, SlotPool] = {}
@@ -83,7 +78,7 @@ class LeasePath:
         self._closing: list[Grant] = []
         #: the op (capacity, rate, limit, expiry) each key was last taken with, for the tick's new slices
         self._templates: dict[str, BucketOp | CounterOp] = {}
-        self._down_since: float | None = None
+        self.down_since: float | None = None
         #: acquires whose answer was lost (maybe applied), given back once the store answers again
         self.unsure: set[str] = set()
         #: units admitted beyond the slices while the store was cut off, per key (partition tolerance)
@@ -143,18 +138,18 @@ class LeasePath:
     ) -> tuple[AcquireResult, list[BucketView]]:
         for op in [b.op for b in buckets] + counters:
             self._reset_if_changed(op)
-        pools = [self._pool(cc) for cc in conc]
+        pools = [self.pool(cc) for cc in conc]
         free = [p.take() for p in pools]
         lacking = [i for i, ok in enumerate(free) if not ok]
         try:
-            if self._down_since is not None and self._partition is not None:
+            if self.down_since is not None and self.partition is not None:
                 # cut off: no request waits for the store's timeout; the ticks watch for its return
                 raise StoreUnavailable("the state store is cut off")
             result, slot_ids = await self._top_up(buckets, conc, counters, lacking, now)
         except StoreUnavailable:
             _release(p for p, ok in zip(pools, free, strict=True) if ok)
-            return self._partitioned(buckets, conc, counters, lacking, now)
-        self._down_since = None
+            return self.admit_partitioned(buckets, conc, counters, lacking, now)
+        self.down_since = None
         new = dict(zip(lacking, slot_ids, strict=True))
         for i, slot_id in new.items():
             if slot_id is not None:
@@ -201,7 +196,7 @@ class LeasePath:
         denials = list(grant_result.denials)
         for i, r in zip(lacking, slot_results, strict=True):
             denials += [Denial("lease", i, None)] if not r.ok else []
-        counts = [v - int(self.book.state(c.key, self._limit(c)).left) for v, c in zip(grant_result.counters, counters, strict=True)]  # fmt: skip
+        counts = [v - int(self.book.state(c.key, self.limit(c)).left) for v, c in zip(grant_result.counters, counters, strict=True)]  # fmt: skip
         result = AcquireResult(not denials, grant_result.buckets, counts, denials)
         return result, [sid if r.ok else None for sid, r in zip(slot_ids, slot_results, strict=True)]
 
@@ -218,8 +213,8 @@ class LeasePath:
             b_ops.append(BucketOp(op.key, op.capacity if cost else _UNCHECKED, op.rate_per_s, cost))
         c_ops = []
         for c in counters:
-            left = self.book.state(c.key, self._limit(c)).left
-            size = c.cost if exact else self.book.size(c.key, c.cost, self._limit(c), now)
+            left = self.book.state(c.key, self.limit(c)).left
+            size = c.cost if exact else self.book.size(c.key, c.cost, self.limit(c), now)
             cost = max(0, math.ceil(size - left)) if left < c.cost else 0
             c_ops.append(CounterOp(c.key, c.limit if cost else None, cost, c.expires_at))
         return b_ops, c_ops
@@ -262,19 +257,6 @@ class LeasePath:
             self.unsure.add(lease_id)
             raise
 
-    async def _reclaim_unsure(self, now: float) -> None:
-        """Give back the acquires whose answer was lost: one applied left its journal under this
-        process (the store holds a journal exactly when the acquire was applied); one not applied left
-        nothing, and nothing is given back for it."""
-        found = [(rid, j) for rid, j in await self._store.orphans(1e18) if rid in self.unsure]
-        for rid, j in found:
-            buckets = [BucketOp(b.key, b.capacity, b.rate_per_s, -b.cost) for b in j.buckets]
-            counters = [CounterOp(c.key, None, -c.cost, c.expires_at) for c in j.counters]
-            await self._store.settle(**_settle(rid, buckets=buckets, release=j.leases, counters=counters, now=now))
-        if found:
-            log.warning("lease_lost_answers_given_back", count=len(found))
-        self.unsure.clear()
-
     def _observe(self, result: AcquireResult, b_ops: list[BucketOp], c_ops: list[CounterOp], now: float) -> None:
         """Remember what the store had after an acquire (headers, and how big the next slices may be)."""
         for op, view in zip(b_ops, result.buckets, strict=True):
@@ -287,189 +269,17 @@ class LeasePath:
             if ks is not None:
                 ks.store_left = ks.limit - value
 
-    @staticmethod
-    def _limit(op: CounterOp) -> float:
-        return float(op.limit or 0)
-
     def _reset_if_changed(self, op: BucketOp | CounterOp) -> None:
         """A limit changed (a reload, a key's own limits): the slices taken under the old one go back."""
-        limit = op.capacity if isinstance(op, BucketOp) else self._limit(op)
+        limit = op.capacity if isinstance(op, BucketOp) else self.limit(op)
         ks = self.book.keys.get(op.key)
         if ks is not None and ks.limit != limit:
             self._closing += self.book.detach_key(op.key)
             del self.book.keys[op.key]
 
-    def _pool(self, cc: rl.ConcurrencyCheck) -> SlotPool:
+    def pool(self, cc: rl.ConcurrencyCheck) -> SlotPool:
         pool = self.slots.get(cc.op.key)
         if pool is None:
             pool = self.slots[cc.op.key] = SlotPool(cc.limit, self._clock())
         pool.limit = cc.limit
         return pool
-
-    # --- the store cut off -----------------------------------------------------------------------
-
-    def _partitioned(
-        self,
-        buckets: list[rl.RateCheck],
-        conc: list[rl.ConcurrencyCheck],
-        counters: list[CounterOp],
-        lacking: list[int],
-        now: float,
-    ) -> tuple[AcquireResult, list[BucketView]]:
-        """Admit beyond the slices, within `state.partition`'s bound, or raise StoreUnavailable."""
-        p = self._partition
-        if self._down_since is None:
-            self._down_since = now
-        if p is None or now - self._down_since > p.max_seconds:
-            raise StoreUnavailable("the state store is unreachable and the slices held do not cover the request")
-        extra: list[tuple[BucketOp | CounterOp, float, float]] = []  # (op, units beyond the slices, limit)
-        for op, limit in [(b.op, b.op.capacity) for b in buckets] + [(c, self._limit(c)) for c in counters]:
-            ks = self.book.keys.get(op.key)
-            left = ks.left if ks is not None and ks.limit == limit else 0.0
-            if left < op.cost:
-                extra.append((op, op.cost - left, limit))
-        over = [op.key for op, units, limit in extra if self.overspent.get(op.key, 0.0) + units > limit * p.max_overspend_fraction]  # fmt: skip
-        pools = [self._pool(conc[i]) for i in lacking]
-        over += [pool_key for pool_key, pool in zip([conc[i].op.key for i in lacking], pools, strict=True)
-                 if pool.extra + 1 > math.floor(pool.limit * p.max_overspend_fraction)]  # fmt: skip
-        if over:
-            raise StoreUnavailable(f"the state store is unreachable and the partition bound is reached for {over[0]}")
-        for op, units, _ in extra:
-            self.overspent[op.key] = self.overspent.get(op.key, 0.0) + units
-        for op, _, limit in [(b.op, 0, b.op.capacity) for b in buckets] + [(c, 0, self._limit(c)) for c in counters]:
-            ks = self.book.keys.get(op.key)
-            if ks is not None and ks.limit == limit:
-                self.book.consume(op.key, min(ks.left, op.cost), now)
-        # what was admitted beyond the slices is charged to the store when it answers again
-        self.ledger.add(
-            [BucketOp(op.key, op.capacity, op.rate_per_s, units) for op, units, _ in extra if isinstance(op, BucketOp)],
-            [CounterOp(op.key, None, int(units), op.expires_at) for op, units, _ in extra if isinstance(op, CounterOp)],
-            [],
-        )  # fmt: skip
-        self.ledger.pending -= 1  # a charge, not a request
-        for pool in pools:
-            pool.extra += 1
-        self.stats["partition"] += 1
-        views = [BucketView(0.0, 0.0) for _ in buckets]
-        return AcquireResult(True, views, [0 for _ in counters], []), views
-
-    # --- settlement ------------------------------------------------------------------------------
-
-    def settle(self, settle: dict[str, Any]) -> None:
-        """A leased request ended: its slots are free, its refunds go back to a slice held (admitted
-        from here at once, given back to the store with it), the rest joins the next batch."""
-        for key in settle["release"]:
-            pool = self.slots.get(key)
-            if pool is not None:
-                pool.release()
-        buckets = [b for b in settle["buckets"] if not (b.cost < 0 and self.book.refund(b.key, -b.cost))]
-        counters = [c for c in settle["counters"] if not (c.cost < 0 and self.book.refund(c.key, -c.cost))]
-        self.ledger.add(buckets, counters, settle["usage"])
-
-    async def flush(self, *, retake: bool = True) -> None:
-        """One tick: give every slice's unused units back, write the ledger's batch, release idle slots,
-        renew held ones; then take fresh slices for the keys used since the last tick.
-
-        The slices are given back between two top-ups, never during one: a top-up computed its costs
-        from the slices held and must find them there, and must see the store with them given back
-        (else it would refuse what a per-request acquire admits). While the store is cut off, the
-        tick only asks whether it is back, outside that lock, so that requests never wait on it."""
-        now = self._clock()
-        async with self._topping:
-            active = self.book.tick(now - self._last_tick, now)
-            self._last_tick = now
-            for g in self.book.take_all() + self._closing:
-                buckets, counters = g.give_back()
-                self.pending.append(_settle(g.id, buckets=buckets, counters=counters, now=now))
-            self._closing = []
-            batch = self.ledger.drain(now)
-            if batch is not None:
-                self.pending.append(batch)
-            for key, pool in self.slots.items():
-                for sid in pool.surplus(now, self.settings.slot_idle_s):
-                    self.pending.append(_settle(sid, release=[key], now=now))
-            applied = self._down_since is None and await self._apply_pending(now)
-        if self._down_since is not None:
-            await self._store.ping()  # StoreUnavailable: still cut off
-            async with self._topping:
-                applied = await self._apply_pending(now)
-        if not applied:
-            return
-        if self.unsure:
-            await self._reclaim_unsure(now)
-        if now - self._renewed_at > self._lease_ttl_s / 3:
-            self._renewed_at = now
-            for key, pool in self.slots.items():
-                for sid in pool.held:
-                    await self._store.renew(lease_id=sid, keys=[key], ttl_s=self._lease_ttl_s, now=now)
-        if retake and active:
-            await self._retake(active, now)
-
-    async def _apply_pending(self, now: float) -> bool:
-        """Apply the pending settles (each at most once, by its id); False while the store is cut off."""
-        if not self.pending:
-            self._down_since = None
-            self.overspent.clear()
-            return True
-        todo, self.pending = self.pending, []
-        answers = await asyncio.gather(*(self._store.settle(**s) for s in todo), return_exceptions=True)
-        self.pending = [s for s, a in zip(todo, answers, strict=True) if isinstance(a, BaseException)] + self.pending
-        for a in answers:
-            if isinstance(a, BaseException) and not isinstance(a, StoreUnavailable):
-                log.error("lease_settle_failed", error=repr(a))
-        if self.pending:
-            log.warning("lease_settles_deferred", pending=len(self.pending))
-            if self._down_since is None:
-                self._down_since = now
-            return False
-        self._down_since = None
-        self.overspent.clear()  # the outage's charges are in the store now
-        return True
-
-    async def _retake(self, keys: list[str], now: float) -> None:
-        """Fresh slices for the keys in use, in one acquire (none when the store has too little)."""
-        ops = [self._templates[k] for k in keys if k in self._templates]
-        b_ops = [BucketOp(o.key, o.capacity, o.rate_per_s, float(self.book.size(o.key, 0, o.capacity, now)))
-                 for o in ops if isinstance(o, BucketOp)]  # fmt: skip
-        c_ops = [CounterOp(o.key, o.limit, self.book.size(o.key, 0, self._limit(o), now), o.expires_at)
-                 for o in ops if isinstance(o, CounterOp)]  # fmt: skip
-        b_ops, c_ops = [b for b in b_ops if b.cost], [c for c in c_ops if c.cost]
-        if not (b_ops or c_ops):
-            return
-        with contextlib.suppress(StoreUnavailable):
-            result, _ = await self._take(b_ops, c_ops, now)
-            self._observe(result, b_ops, c_ops, now)
-
-    async def close(self) -> None:
-        """Shutdown: stop ticking, give back every slice and idle slot, write the last batch."""
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        now = self._clock()
-        for key, pool in self.slots.items():
-            for sid in pool.take_all():
-                self.pending.append(_settle(sid, release=[key], now=now))
-        await self.flush(retake=False)
-        self._closed = False  # a request after this (a drain's last ones) starts ticking again
-
-    def reset(self) -> None:
-        """A reload: the slices taken under the old limits go back at the next tick."""
-        self._closing += self.book.take_all()
-
-    def _ensure_ticking(self) -> None:
-        if self._task is None and not self._closed:
-            self._task = asyncio.get_running_loop().create_task(self._ticks())
-
-    async def _ticks(self) -> None:
-        # `_closed`, not the cancel alone: a store client may turn a cancel into its own error
-        while not self._closed:
-            await asyncio.sleep(self.settings.flush_s)
-            try:
-                await self.flush()
-            except StoreUnavailable as exc:
-                log.warning("lease_tick_store_unavailable", error=exc.detail)
-            except Exception:  # noqa: BLE001 - a tick must never stop the ticking
-                log.exception("lease_tick_failed")

@@ -1,0 +1,160 @@
+"""The ticks of a `LeasePath`: every `flush_s`, the slices' unused units go back, the ledger's batch
+and the released slots are written, held slots renewed, fresh slices taken for the keys in use; and
+the settlement of a leased request, its close at shutdown and its reset at a reload."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import structlog
+
+from policies.errors import StoreUnavailable
+from policies.stores.base import BucketOp, CounterOp
+
+log = structlog.get_logger(__name__)
+
+
+def settle_args(settle_id: str, *, buckets: list[BucketOp] | None = None, release: list[str] | None = None,
+                counters: list[CounterOp] | None = None, now: float) -> dict[str, Any]:  # fmt: skip
+    """The keyword arguments of a store settle that gives units or slots back and records no usage."""
+    return dict(settle_id=settle_id, lease_id=settle_id, buckets=buckets or [], release=release or [],
+                counters=counters or [], usage=[], now=now)  # fmt: skip
+
+
+class Ticking:
+    """The tick half of `LeasePath` (its state is set up there)."""
+
+    def settle(self, settle: dict[str, Any]) -> None:
+        """A leased request ended: its slots are free, its refunds go back to a slice held (admitted
+        from here at once, given back to the store with it), the rest joins the next batch."""
+        for key in settle["release"]:
+            pool = self.slots.get(key)
+            if pool is not None:
+                pool.release()
+        buckets = [b for b in settle["buckets"] if not (b.cost < 0 and self.book.refund(b.key, -b.cost))]
+        counters = [c for c in settle["counters"] if not (c.cost < 0 and self.book.refund(c.key, -c.cost))]
+        self.ledger.add(buckets, counters, settle["usage"])
+
+    async def flush(self, *, retake: bool = True) -> None:
+        """One tick: give every slice's unused units back, write the ledger's batch, release idle slots,
+        renew held ones; then take fresh slices for the keys used since the last tick.
+
+        The slices are given back between two top-ups, never during one: a top-up computed its costs
+        from the slices held and must find them there, and must see the store with them given back
+        (else it would refuse what a per-request acquire admits). While the store is cut off, the
+        tick only asks whether it is back, outside that lock, so that requests never wait on it."""
+        now = self._clock()
+        async with self._topping:
+            active = self.book.tick(now - self._last_tick, now)
+            self._last_tick = now
+            for g in self.book.take_all() + self._closing:
+                buckets, counters = g.give_back()
+                self.pending.append(settle_args(g.id, buckets=buckets, counters=counters, now=now))
+            self._closing = []
+            batch = self.ledger.drain(now)
+            if batch is not None:
+                self.pending.append(batch)
+            for key, pool in self.slots.items():
+                for sid in pool.surplus(now, self.settings.slot_idle_s):
+                    self.pending.append(settle_args(sid, release=[key], now=now))
+            applied = self.down_since is None and await self._apply_pending(now)
+        if self.down_since is not None:
+            await self._store.ping()  # StoreUnavailable: still cut off
+            async with self._topping:
+                applied = await self._apply_pending(now)
+        if not applied:
+            return
+        if self.unsure:
+            await self._reclaim_unsure(now)
+        if now - self._renewed_at > self._lease_ttl_s / 3:
+            self._renewed_at = now
+            for key, pool in self.slots.items():
+                for sid in pool.held:
+                    await self._store.renew(lease_id=sid, keys=[key], ttl_s=self._lease_ttl_s, now=now)
+        if retake and active:
+            await self._retake(active, now)
+
+    async def _apply_pending(self, now: float) -> bool:
+        """Apply the pending settles (each at most once, by its id); False while the store is cut off."""
+        if not self.pending:
+            self.down_since = None
+            self.overspent.clear()
+            return True
+        todo, self.pending = self.pending, []
+        answers = await asyncio.gather(*(self._store.settle(**s) for s in todo), return_exceptions=True)
+        self.pending = [s for s, a in zip(todo, answers, strict=True) if isinstance(a, BaseException)] + self.pending
+        for a in answers:
+            if isinstance(a, BaseException) and not isinstance(a, StoreUnavailable):
+                log.error("lease_settle_failed", error=repr(a))
+        if self.pending:
+            log.warning("lease_settles_deferred", pending=len(self.pending))
+            if self.down_since is None:
+                self.down_since = now
+            return False
+        self.down_since = None
+        self.overspent.clear()  # the outage's charges are in the store now
+        return True
+
+    async def _retake(self, keys: list[str], now: float) -> None:
+        """Fresh slices for the keys in use, in one acquire (none when the store has too little)."""
+        ops = [self._templates[k] for k in keys if k in self._templates]
+        b_ops = [BucketOp(o.key, o.capacity, o.rate_per_s, float(self.book.size(o.key, 0, o.capacity, now)))
+                 for o in ops if isinstance(o, BucketOp)]  # fmt: skip
+        c_ops = [CounterOp(o.key, o.limit, self.book.size(o.key, 0, self.limit(o), now), o.expires_at)
+                 for o in ops if isinstance(o, CounterOp)]  # fmt: skip
+        b_ops, c_ops = [b for b in b_ops if b.cost], [c for c in c_ops if c.cost]
+        if not (b_ops or c_ops):
+            return
+        with contextlib.suppress(StoreUnavailable):
+            result, _ = await self._take(b_ops, c_ops, now)
+            self._observe(result, b_ops, c_ops, now)
+
+    async def close(self) -> None:
+        """Shutdown: stop ticking, give back every slice and idle slot, write the last batch."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        now = self._clock()
+        for key, pool in self.slots.items():
+            for sid in pool.take_all():
+                self.pending.append(settle_args(sid, release=[key], now=now))
+        await self.flush(retake=False)
+        self._closed = False  # a request after this (a drain's last ones) starts ticking again
+
+    def reset(self) -> None:
+        """A reload: the slices taken under the old limits go back at the next tick."""
+        self._closing += self.book.take_all()
+
+    def _ensure_ticking(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._ticks())
+
+    async def _ticks(self) -> None:
+        # `_closed`, not the cancel alone: a store client may turn a cancel into its own error
+        while not self._closed:
+            await asyncio.sleep(self.settings.flush_s)
+            try:
+                await self.flush()
+            except StoreUnavailable as exc:
+                log.warning("lease_tick_store_unavailable", error=exc.detail)
+            except Exception:  # noqa: BLE001 - a tick must never stop the ticking
+                log.exception("lease_tick_failed")
+
+
+    async def _reclaim_unsure(self, now: float) -> None:
+        """Give back the acquires whose answer was lost: one applied left its journal under this
+        process (the store holds a journal exactly when the acquire was applied); one not applied left
+        nothing, and nothing is given back for it."""
+        found = [(rid, j) for rid, j in await self._store.orphans(1e18) if rid in self.unsure]
+        for rid, j in found:
+            buckets = [BucketOp(b.key, b.capacity, b.rate_per_s, -b.cost) for b in j.buckets]
+            counters = [CounterOp(c.key, None, -c.cost, c.expires_at) for c in j.counters]
+            await self._store.settle(**settle_args(rid, buckets=buckets, release=j.leases, counters=counters, now=now))
+        if found:
+            log.warning("lease_lost_answers_given_back", count=len(found))
+        self.unsure.clear()
