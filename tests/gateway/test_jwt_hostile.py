@@ -11,25 +11,29 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import jwt
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.config import parse_config
 from gateway.http.app import create_app
 from tests.jwt_issuer import AUDIENCE, ISSUER, Issuer, answer_lifespan, auth_yaml, serve_issuer
-from tests.servers import serve_app
+from tests.servers import free_port, serve_app
 
 pytestmark = pytest.mark.slow
 
 V2_BODY = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
 
 
-def _config(jwks_url: str, digits: Any, fetch_timeout_s: float = 5.0) -> Any:  # noqa: ANN401
+def _config(jwks_url: str, digits: Any, fetch_timeout_s: float = 5.0, grpc_port: int | None = None) -> Any:  # noqa: ANN401
     auth = auth_yaml(jwks_url, refresh_interval_s=0.0).replace(
         "leeway_s: 5,", f"leeway_s: 5, fetch_timeout_s: {fetch_timeout_s},"
     )
+    server = f"server: {{grpc_port: {grpc_port}}}" if grpc_port else ""
     yaml = f"""
+{server}
 state: {{url: "memory://"}}
 {auth}
 tenants:
@@ -43,9 +47,10 @@ models:
 
 
 @pytest.fixture(scope="module")
-def gateway(digits: Any) -> Iterator[tuple[str, Issuer]]:  # noqa: ANN401
-    with serve_issuer() as (issuer, jwks_url), serve_app(create_app(_config(jwks_url, digits))) as url:
-        yield url, issuer
+def gateway(digits: Any) -> Iterator[tuple[str, Issuer, str]]:  # noqa: ANN401
+    port = free_port()
+    with serve_issuer() as (issuer, jwks_url), serve_app(create_app(_config(jwks_url, digits, grpc_port=port))) as url:
+        yield url, issuer, f"127.0.0.1:{port}"
 
 
 def _b64(value: bytes) -> str:
@@ -88,9 +93,9 @@ def _hostile_tokens(issuer: Issuer) -> dict[str, str]:
 
 
 def test_hostile_tokens_are_401s_in_each_protocol(
-    gateway: tuple[str, Issuer], capfd: pytest.CaptureFixture[str]
+    gateway: tuple[str, Issuer, str], capfd: pytest.CaptureFixture[str]
 ) -> None:
-    url, issuer = gateway
+    url, issuer, _ = gateway
     tokens = _hostile_tokens(issuer)
     with httpx.Client(timeout=30) as http:
         for case, token in tokens.items():
@@ -105,6 +110,23 @@ def test_hostile_tokens_are_401s_in_each_protocol(
     logged = "".join(capfd.readouterr())
     for case, token in tokens.items():
         assert token[-40:] not in logged, case
+
+
+def test_hostile_tokens_are_unauthenticated_over_grpc(gateway: tuple[str, Issuer, str]) -> None:
+    _, issuer, target = gateway
+    with grpc.insecure_channel(target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.ModelReadyRequest(name="digits")
+        for case, token in _hostile_tokens(issuer).items():
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelReady(request, metadata=[("authorization", f"Bearer {token}")], timeout=30)
+            # metadata past gRPC's soft limit (8 kB) may be refused by the transport itself, before
+            # the gateway sees it (with a chance that grows to the hard limit)
+            expected = {grpc.StatusCode.UNAUTHENTICATED}
+            if len(token) > 7500:
+                expected.add(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert refused.value.code() in expected, (case, refused.value.details())
+            assert token not in (refused.value.details() or ""), case
 
 
 class _HostileJwks:
