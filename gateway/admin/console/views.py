@@ -49,9 +49,11 @@ async def tenants(core: GatewayCore, now: datetime | None = None) -> dict[str, A
     now = now or datetime.now(UTC)
     month, day = now.strftime("%Y-%m"), now.strftime("%Y-%m-%d")
     usage: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    for row in await core.admission.usage(None):
+    rows_all = await core.admission.usage(None)
+    for row in rows_all:
         if row.period in (month, day):
             usage[row.tenant][row.model]["month" if row.period == month else "day"] = _counts(row)
+    days = daily(rows_all, month)
     out = []
     for name, spec in sorted(core.config.tenants.items()):
         rows = [
@@ -74,12 +76,28 @@ async def tenants(core: GatewayCore, now: datetime | None = None) -> dict[str, A
                 "usage": rows,
                 "chart": _chart(rows),
                 "chart_height": 18 * len(rows),
+                # spend over time: one bar a day of this month, every model together
+                "days": _chart(days.get(name, [])),
+                "days_height": 18 * len(days.get(name, [])),
             }
         )
     return {"tenants": out, "month": month, "day": day}
 
 
 _NONE: dict[str, float] = {"requests": 0, "tokens": 0, "cost_usd": 0.0}
+
+
+def daily(rows: list[UsageRow], month: str) -> dict[str, list[dict[str, Any]]]:
+    """Each tenant's days of `month` with usage, oldest first, summed over its models: rows for
+    `_chart`, labelled by date (the day rows are `YYYY-MM-DD`, the month's own row is left out)."""
+    days: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for row in rows:
+        if len(row.period) != len("YYYY-MM-DD") or not row.period.startswith(f"{month}-"):
+            continue
+        sums = days[row.tenant].setdefault(row.period, {"model": row.period, **dict.fromkeys(_NONE, 0)})
+        for name, value in _counts(row).items():
+            sums[name] += value
+    return {tenant: [by_day[d] for d in sorted(by_day)] for tenant, by_day in days.items()}
 
 
 def _counts(row: UsageRow) -> dict[str, float]:

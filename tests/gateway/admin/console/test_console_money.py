@@ -42,3 +42,37 @@ def test_each_keys_spend_this_month_and_today() -> None:
     spend = key_spend(rows, datetime(2026, 11, 27, 12, tzinfo=UTC))
     assert spend["a"] == {"month": 1.5, "today": 0.25}
     assert "b" not in spend  # nothing this month
+
+
+def test_spend_per_day_this_month_sums_each_days_models() -> None:
+    from gateway.admin.console.views import _chart, daily
+    from policies.types import UsageRow
+
+    def row(model: str, period: str, usd: float, tenant: str = "acme") -> UsageRow:
+        return UsageRow(tenant=tenant, model=model, period=period, requests=1, tokens=10, cost_usd=usd)
+
+    rows = [
+        row("a", "2026-11", 9.0),  # the month's own row: not a day
+        row("a", "2026-11-03", 0.25), row("b", "2026-11-03", 0.5), row("a", "2026-11-01", 0.000004),
+        row("a", "2026-10-31", 7.0),  # last month
+        row("a", "2026-11-02", 1.0, tenant="other"),
+    ]  # fmt: skip
+    days = daily(rows, "2026-11")
+    assert [(d["model"], d["cost_usd"], d["requests"]) for d in days["acme"]] == [
+        ("2026-11-01", 0.000004, 1), ("2026-11-03", 0.75, 2)
+    ]  # fmt: skip
+    bars = _chart(days["acme"])
+    assert [b["unit"] for b in bars] == ["USD", "USD"] and bars[1]["width"] > bars[0]["width"]
+
+
+def test_the_tenants_page_charts_each_day_of_the_month(console_gateway) -> None:  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    from tests.conftest import create_key
+
+    assert infer(console_gateway.url, create_key(console_gateway.url, "acme")).status_code == 200
+    with signed_in(console_gateway.ui) as client:
+        page = client.get("/tenants").text
+    chart = re.search(r'<section class="card tenant" id="tenant-acme">.*?<svg class="chart days"(.*?)</svg>', page, re.S)
+    assert chart is not None and "per day this month" in chart.group(1)
+    assert datetime.now(UTC).strftime("%Y-%m-%d") in chart.group(1)
