@@ -69,13 +69,19 @@ class BudgetCheck(msgspec.Struct, frozen=True, kw_only=True):
     def reset_iso(self) -> str:
         return datetime.fromtimestamp(self.resets_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
+    def limit_text(self) -> str:
+        """The limit in USD as configured: cents at least, every micro-USD it has (a budget of
+        0.004 USD read `0.00 USD` with two decimals)."""
+        whole = f"{usd(self.limit_micros):.6f}".rstrip("0")
+        return whole + "0" * max(0, 2 - len(whole.partition(".")[2]))
+
     def refusal(self, used_micros: int, cost_micros: int) -> str:
         """Why a request was refused: the budget, what is left, when it resets."""
         left = max(0, self.limit_micros - used_micros)
         state = "is spent" if left == 0 else f"has {usd(left):.6f} USD left, less than this request may cost ({usd(cost_micros):.6f} USD)"  # fmt: skip
         return (
             f"budget {self.name} of {self.scope} {state} ({usd(used_micros):.6f} of "
-            f"{usd(self.limit_micros):.2f} USD used or reserved); it resets at {self.reset_iso()}"
+            f"{self.limit_text()} USD used or reserved); it resets at {self.reset_iso()}"
         )
 
 

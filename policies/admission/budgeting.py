@@ -49,7 +49,7 @@ def refuse_unaffordable(checks: list[BudgetCheck], cost_micros: int) -> None:
         if cost_micros > c.limit_micros:
             raise NeverAdmitted(
                 f"request may cost {usd(cost_micros):.6f} USD, more than the budget {c.name} of "
-                f"{c.scope} ({usd(c.limit_micros):.2f} USD) can ever hold; lower max_tokens"
+                f"{c.scope} ({c.limit_text()} USD) can ever hold; lower max_tokens"
             )
 
 

@@ -205,3 +205,15 @@ async def test_enormous_budgets_and_key_limits_admit_and_settle(store, clock) ->
         await adm.reconcile(reservation, 10, cost_micros=10**15)
     (day,) = [r for r in await adm.usage("acme") if len(r.period) == 10]
     assert day.cost_usd == 2e9
+
+
+async def test_a_refusal_names_a_budget_under_a_cent_as_configured(store, clock) -> None:  # noqa: ANN001
+    adm = budgeted(store, clock, usd_per_day=0.004)
+    first = await adm.admit(ACME, "m", 10, cost_micros=3_000)
+    await adm.reconcile(first, 10, cost_micros=3_000)
+    with pytest.raises(BudgetExceeded) as refused:
+        await adm.admit(ACME, "m", 10, cost_micros=2_000)
+    assert "0.003000 of 0.004 USD used or reserved" in refused.value.message  # it read "of 0.00 USD"
+    with pytest.raises(NeverAdmitted) as never:
+        await adm.admit(ACME, "m", 10, cost_micros=5_000)
+    assert "(0.004 USD) can ever hold" in never.value.message
