@@ -199,3 +199,19 @@ async def test_refunds_go_back_to_the_slice_held(clock) -> None:
     await adm.close()
     store_level = adm.leases.book.keys["rl:t:acme:tpm"]
     assert store_level.left == 0
+
+
+async def test_concurrency_shares_hold_across_replicas(replicas, clock) -> None:
+    """Slots held by each replica are counted by the store: 7 in flight across both, never more;
+    slots freed by finished requests are reused, idle ones go back for the other replica."""
+    adms = [admission(await replicas(), clock, limits=Limits(max_concurrency=7), leases=LEASES) for _ in range(2)]
+    results = await asyncio.gather(*(_one(adms[i % 2], i) for i in range(60)))
+    admitted = [r for r in results if r is not None]
+    assert len(admitted) == 7
+    for r in admitted:
+        await adms[0 if r.id.startswith(adms[0].instance) else 1].reconcile(r, 0)
+    results = await asyncio.gather(*(_one(adms[0], i) for i in range(60)))  # held by replica 0 now
+    assert sum(r is not None for r in results) == 7 - sum(len(p.held) for p in adms[1].leases.slots.values())
+    for a in adms:
+        await a.close()  # replica 1's idle slots go back
+    assert sum(len(p.held) for p in adms[1].leases.slots.values()) == 0
