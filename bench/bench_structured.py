@@ -133,6 +133,7 @@ def run_engine(
     grammar = None
     if so is not None:
         compiler = GrammarCompiler(parts.tokenizer, parts.config.vocab_size, engine.config.eos_token_ids)
+        compiler.warm()
         grammar = asyncio.run(compiler.get(so))
     out_len: dict[int, int] = {}
     texts: dict[int, str] = {}

@@ -237,10 +237,10 @@ def test_unsupported_keywords_conflicts_and_timeouts_are_400s(gateway: dict[str,
     with pytest.raises(BadRequestError) as err:
         client.chat.completions.create(model="m", messages=MESSAGES, extra_body={"guided_regex": "(a"})
     assert "does not compile" in err.value.message
-    with pytest.raises(BadRequestError) as err:
-        client.chat.completions.create(
-            model="hurried", messages=MESSAGES, response_format=_schema_format({"type": "integer"})
-        )
+    many = {f"f{i}": {"type": "string", "pattern": f"^[a-z]{{1,{i + 3}}}-[0-9]{{2}}$"} for i in range(40)}
+    slow = {"type": "object", "properties": many, "required": list(many), "additionalProperties": False}
+    with pytest.raises(BadRequestError) as err:  # milliseconds of compile against a 1 us bound
+        client.chat.completions.create(model="hurried", messages=MESSAGES, response_format=_schema_format(slow))
     assert "did not compile within" in err.value.message
     # a shape this engine does not implement is refused by name, not dropped
     r = httpx.post(

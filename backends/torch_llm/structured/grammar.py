@@ -226,11 +226,15 @@ class GrammarCompiler:
         #: xgrammar compilers, built by the first compile that needs one: JSON (no control
         #: bytes) or any text
         self._compilers: dict[bool, Any] = {}
+        self._raw_vocab: list[bytes] | None = None
 
     def warm(self) -> None:
-        """Import xgrammar now (a second of imports: at load, not in a request), when installed."""
+        """Import xgrammar and build the vocabulary tables now, at load (a second or more on a 32k
+        vocabulary, which a first request's compile and its time bound should not pay), when
+        xgrammar is installed."""
         if importlib.util.find_spec("xgrammar") is not None:
-            import xgrammar  # noqa: F401
+            self._xgr_compiler(True)
+            self._xgr_compiler(False)
 
     async def for_request(self, structured: StructuredOutput | None) -> CompiledGrammar | None:
         """The compiled grammar a request's constraint needs (None for free text).
@@ -313,10 +317,7 @@ class GrammarCompiler:
             if compiler is None:
                 import xgrammar as xgr
 
-                tok = self._tokenizer
-                special = tok.special_ids
-                n = min(tok.vocab_size, self._vocab_size)
-                vocab = [b"" if i in special else tok.token_bytes(i) for i in range(n)]
+                vocab = self._vocab()
                 if json_kind:
                     vocab = [b"" if any(b < 0x20 for b in t) else t for t in vocab]
                 info = xgr.TokenizerInfo(
@@ -326,6 +327,16 @@ class GrammarCompiler:
                 compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
                 self._compilers[json_kind] = compiler
             return compiler
+
+
+    def _vocab(self) -> list[bytes]:
+        """Each token's raw bytes (special tokens: none), built once."""
+        if self._raw_vocab is None:
+            tok = self._tokenizer
+            special = tok.special_ids
+            n = min(tok.vocab_size, self._vocab_size)
+            self._raw_vocab = [b"" if i in special else tok.token_bytes(i) for i in range(n)]
+        return self._raw_vocab
 
 
 def _yield_to_serving() -> None:
