@@ -104,18 +104,40 @@ def _counts(row: UsageRow) -> dict[str, float]:
     return {"requests": row.requests, "tokens": row.tokens, "cost_usd": row.cost_usd}
 
 
-def key_spend(rows: list[KeyUsageRow], now: datetime | None = None) -> dict[str, dict[str, float]]:
-    """Each key's spend in USD this month and today (UTC), from its usage rows."""
+#: the height of a key's spend-per-day bars, in SVG units (each day a bar 3 units wide)
+SPARK_HEIGHT = 16
+
+
+def key_spend(rows: list[KeyUsageRow], now: datetime | None = None) -> dict[str, dict[str, Any]]:
+    """Each key's spend in USD this month and today (UTC), and per day of this month as bars (its
+    spend over time), from its usage rows."""
     now = now or datetime.now(UTC)
-    periods = {now.strftime("%Y-%m"): "month", now.strftime("%Y-%m-%d"): "today"}
-    spend: dict[str, dict[str, float]] = defaultdict(lambda: {"month": 0.0, "today": 0.0})
+    month = now.strftime("%Y-%m")
+    periods = {month: "month", now.strftime("%Y-%m-%d"): "today"}
+    spend: dict[str, dict[str, Any]] = defaultdict(lambda: {"month": 0.0, "today": 0.0, "days": [0.0] * now.day})
     for r in rows:
         if r.period in periods:
             spend[r.key_id][periods[r.period]] += r.cost_usd
+        if r.period.startswith(f"{month}-") and len(r.period) == len("YYYY-MM-DD"):
+            spend[r.key_id]["days"][int(r.period[-2:]) - 1] += r.cost_usd
+    for figures in spend.values():
+        figures["bars"] = _spark(figures.pop("days"))
     return spend
 
 
-def key_rows(records: list[KeyRecord], spend: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+def _spark(days: list[float]) -> list[dict[str, int]]:
+    """Bars of a small chart of spend per day, scaled to the month's dearest day (days with no
+    spend have none)."""
+    top = max(days, default=0.0) or 1.0
+    bars = []
+    for i, value in enumerate(days):
+        height = max(1, round(SPARK_HEIGHT * value / top)) if value > 0 else 0
+        if height:
+            bars.append({"x": 3 * i, "y": SPARK_HEIGHT - height, "height": height})
+    return bars
+
+
+def key_rows(records: list[KeyRecord], spend: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The keys table: newest first, state spelled out, spend this month and today."""
     spend = spend or {}
     now = datetime.now(UTC).timestamp()
@@ -129,7 +151,7 @@ def key_rows(records: list[KeyRecord], spend: dict[str, dict[str, float]] | None
                 "tenant": r.tenant,
                 "name": r.name or "",
                 "models": ", ".join(r.models),
-                "spend": spend.get(r.key_id, {"month": 0.0, "today": 0.0}),
+                "spend": spend.get(r.key_id, {"month": 0.0, "today": 0.0, "bars": []}),
                 # the key's own limits and budget (beside its tenant's)
                 "own": {k: v for spec in (r.limits, r.budget) if spec is not None for k, v in _limits(spec).items()},
                 "created": _when(r.created_at),

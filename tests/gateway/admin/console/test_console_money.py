@@ -39,9 +39,12 @@ def test_each_keys_spend_this_month_and_today() -> None:
         )
 
     rows = [row("a", "2026-11-27", 0.25), row("a", "2026-11", 1.5), row("b", "2026-10", 9.0), row("b", "2026-10-31", 9.0)]
+    rows.append(row("a", "2026-11-02", 0.125))
     spend = key_spend(rows, datetime(2026, 11, 27, 12, tzinfo=UTC))
-    assert spend["a"] == {"month": 1.5, "today": 0.25}
+    assert (spend["a"]["month"], spend["a"]["today"]) == (1.5, 0.25)
     assert "b" not in spend  # nothing this month
+    # spend over time: a bar on each day with spend (3 units a day), the dearest day full height
+    assert spend["a"]["bars"] == [{"x": 3, "y": 8, "height": 8}, {"x": 78, "y": 0, "height": 16}]
 
 
 def test_spend_per_day_this_month_sums_each_days_models() -> None:
