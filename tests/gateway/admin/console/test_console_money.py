@@ -79,3 +79,28 @@ def test_the_tenants_page_charts_each_day_of_the_month(console_gateway) -> None:
     chart = re.search(r'<section class="card tenant" id="tenant-acme">.*?<svg class="chart days"(.*?)</svg>', page, re.S)
     assert chart is not None and "per day this month" in chart.group(1)
     assert datetime.now(UTC).strftime("%Y-%m-%d") in chart.group(1)
+
+
+def test_priced_spend_is_charted_per_day_for_tenants_and_keys(digits, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    from gateway.config import parse_config
+    from gateway.http.app import create_app
+    from tests.conftest import create_key
+    from tests.gateway.admin.console.conftest import console_yaml
+    from tests.servers import serve_app
+
+    yaml = console_yaml(digits.onnx_path, tmp_path / "state.db").replace(
+        f"digits-a: {{backend: onnxruntime, model: {digits.onnx_path}}}",
+        f"digits-a: {{backend: onnxruntime, model: {digits.onnx_path}, pricing: {{usd_per_row: 0.003}}}}",
+    )
+    with serve_app(create_app(parse_config(yaml, base_dir=tmp_path))) as url:
+        secret = create_key(url, "acme")
+        assert infer(url, secret, "digits-shadowed").status_code == 200  # served by digits-a
+        with signed_in(f"{url}/admin/ui") as client:
+            tenants, keys = client.get("/tenants").text, client.get("/keys").text
+    days = re.search(r'<svg class="chart days"(.*?)</svg>', tenants, re.S)
+    assert days is not None and datetime.now(UTC).strftime("%Y-%m-%d") in days.group(1)
+    assert "0.003000 USD" in days.group(1)  # six decimals: with one it read 0.0 USD
+    row = re.search(rf'id="key-{secret.split("-")[1]}"(.*?)</tr>', keys, re.S)
+    assert row is not None and '<svg class="chart spark"' in row.group(1) and 'height="16"' in row.group(1)
