@@ -267,13 +267,15 @@ class JwtVerifier:
     def _principal(self, claims: Mapping[str, Any]) -> Principal:
         tenant = claims.get(self.spec.tenant_claim)
         if not isinstance(tenant, str):
-            raise InvalidToken("missing_claim", f"token lacks the tenant claim {self.spec.tenant_claim!r}")
+            claim = self.spec.tenant_claim
+            raise InvalidToken("missing_claim", f"token's tenant claim {claim!r} is missing or not a string")
         self._check_tenant(tenant)
         if self.spec.subject_claim is None:
             return Principal(tenant, TENANT_SUBJECT)
         subject = claims.get(self.spec.subject_claim)
         if not isinstance(subject, str) or not subject:
-            raise InvalidToken("missing_claim", f"token lacks the subject claim {self.spec.subject_claim!r}")
+            claim = self.spec.subject_claim
+            raise InvalidToken("missing_claim", f"token's subject claim {claim!r} is missing, empty or not a string")
         return Principal(tenant, SUBJECT_PREFIX + subject)
 
     def _remember(self, raw: str, exp: float, nbf: float | None, principal: Principal) -> None:
