@@ -29,8 +29,12 @@ time of the proxy (and redis-server) per request; upstream_conns_per_req: TCP co
 accepted per request (0 = pooled keep-alive).
 
     .venv/bin/python -m bench.bench_policy_proxy [--seconds 5 --rounds 3]
+    .venv/bin/python -m bench.bench_policy_proxy --leases --no-litellm --out policy_leases
 
-Writes bench/results/policy_proxy.json and bench/results/policy_proxy.png.
+Writes bench/results/policy_proxy.json and bench/results/policy_proxy.png (`--out` names them).
+`--leases` runs each store under both `state.leases` strategies (the default `leases`, and
+`per_request` as `fleetgate_<store>_per_request`, Redis on its own database) in place of the
+`?commit=thread` A/B, with ratios of each over the other and over the path with nothing to enforce.
 """
 
 from __future__ import annotations
@@ -258,6 +262,10 @@ def start_litellm(work: Path, upstream: int, stack: ExitStack) -> Server:
     return Server("litellm", port, MASTER_KEY, [proc.pid])
 
 
+def _suffix(strategy: str, both: bool) -> str:
+    return "_per_request" if both and strategy == "per_request" else ""
+
+
 def start_bare_proxy(work: Path, upstream: int, stack: ExitStack) -> Server:
     """bench/floor_servers.py's bare proxy in front of the upstream: the server stack's own floor."""
     args = ["proxy", "--upstream", f"http://127.0.0.1:{upstream}"]
@@ -277,7 +285,7 @@ def check_answer(server: Server) -> None:
         raise RuntimeError(f"{server.name} answered {r.status_code}: {r.text[:300]}")
 
 
-def start_all(work: Path, stack: ExitStack, notes: list[str]) -> list[Server]:
+def start_all(work: Path, stack: ExitStack, notes: list[str], leases: bool = False, litellm: bool = True) -> list[Server]:
     up_port = free_port()
     upstream = subprocess.Popen(
         [sys.executable, "-m", "bench.bench_policy_proxy", "--upstream", str(up_port)], cwd=ROOT
@@ -285,23 +293,29 @@ def start_all(work: Path, stack: ExitStack, notes: list[str]) -> list[Server]:
     stack.callback(stop, upstream)
     wait_until(lambda: port_open(up_port), upstream, "upstream", 10)
     servers = [Server("upstream", up_port, "none", [upstream.pid]), start_bare_proxy(work, up_port, stack)]
-    stores = [
-        ("fleetgate_sqlite", f"sqlite:///{work / 'state.db'}", [], GATEWAY_YAML),
-        ("fleetgate_sqlite_thread", f"sqlite:///{work / 'state-thread.db'}?commit=thread", [], GATEWAY_YAML),
-    ]
+    # --leases: each store under both strategies (state.leases), per_request named with its suffix
+    strategies = ["leases", "per_request"] if leases else ["leases"]
+    stores = [(f"fleetgate_sqlite{_suffix(st, leases)}", f"sqlite:///{work / f'state-{st}.db'}", [], GATEWAY_YAML, st)
+              for st in strategies]  # fmt: skip
+    if not leases:
+        url = f"sqlite:///{work / 'state-thread.db'}?commit=thread"
+        stores.append(("fleetgate_sqlite_thread", url, [], GATEWAY_YAML, "leases"))
     if shutil.which("redis-server"):
         url, redis_pid = start_redis(work, stack)
-        stores.append(("fleetgate_redis", url, [redis_pid], GATEWAY_YAML))
+        stores += [(f"fleetgate_redis{_suffix(st, leases)}", url.replace("/0", f"/{i}"), [redis_pid], GATEWAY_YAML, st)
+                   for i, st in enumerate(strategies)]  # fmt: skip
     else:
         notes.append("fleetgate_redis skipped: redis-server not on PATH")
-    stores.append(("fleetgate_no_policy", "memory://", [], OPEN_GATEWAY_YAML))
-    for name, url, extra, yaml in stores:
+    stores.append(("fleetgate_no_policy", "memory://", [], OPEN_GATEWAY_YAML, "leases"))
+    for name, url, extra, yaml, strategy in stores:
         fill = dict(state=url, upstream=up_port, model=MODEL)
+        yaml = yaml.replace('state: {{url: "{state}"}}', f'state: {{{{url: "{{state}}", leases: {{{{strategy: {strategy}}}}}}}}}')
         proc, port, key = start_gateway(work, lambda p, fill=fill, yaml=yaml: yaml.format(port=p, **fill))
         stack.callback(stop, proc)
         servers.append(Server(name, port, key, [proc.pid, *extra]))
     try:
-        servers.append(start_litellm(work, up_port, stack))
+        if litellm:
+            servers.append(start_litellm(work, up_port, stack))
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         notes.append(f"litellm skipped: {exc}")
     for s in servers:
@@ -391,6 +405,10 @@ def summarize(rounds: list[dict[str, dict[str, dict]]]) -> tuple[dict, dict]:
         pairs.append(("fleetgate_sqlite", "fleetgate_sqlite_thread"))
     if "bare_proxy" in rounds[0]:  # each fleetgate over the bare server stack's floor
         pairs += [(n, "bare_proxy") for n in rounds[0] if n.startswith("fleetgate")]
+    for n in [n for n in rounds[0] if n.endswith("_per_request")]:  # leases over per request, same store
+        pairs.append((n.removesuffix("_per_request"), n))
+    if "fleetgate_no_policy" in rounds[0]:  # each policy gateway over the path with nothing to enforce
+        pairs += [(n, "fleetgate_no_policy") for n in rounds[0] if n.startswith("fleetgate_") and n != "fleetgate_no_policy"]
     for name, base in pairs:
         for c in rounds[0][name]:
             for metric in ("rps", "added_p50_ms", "cpu_ms_per_req"):
@@ -434,13 +452,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # internal: be the upstream
+    parser.add_argument("--leases", action="store_true", help="each store with state.leases leases and per_request")
+    parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
+    parser.add_argument("--out", default="policy_proxy", help="results name under bench/results (.json, .png)")
     args = parser.parse_args()
     if args.upstream:
         return serve_upstream(args.upstream)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the cleanup below runs
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        servers = start_all(Path(tmp), stack, notes)
+        servers = start_all(Path(tmp), stack, notes, leases=args.leases, litellm=not args.no_litellm)
         rounds = [run_round(Path(tmp), servers, i, args.seconds) for i in range(args.rounds)]
     medians, ratios = summarize(rounds)
     notes += [
@@ -470,8 +491,8 @@ def main() -> None:
         "notes": notes,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "policy_proxy.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(medians, RESULTS / "policy_proxy.png")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(medians, RESULTS / f"{args.out}.png")
     print(json.dumps({k: v["median"] for k, v in ratios.items()}, indent=1))
 
 
