@@ -44,7 +44,7 @@ from backends.spec import DeploymentSpec
 from backends.torch_llm.backend import create
 from backends.torch_llm.factory import build_engine
 from backends.torch_llm.options import LLMOptions
-from backends.torch_llm.structured.grammar import GrammarCompiler
+from backends.torch_llm.structured.compiler import GrammarCompiler
 from bench.bench_llm_engine import TRACE, load_trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -31,7 +31,7 @@ from backends.tool_parsers.plan import TOOL_FIELDS, plan_tools, shown_tools, tem
 from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
 from backends.torch_llm.model_config import ModelConfig, read_sampling_defaults, with_model_defaults
 from backends.torch_llm.options import LLMOptions, decode_options
-from backends.torch_llm.structured.grammar import STRUCTURED_FIELDS, GrammarCompiler
+from backends.torch_llm.structured.compiler import STRUCTURED_FIELDS, GrammarCompiler
 
 if TYPE_CHECKING:
     from backends.torch_llm.async_engine import AsyncLLMEngine

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("xgrammar")
 
 from backends.base import SamplingParams, StructuredOutput  # noqa: E402
-from backends.torch_llm.structured.grammar import GrammarCompiler  # noqa: E402
+from backends.torch_llm.structured.compiler import GrammarCompiler  # noqa: E402
 from backends.torch_llm.tokenizer import TextTokenizer  # noqa: E402
 from tests.torch_llm.conftest import engine_for  # noqa: E402
 
