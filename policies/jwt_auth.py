@@ -45,6 +45,8 @@ _MAX_VERIFIED = 10_000
 #: what a token's subject is prefixed with where a key id goes: an API key's id is 12 hex digits,
 #: never with a colon, so a subject can never be taken for a key (nor a key's limits for a subject's)
 SUBJECT_PREFIX = "jwt:"
+#: the longest subject taken (OpenID Connect: `sub` "MUST NOT exceed 255 ASCII characters")
+MAX_SUBJECT = 255
 #: the subject a token without `subject_claim` is counted under (one per tenant)
 TENANT_SUBJECT = "jwt:*"
 
@@ -276,6 +278,9 @@ class JwtVerifier:
         if not isinstance(subject, str) or not subject:
             claim = self.spec.subject_claim
             raise InvalidToken("missing_claim", f"token's subject claim {claim!r} is missing, empty or not a string")
+        if len(subject) > MAX_SUBJECT:
+            # the subject becomes a key id: in every store key, usage row and log line of its requests
+            raise InvalidToken("malformed", f"token's subject is longer than {MAX_SUBJECT} characters")
         return Principal(tenant, SUBJECT_PREFIX + subject)
 
     def _remember(self, raw: str, exp: float, nbf: float | None, principal: Principal) -> None:

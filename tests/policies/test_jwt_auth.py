@@ -247,3 +247,11 @@ async def test_a_failed_fetch_logs_neither_the_urls_credentials_nor_the_answer(i
     (line,) = [entry for entry in logged if entry["event"] == "jwks_fetch_failed"]
     assert line["error"] == "HTTP 403" and line["url"] == "https://issuer.test/jwks"
     assert "s3cret" not in repr(logged) and "tok-123" not in repr(logged)
+
+
+async def test_a_subject_longer_than_oidcs_bound_is_refused(issuer: Issuer) -> None:
+    verifier, _ = make(issuer, Clock())
+    assert (await verifier.authenticate(issuer.token(sub="s" * 255))).key_id == "jwt:" + "s" * 255
+    with pytest.raises(InvalidToken) as refused:
+        await verifier.authenticate(issuer.token(sub="s" * 10_000))
+    assert refused.value.code == "token_malformed" and "s" * 20 not in str(refused.value)
