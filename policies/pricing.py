@@ -103,11 +103,20 @@ def cost_micros(pricing: Pricing | None, usage: Usage) -> int:
 
 
 def worst_case_micros(pricing: Pricing | None, *, input_tokens: int, max_output_tokens: int, rows: int = 0) -> int:
-    """What a request may cost at most, reserved before it runs: every prompt token uncached and
-    every allowed output token generated, plus its rows and the per-request price."""
-    return cost_micros(
+    """What a request may cost at most, reserved before it runs: every prompt token at the dearer
+    of the input and cached-input prices, every allowed output token generated, plus its rows and
+    the per-request price."""
+    worst = cost_micros(
         pricing, Usage(input_tokens=input_tokens, output_tokens=max_output_tokens, rows=rows, requests=1)
     )
+    if pricing is not None and pricing.cached_input_usd_per_mtok is not None:
+        # a cached price above the input price (nothing forbids it) would let a reused prefix cost
+        # more than the worst case reserved
+        cached = Usage(
+            input_tokens=input_tokens, cached_tokens=input_tokens, output_tokens=max_output_tokens, rows=rows
+        )
+        worst = max(worst, cost_micros(pricing, cached))
+    return worst
 
 
 def usd(micros: int) -> float:

@@ -41,6 +41,14 @@ def test_the_worst_case_covers_every_real_outcome() -> None:
         assert cost_micros(p, Usage(input_tokens=37, output_tokens=out)) <= worst
 
 
+def test_the_worst_case_covers_a_cached_price_above_the_input_price() -> None:
+    p = Pricing(input_usd_per_mtok=1.0, cached_input_usd_per_mtok=3.0, output_usd_per_mtok=2.0)
+    worst = worst_case_micros(p, input_tokens=100, max_output_tokens=10)
+    for cached in range(101):
+        assert cost_micros(p, Usage(input_tokens=100, cached_tokens=cached, output_tokens=10)) <= worst
+    assert worst == 100 * 3 + 10 * 2  # it was 100 x 1 + 10 x 2, below a reused prefix's cost
+
+
 def test_costliest_dominates_each_price() -> None:
     a = Pricing(input_usd_per_mtok=1.0, output_usd_per_mtok=1.0)
     b = Pricing(output_usd_per_mtok=5.0, usd_per_request=0.01)
