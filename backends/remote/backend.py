@@ -1,4 +1,4 @@
-"""Remote adapter: another server of the fleet, reached over pooled keep-alive HTTP (httpx).
+"""Remote adapter: another server of the fleet, reached over pooled keep-alive HTTP (aiohttp).
 
 Speaks OpenAI (another fleetgate, vLLM, TGI, any OpenAI-compatible server) or the Open Inference
 Protocol v2 (another fleetgate, Triton, OpenVINO Model Server, KServe). A streamed text request is

@@ -1,4 +1,4 @@
-"""Conformance of the remote backend's HTTP client (httpx underneath) against scripted upstreams on
+"""Conformance of the remote backend's HTTP client (aiohttp underneath) against scripted upstreams on
 real loopback sockets: chunked bodies, keep-alive reuse and close, answers broken off or malformed,
 timeouts, byte bounds; and the backend's mapping of those faults to gateway errors."""
 
@@ -131,6 +131,33 @@ async def test_connections_the_upstream_closed_while_idle_are_replaced() -> None
         await client.aclose()
 
 
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_a_kept_connection_closed_under_a_request_is_retried_only_when_idempotent(method: str) -> None:
+    """The upstream takes the second request on a kept-alive connection and closes it unanswered (an
+    idle close racing the request): a GET is sent once more on a fresh connection; a POST is never
+    sent twice (the upstream may have acted on it) and is unreachable (a 503, fallbacks tried)."""
+
+    async def answer(n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        if n == 2:
+            return False  # closed without a byte of an answer
+        writer.write(OK)
+        await writer.drain()
+        return True
+
+    async with Upstream(answer) as up:
+        client = _client(up.url, max_connections=1)
+        assert await (await client.request(method, "/", b"{}")).read(100) == b"ok"
+        if method == "GET":
+            assert await (await client.request(method, "/", b"{}")).read(100) == b"ok"
+            assert (up.requests, up.connections) == (3, 2)
+        else:
+            with pytest.raises(UpstreamUnreachable):
+                await client.request(method, "/", b"{}")
+            assert up.requests == 2
+            assert await (await client.request(method, "/", b"{}")).read(100) == b"ok"  # a fresh one
+        await client.aclose()
+
+
 async def test_an_answer_broken_off_mid_body_is_unreachable() -> None:
     short = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"
     async with Upstream(_reply(short, keep=False)) as up:
@@ -168,22 +195,37 @@ async def test_a_malformed_answer_is_unreachable(reply: bytes) -> None:
         await client.aclose()
 
 
-async def test_bytes_past_a_body_never_reach_the_next_caller_as_its_body() -> None:
+@pytest.mark.parametrize("same_segment", [False, True])
+async def test_bytes_past_a_body_never_reach_the_next_caller_as_its_body(same_segment: bool) -> None:
     """An upstream that sends more than it declared: the next caller on that connection gets its own
     answer or UpstreamUnreachable (a 503, fallbacks tried), never the stray bytes as its body.
 
-    (A stray *complete* answer would be taken as the next one: httpx, like other pooled clients,
-    trusts the upstream's framing. The upstream answers every request anyway, so it gains nothing.)"""
+    Stray bytes arriving in the same segment as the answer make aiohttp's parser refuse that segment
+    whole, so the answer they trail is refused too (UpstreamUnreachable, served around); arriving
+    after it, the answer is delivered. (A stray *complete* answer would be taken as the next one:
+    pooled clients trust the upstream's framing. The upstream answers every request anyway, so it
+    gains nothing.)"""
 
     async def answer(n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
-        writer.write(OK + b"forged" if n == 1 else OK)
+        if n == 1 and not same_segment:
+            writer.write(OK)
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the client has read the answer before the stray bytes come
+            writer.write(b"forged")
+        else:
+            writer.write(OK + b"forged" if n == 1 else OK)
         await writer.drain()
         return True
 
     async with Upstream(answer) as up:
         client = _client(up.url, max_connections=1)
-        assert await (await client.request("GET", "/")).read(100) == b"ok"
-        await asyncio.sleep(0.05)
+        try:
+            first = await (await client.request("GET", "/")).read(100)
+        except UpstreamUnreachable:
+            assert same_segment
+            first = b"ok"
+        assert first == b"ok"
+        await asyncio.sleep(0.1)
         try:
             second = await (await client.request("GET", "/")).read(100)
         except UpstreamUnreachable:
