@@ -34,6 +34,9 @@ class Operations:
             # the model cache and offline mode are read when deployments load: applied now, they would
             # silently do nothing until the next restart
             raise ConfigError("storage changes need a restart - at `$.storage`")
+        if new.budget_alerts != core.config.budget_alerts:
+            # thresholds and the webhook are wired into the alert sink at start
+            raise ConfigError("budget_alerts changes need a restart - at `$.budget_alerts`")
         taken = sorted((set(new.models) | set(new.graphs)) & set(core.adapter_models))
         if taken:
             raise ConfigError(f"model names {taken} are served LoRA adapters; unload them first - at `$.models`")

@@ -69,6 +69,9 @@ def test_admin_reload_applies_and_refuses_bad_configs(tmp_path, digits):
         path.write_text(_config(digits.onnx_path, TWO) + f"storage: {{cache_dir: {tmp_path / 'cache'}}}\n")
         r = httpx.post(f"{url}/admin/reload", headers=ADMIN)
         assert r.status_code == 400 and "storage changes need a restart" in r.json()["error"], r.text
+        path.write_text(_config(digits.onnx_path, TWO) + "budget_alerts: {thresholds: [0.9]}\n")
+        r = httpx.post(f"{url}/admin/reload", headers=ADMIN)
+        assert r.status_code == 400 and "budget_alerts changes need a restart" in r.json()["error"], r.text
         assert _models(url, key) == {"digits", "digits-v2"}
         assert (
             httpx.post(f"{url}/admin/reload", headers={"Authorization": f"Bearer {key}"}).status_code == 401
