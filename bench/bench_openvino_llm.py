@@ -45,7 +45,9 @@ TRACE = ROOT.parent / "shared" / "workloads" / "chat-mix.jsonl"
 RESULTS = ROOT / "bench" / "results"
 ADMIN_KEY = "bench-openvino-llm-admin"
 #: `bench` runs the throughput replays; the quiet ones and `noisy` the flood
-TENANTS = ("bench", "quiet-a", "quiet-b", "quiet-c", "noisy")
+TENANTS = ("bench", "quiet-a", "quiet-b", "quiet-c", "noisy", "noisy-capped")
+#: `noisy-capped` may hold half the engine's 16 slots (a per-tenant concurrency limit)
+_TENANT_SPECS = {"noisy-capped": "{limits: {max_concurrency: 8}}"}
 VOCAB = 8192
 
 
@@ -120,7 +122,7 @@ def gateway_config(deployment: str, work: pathlib.Path) -> pathlib.Path:
     path = work / f"{abs(hash(deployment))}.yaml"
     path.write_text(
         f"state: {{url: 'memory://'}}\nadmin: {{key_env: FLEETGATE_ADMIN_KEY}}\n"
-        f"tenants: {{{', '.join(f'{t}: {{}}' for t in TENANTS)}}}\n"
+        f"tenants: {{{', '.join(f'{t}: ' + _TENANT_SPECS.get(t, '{}') for t in TENANTS)}}}\n"
         f"deployments:\n  llm: {deployment}\nmodels:\n  m: {{routes: [{{deployment: llm}}]}}\n"
     )
     return path
@@ -147,6 +149,9 @@ async def _client_run(
             sent = time.perf_counter()
             if not stream:
                 resp = await client.post(f"{url}/v1/completions", json=body)
+                if resp.status_code == 429:  # a tenant at its concurrency limit: try again shortly
+                    await asyncio.sleep(0.02)
+                    continue
                 resp.raise_for_status()
                 tokens += resp.json()["usage"]["completion_tokens"]
                 continue
@@ -233,12 +238,12 @@ def _noise(url: str, key: str, trace: list[dict[str, Any]], done: Any) -> None:
         asyncio.run(_client_run(url, key, trace, 32, stream=False))
 
 
-def flood(url: str, trace: list[dict[str, Any]]) -> dict[str, Any]:
+def flood(url: str, trace: list[dict[str, Any]], noisy: str = "noisy") -> dict[str, Any]:
     """The quiet tenants' TTFT p99 (streamed, one request in flight each), alone and beside `noisy`."""
     import multiprocessing
 
     keys = {t: _key(url, t) for t in TENANTS[1:]}
-    quiet = [t for t in keys if t != "noisy"]
+    quiet = [t for t in keys if t.startswith("quiet")]
 
     async def quiet_run() -> list[float]:
         runs = await asyncio.gather(*(_client_run(url, keys[t], trace[:12], 1) for t in quiet))
@@ -247,7 +252,7 @@ def flood(url: str, trace: list[dict[str, Any]]) -> dict[str, Any]:
     solo = asyncio.run(quiet_run())
     ctx = multiprocessing.get_context("spawn")
     done = ctx.Event()
-    noise = ctx.Process(target=_noise, args=(url, keys["noisy"], trace, done))
+    noise = ctx.Process(target=_noise, args=(url, keys[noisy], trace, done))
     noise.start()
     try:
         time.sleep(3.0)  # the noisy backlog builds up first
@@ -403,7 +408,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     plot(result, args.out.with_suffix(".png"))
-    print(json.dumps({"tax": tax["ratio"], "agreement": agree, "flood": flooded, "pick": pick}, indent=2))
+    print(json.dumps({"tax": tax["ratio"], "backend_in_process": tax["backend_in_process_ratio"], "agreement": agree, "flood": flooded, "pick": pick}, indent=2))
 
 
 def no_tax(
@@ -414,6 +419,11 @@ def no_tax(
     pipe = direct_pipeline(folder, trace, threads)
     direct: dict[str, list[float]] = {str(c): [] for c in in_flight}
     through: dict[str, list[float]] = {str(c): [] for c in in_flight}
+    backend: dict[str, list[float]] = {str(c): [] for c in in_flight}
+    for _ in range(rounds):  # the backend in this process, no HTTP: what the adapter itself costs
+        for c in in_flight:
+            direct[str(c)].append(_closed_loop(pipe, trace, c)["tokens_per_s"])
+            backend[str(c)].append(asyncio.run(_backend_run(folder, trace, c, threads)))
     deployment = f"{{backend: openvino_llm, model: {folder}, device: CPU, options: {json.dumps(options(threads))}}}"
     with gateway(deployment, work, trace) as (url, key, _):
         for _ in range(rounds):
@@ -421,13 +431,48 @@ def no_tax(
                 direct[str(c)].append(_closed_loop(pipe, trace, c)["tokens_per_s"])
                 through[str(c)].append(whole(url, key, trace, c)["tokens_per_s"])
         streams = {str(c): streamed(url, key, trace, c) for c in in_flight}
-        flooded = flood(url, trace)
-    ratio = {c: round(statistics.median(g / d for g, d in zip(through[c], direct[c], strict=True)), 3) for c in direct}
+        flooded = {"fair_queue_only": flood(url, trace), "noisy_limited_to_8_of_16_slots": flood(url, trace, "noisy-capped")}
+    # rounds 1..n of `direct` pair with the in-process backend, rounds n+1..2n with the gateway
+    ratio = {c: round(statistics.median(g / d for g, d in zip(through[c], direct[c][rounds:], strict=True)), 3)
+             for c in direct}  # fmt: skip
+    in_process = {c: round(statistics.median(b / d for b, d in zip(backend[c], direct[c][:rounds], strict=True)), 3)
+                  for c in direct}  # fmt: skip
     return {
+        "backend_in_process_ratio": in_process,
+        "backend_in_process_tokens_per_s": {c: round(statistics.median(v), 1) for c, v in backend.items()},
         "direct_tokens_per_s": {c: round(statistics.median(v), 1) for c, v in direct.items()},
         "gateway_tokens_per_s": {c: round(statistics.median(v), 1) for c, v in through.items()},
-        "ratio": ratio, "rounds": {"direct": direct, "gateway": through}, "streamed": streams,
+        "ratio": ratio, "rounds": {"direct": direct, "gateway": through, "backend": backend}, "streamed": streams,
     }, flooded  # fmt: skip
+
+
+async def _backend_run(folder: pathlib.Path, trace: list[dict[str, Any]], in_flight: int, threads: int) -> float:
+    """Output tokens/s of the `openvino_llm` backend driven in this process (no HTTP, no gateway)."""
+    from backends.base import GenerateRequest, SamplingParams
+    from backends.openvino_llm.backend import create
+    from backends.spec import DeploymentSpec
+
+    backend = create("bench", DeploymentSpec(backend="openvino_llm", model=str(folder), options=options(threads)))
+    await backend.load()
+    await backend.warmup()
+    pending = list(enumerate(trace))
+    tokens = 0
+
+    async def worker() -> None:
+        nonlocal tokens
+        while pending:
+            i, r = pending.pop(0)
+            sampling = SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
+            request = GenerateRequest(request_id=f"r{i}", prompt_token_ids=r["prompt"], sampling=sampling, stream=False)
+            async for event in backend.generate(request):
+                tokens += len(event.token_ids)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        return tokens / (time.perf_counter() - started)
+    finally:
+        await backend.close()
 
 
 def which_to_pick(
