@@ -303,3 +303,12 @@ def test_the_schema_corpus_has_no_invalid_output_whole_or_streamed(gateway: dict
                 invalid.append((name, text, str(exc)[:200]))
     assert invalid == []
     assert stopped >= len(jobs), f"only {stopped} of {2 * len(jobs)} answers finished within max_tokens"
+
+
+def test_a_stop_string_still_ends_a_constrained_answer(gateway: dict[str, Any]) -> None:
+    """The grammar forces "alpha,beta"; the stop string cuts it where it appears, as without one."""
+    answer = gateway["client"].completions.create(
+        model="m", prompt="x", max_tokens=20, temperature=1.0, stop=[","],
+        extra_body={"guided_regex": "alpha,beta"},
+    )  # fmt: skip
+    assert (answer.choices[0].text, answer.choices[0].finish_reason) == ("alpha", "stop")
