@@ -253,7 +253,7 @@ class LeasePath(Ticking, PartitionTolerance):
                 lease_id=lease_id, lease_ttl_s=self._lease_ttl_s, buckets=b_ops, leases=leases, counters=c_ops,
                 now=now, journal=journal,
             )  # fmt: skip
-        except StoreUnavailable:
+        except (StoreUnavailable, asyncio.CancelledError):  # answer lost, or cut short by a shutdown
             self.unsure.add(lease_id)
             raise
 

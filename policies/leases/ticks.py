@@ -82,9 +82,12 @@ class Ticking:
             self.down_since = None
             self.overspent.clear()
             return True
-        todo, self.pending = self.pending, []
+        # kept in `pending` until answered: a tick cancelled meanwhile (a shutdown) leaves them for
+        # `close` to apply again, which is harmless (each at most once, by its id)
+        todo = list(self.pending)
         answers = await asyncio.gather(*(self._store.settle(**s) for s in todo), return_exceptions=True)
-        self.pending = [s for s, a in zip(todo, answers, strict=True) if isinstance(a, BaseException)] + self.pending
+        done = {id(s) for s, a in zip(todo, answers, strict=True) if not isinstance(a, BaseException)}
+        self.pending = [s for s in self.pending if id(s) not in done]
         for a in answers:
             if isinstance(a, BaseException) and not isinstance(a, StoreUnavailable):
                 log.error("lease_settle_failed", error=repr(a))

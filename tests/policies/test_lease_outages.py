@@ -168,3 +168,74 @@ async def test_redis_cut_with_partition_tolerance(tmp_path, clock) -> None:
         os.kill(pid, signal.SIGCONT)
         await store.close()
         os.kill(pid, signal.SIGTERM)
+
+
+_BURST = textwrap.dedent(
+    """
+    import asyncio, os, sys, time
+    from policies.admission import Admission
+    from policies.errors import RateLimited
+    from policies.leases import LeaseSettings
+    from policies.principal import Principal
+    from policies.stores import open_store
+    from policies.types import Limits, TenantSpec
+
+    async def main() -> None:
+        url, go, now = sys.argv[1], sys.argv[2], float(sys.argv[3])
+        store = await open_store(url)
+        spec = TenantSpec(limits=Limits(requests_per_minute=100))
+        adm = Admission(store, {"acme": spec}, lambda: now, leases=LeaseSettings())  # no refill
+        who = Principal("acme", "0123456789ab", ("*",))
+        print("ready", flush=True)
+        while not os.path.exists(go):
+            time.sleep(0.005)
+
+        async def one() -> int:
+            try:
+                r = await adm.admit(who, "m", 1)
+                await asyncio.sleep(0)
+                await adm.reconcile(r, 1)
+                return 1
+            except RateLimited:
+                return 0
+
+        print(sum(await asyncio.gather(*(one() for _ in range(250)))), adm.leases.stats["local"], flush=True)
+        await adm.close()
+        await store.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_two_processes_with_leases_burst_500_against_100_per_minute(kind, request, tmp_path, clock) -> None:
+    """The issue's case with leases: two processes on one store, 100 per minute, a 500-request burst:
+    exactly 100 admitted, most of them from memory, and 100 recorded."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'state.db'}"
+    else:
+        url = f"{request.getfixturevalue('redis_url')}?prefix=b{uuid.uuid4().hex[:8]}:"
+    go = tmp_path / "go"
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BURST, url, str(go), repr(clock())],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        go.touch()
+        answers = [tuple(map(int, child.stdout.readline().split())) for child in children]  # type: ignore[union-attr]
+    finally:
+        for child in children:
+            child.wait(timeout=30)
+    assert sum(a for a, _ in answers) == 100, answers
+    assert sum(local for _, local in answers) > 0
+    store = await open_store(url)
+    try:
+        assert {u.period: u.requests for u in await store.usage("acme")}["2026-11-21"] == 100
+    finally:
+        await store.close()
