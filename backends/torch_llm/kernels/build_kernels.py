@@ -13,8 +13,8 @@ import time
 
 import msgspec
 
-from backends.torch_llm import attention_cpu, blocked_linear, fused_cpu
-from backends.torch_llm.cpu_extension import CpuKernel, build
+from backends.torch_llm.kernels import attention_cpu, blocked_linear, fused_cpu
+from backends.torch_llm.kernels.cpu_extension import CpuKernel, build
 
 KERNELS: tuple[CpuKernel, ...] = (attention_cpu.KERNEL, fused_cpu.KERNEL, blocked_linear.KERNEL)
 
