@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed-$(INSTALL_KEY)
 # `make test` adds the test tools to the same virtualenv: after `make run` only these are installed
 TEST_STAMP := $(VENV)/.installed-test-$(INSTALL_KEY)
 # the engine's C++ CPU kernels, built once per install (never while serving) when these files change
-KERNEL_FILES := $(wildcard backends/torch_llm/*.cpp) $(addprefix backends/torch_llm/,cpu_extension.py \
+KERNEL_FILES := $(wildcard backends/torch_llm/kernels/*.cpp) $(addprefix backends/torch_llm/kernels/,cpu_extension.py \
   build_kernels.py attention_cpu.py fused_cpu.py blocked_linear.py)
 KERNELS_STAMP := $(VENV)/.kernels-built
 CONFIG ?= configs/demo.yaml
@@ -46,7 +46,7 @@ $(TEST_STAMP): $(STAMP)
 	$(PIP) install -q -e '.[$(EXTRAS),$(TEST_EXTRAS)]'
 	touch $@
 
-# built here, by the install, into the virtualenv (backends/torch_llm/cpu_extension.py): a serving
+# built here, by the install, into the virtualenv (backends/torch_llm/kernels/cpu_extension.py): a serving
 # process only loads them. Without a compiler the engine serves on its fallbacks and says how to build.
 $(KERNELS_STAMP): $(STAMP) $(KERNEL_FILES) | compiler
 	$(VENV)/bin/fleetgate build-kernels \

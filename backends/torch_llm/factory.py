@@ -17,7 +17,7 @@ from backends.torch_llm.lora_pool import LoRAPool
 from backends.torch_llm.lora_weights import load_adapter
 from backends.torch_llm.model_config import ModelConfig
 from backends.torch_llm.options import LLMOptions
-from backends.torch_llm.packed_linear import PackedLinear, fuse_projections, onednn_available, pack_linears
+from backends.torch_llm.kernels.packed_linear import PackedLinear, fuse_projections, onednn_available, pack_linears
 from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
 from backends.torch_llm.scheduler import WaitingQueue
 from backends.torch_llm.tokenizer import TextTokenizer
@@ -84,7 +84,7 @@ def _linear_maker(
     if choice == "torch" or device.type != "cpu":
         return None
     if choice in ("auto", "blocked") and dtype == torch.float32:
-        from backends.torch_llm.blocked_linear import BlockedLinear, kernel_or_none
+        from backends.torch_llm.kernels.blocked_linear import BlockedLinear, kernel_or_none
 
         kernel = kernel_or_none()
         if kernel is not None:
@@ -143,7 +143,7 @@ def build_engine(
             fuse_projections(model)
         pack_linears(model, make=make_linear)
     if options.fused_ops == "auto" and dev.type == "cpu":
-        from backends.torch_llm.fused_cpu import cpu_kernels_or_none
+        from backends.torch_llm.kernels.fused_cpu import cpu_kernels_or_none
 
         model.use_fused_ops(cpu_kernels_or_none(dtype))
     lora = None

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from backends.torch_llm.attention import AttentionMetadata, PagedAttention, PrefillChunk
-from backends.torch_llm.attention_select import AttentionBackend, make_attention
+from backends.torch_llm.kernels.attention_select import AttentionBackend, make_attention
 from backends.torch_llm.lora_pool import LoRAPool
 from backends.torch_llm.model import LlamaForCausalLM
 from backends.torch_llm.sequence import Sequence
 
 if TYPE_CHECKING:
-    from backends.torch_llm.cuda_graphs import DecodeGraphs
+    from backends.torch_llm.kernels.cuda_graphs import DecodeGraphs
 
 
 def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -76,7 +76,7 @@ class ModelRunner:
         not used (not CUDA, LoRA layers, no spare block, or capture or check failed: logged)."""
         if self.device.type != "cuda" or self.lora is not None or not self._spare_block:
             return False
-        from backends.torch_llm.cuda_graphs import decode_graphs_or_none
+        from backends.torch_llm.kernels.cuda_graphs import decode_graphs_or_none
 
         self.graphs = decode_graphs_or_none(
             self.model, self.kv_caches, self.attention, block_size=self.block_size,

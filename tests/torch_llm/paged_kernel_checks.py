@@ -35,7 +35,7 @@ def kernel_errors(device: str = "cpu", dtype_name: str = "float32") -> list[floa
     import torch
     import torch.nn.functional as F
 
-    from backends.torch_llm.triton_decode import paged_decode_attention
+    from backends.torch_llm.kernels.triton_decode import paged_decode_attention
 
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(0)

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from backends.torch_llm import blocked_linear  # noqa: E402
-from backends.torch_llm.blocked_linear import BlockedLinear, block_weight  # noqa: E402
-from backends.torch_llm.packed_linear import PackedLinear, onednn_available  # noqa: E402
+from backends.torch_llm.kernels import blocked_linear  # noqa: E402
+from backends.torch_llm.kernels.blocked_linear import BlockedLinear, block_weight  # noqa: E402
+from backends.torch_llm.kernels.packed_linear import PackedLinear, onednn_available  # noqa: E402
 from tests.torch_llm.conftest import engine_for, serve_without_compiler  # noqa: E402
 
 

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 cpp_extension = pytest.importorskip("torch.utils.cpp_extension")
 
 from backends.base import SamplingParams  # noqa: E402
-from backends.torch_llm import attention_cpu, blocked_linear, build_kernels, cpu_extension, fused_cpu  # noqa: E402
+from backends.torch_llm.kernels import attention_cpu, blocked_linear, build_kernels, cpu_extension, fused_cpu  # noqa: E402
 from tests.torch_llm.conftest import engine_for, make_prompts, run_engine  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_a_built_kernel_loads_in_a_fresh_process_without_the_compiler() -> None:
             raise AssertionError("compiled while serving")
 
         ext.load_inline = ext.load = compiling
-        from backends.torch_llm import attention_cpu, blocked_linear, fused_cpu
+        from backends.torch_llm.kernels import attention_cpu, blocked_linear, fused_cpu
 
         assert attention_cpu.load_kernel().paged_decode
         assert fused_cpu.cpu_kernels_or_none(torch.float32) is not None

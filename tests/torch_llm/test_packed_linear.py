@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from backends.torch_llm.packed_linear import PackedLinear, onednn_available, pack_linears  # noqa: E402
+from backends.torch_llm.kernels.packed_linear import PackedLinear, onednn_available, pack_linears  # noqa: E402
 from tests.torch_llm.conftest import engine_for  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not onednn_available(torch.float32), reason="no oneDNN in this torch build")
@@ -47,7 +47,7 @@ def test_engine_packs_projections_on_cpu_and_not_a_tied_head(llama_dir, qwen2_di
 
 def test_fused_projections_equal_the_separate_ones(llama_dir) -> None:
     from backends.torch_llm.loader import load_model
-    from backends.torch_llm.packed_linear import fuse_projections
+    from backends.torch_llm.kernels.packed_linear import fuse_projections
 
     model = load_model(llama_dir, torch.device("cpu"), torch.float32)
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp

@@ -67,7 +67,7 @@ def test_kernel_that_cannot_run_falls_back_with_one_warning(llama_dir: pathlib.P
 def test_kernel_failing_mid_run_falls_back_once(llama_dir: pathlib.Path) -> None:
     # A kernel that passed its probe but fails later (e.g. a new specialisation fails to compile):
     # installed as if its probe had passed; with no interpreter here, its first launch fails for real.
-    from backends.torch_llm.attention_triton import TritonPagedAttention
+    from backends.torch_llm.kernels.attention_triton import TritonPagedAttention
 
     engine = engine_for(llama_dir)
     runner = engine.runner

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
         print("torch is not installed (the `torch` extra): no engine kernels to build", file=sys.stderr)
         torch_results: list[Any] = []
     else:
-        from backends.torch_llm.build_kernels import build_all
+        from backends.torch_llm.kernels.build_kernels import build_all
 
         torch_results = build_all()
     failed = 0

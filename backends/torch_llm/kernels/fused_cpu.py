@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from backends.torch_llm.cpu_extension import CpuKernel, checked_or_none, load_built
+from backends.torch_llm.kernels.cpu_extension import CpuKernel, checked_or_none, load_built
 
 KERNEL = CpuKernel(
     prefix="fleetgate_fused_ops",

@@ -24,11 +24,11 @@ import structlog
 import torch
 
 from backends.torch_llm.attention import AttentionMetadata
-from backends.torch_llm.cpu_extension import checked_or_none
+from backends.torch_llm.kernels.cpu_extension import checked_or_none
 from backends.torch_llm.model import LlamaForCausalLM
 
 if TYPE_CHECKING:  # attention_triton imports triton: only where the Triton path was chosen
-    from backends.torch_llm.attention_triton import TritonPagedAttention
+    from backends.torch_llm.kernels.attention_triton import TritonPagedAttention
 
 log = structlog.get_logger("fleetgate.torch_llm")
 
@@ -80,7 +80,7 @@ class DecodeGraphs:
         self._capture()
 
     def _meta(self, b: int) -> AttentionMetadata:
-        from backends.torch_llm.attention_triton import TritonDecodes
+        from backends.torch_llm.kernels.attention_triton import TritonDecodes
 
         decodes = TritonDecodes(self.table[:b], self.lens[:b], [], [])
         return AttentionMetadata(slot_mapping=self.slots[:b], num_decodes=b, decodes=decodes)

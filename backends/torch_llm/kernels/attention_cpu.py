@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from backends.torch_llm.attention import TorchPagedAttention
-from backends.torch_llm.cpu_extension import CpuKernel, load_built
+from backends.torch_llm.kernels.cpu_extension import CpuKernel, load_built
 
 KERNEL = CpuKernel(
     prefix="fleetgate_paged_decode",

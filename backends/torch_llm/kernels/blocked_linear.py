@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from backends.torch_llm.cpu_extension import CpuKernel, checked_or_none, load_built
+from backends.torch_llm.kernels.cpu_extension import CpuKernel, checked_or_none, load_built
 
 BLOCK = 16  # output columns per block (the kernel's register tile width)
 KERNEL = CpuKernel(

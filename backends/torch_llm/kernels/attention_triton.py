@@ -17,7 +17,7 @@ import structlog
 import torch
 
 from backends.torch_llm.attention import TorchPagedAttention
-from backends.torch_llm.triton_decode import paged_decode_attention
+from backends.torch_llm.kernels.triton_decode import paged_decode_attention
 
 log = structlog.get_logger(__name__)
 

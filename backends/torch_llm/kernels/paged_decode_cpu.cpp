@@ -1,7 +1,7 @@
 // Paged decode attention for CPU: every decode row attends to its context straight from the KV
 // block pool through its block table, with no gathered copy of the context (gather + SDPA reads the
 // keys and values three times: the gather's read and write, then SDPA's read). Built at first use by
-// torch.utils.cpp_extension (backends/torch_llm/attention_cpu.py).
+// torch.utils.cpp_extension (backends/torch_llm/kernels/attention_cpu.py).
 //
 // Work is split over decode rows (and ranges of their KV heads when rows are few) with torch's
 // intra-op threads. Per item: the scaled query heads, one pass over the keys for the scores (float

@@ -1,6 +1,6 @@
 // Fused elementwise steps of a Llama decoder layer for CPU: each replaces a chain of 4-8 small
 // torch ops (one dispatch, one temporary and one pass over memory each) by one pass. Built at first
-// use by torch.utils.cpp_extension (backends/torch_llm/fused_cpu.py).
+// use by torch.utils.cpp_extension (backends/torch_llm/kernels/fused_cpu.py).
 //
 // The arithmetic is the reference model's, op for op, in the same precision: an intermediate the
 // reference rounds to the tensor's dtype is rounded here too, and the build does not contract

@@ -55,7 +55,7 @@ def make_attention(
         )
         return fallback
     try:
-        from backends.torch_llm.attention_triton import TritonPagedAttention
+        from backends.torch_llm.kernels.attention_triton import TritonPagedAttention
 
         fast = TritonPagedAttention(*shape, block_size=block_size, device=device)
         error = probe(fast, fallback, dtype)
@@ -73,7 +73,7 @@ def _cpu_kernel_or(
 ) -> PagedAttention:
     """The C++ decode kernel when it builds and agrees with gather + SDPA, else `fallback`."""
     try:
-        from backends.torch_llm.attention_cpu import CpuPagedAttention
+        from backends.torch_llm.kernels.attention_cpu import CpuPagedAttention
 
         fast = CpuPagedAttention(*shape, block_size=block_size, device=torch.device("cpu"))
         error = probe(fast, fallback, dtype)

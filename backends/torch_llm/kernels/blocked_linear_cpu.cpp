@@ -1,6 +1,6 @@
 // y = x W^T + b for float32 on CPU, with W stored once at load in a blocked layout: [N/16][K][16],
 // the 16 output columns of a block side by side for every k (zero rows pad N to a multiple of 16).
-// Built at first use by torch.utils.cpp_extension (backends/torch_llm/blocked_linear.py).
+// Built at first use by torch.utils.cpp_extension (backends/torch_llm/kernels/blocked_linear.py).
 //
 // Why our own: a decode step multiplies 1-16 rows by each weight, so the cost is reading the
 // weight once (memory bound) plus the per-call overhead; oneDNN's packed linears spent 30-50 % more
