@@ -85,7 +85,7 @@ def _check_adapters(name: str, adapters: dict[str, str], folder: pathlib.Path, o
     """Refuse at config time an adapter that cannot serve on this base (headers only, no tensors)."""
     if not adapters:
         return
-    from backends.torch_llm.lora_weights import inspect_adapter
+    from backends.torch_llm.lora.weights import inspect_adapter
 
     base = ModelConfig.from_folder(folder)
     for adapter, path in adapters.items():
@@ -234,7 +234,7 @@ class TorchLLMBackend:
                 this deployment has no LoRA layers (`adapters` or `options.enable_lora`).
             BackendUnavailable: the deployment is not loaded.
         """
-        from backends.torch_llm.lora_weights import load_adapter
+        from backends.torch_llm.lora.weights import load_adapter
 
         engine, parts = self._engine, self._parts
         if engine is None or parts is None:

@@ -8,7 +8,7 @@ import torch
 
 from backends.torch_llm.attention import AttentionMetadata, PagedAttention, PrefillChunk
 from backends.torch_llm.kernels.attention_select import AttentionBackend, make_attention
-from backends.torch_llm.lora_pool import LoRAPool
+from backends.torch_llm.lora.pool import LoRAPool
 from backends.torch_llm.model import LlamaForCausalLM
 from backends.torch_llm.sequence import Sequence
 

@@ -161,7 +161,7 @@ def test_bfloat16_switches_to_dequant_for_many_rows() -> None:
 
 
 def test_works_as_a_lora_base() -> None:
-    lora_layers = pytest.importorskip("backends.torch_llm.lora_layers")
+    lora_layers = pytest.importorskip("backends.torch_llm.lora.layers")
     base = Int8Linear.from_linear(_linear(32, 64, bias=True, dtype=torch.bfloat16))
     wrapped = lora_layers.LoRALinear(base, 64, 32, num_slots=2, max_rank=4, batch=lora_layers.LoRABatch())
     assert wrapped.a_slots.dtype == torch.bfloat16, "the wrapper must see the compute dtype"

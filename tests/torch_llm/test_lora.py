@@ -14,7 +14,7 @@ peft = pytest.importorskip("peft")
 
 from backends.base import SamplingParams  # noqa: E402
 from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
-from backends.torch_llm.lora_weights import inspect_adapter, load_adapter  # noqa: E402
+from backends.torch_llm.lora.weights import inspect_adapter, load_adapter  # noqa: E402
 from backends.torch_llm.model_config import ModelConfig  # noqa: E402
 from tests.lora_adapters import write_peft_adapter  # noqa: E402
 from tests.torch_llm.conftest import engine_for, make_prompts  # noqa: E402
@@ -136,7 +136,7 @@ def test_fewer_slots_than_adapters_pages_them_and_still_matches(
 ) -> None:
     # two device slots for three adapters, chunked prefill beside decodes, staggered arrivals, and
     # the decode rows' adapter matrices gathered 5 rows at a time
-    monkeypatch.setattr("backends.torch_llm.lora_layers.GATHER_ROWS", 5)
+    monkeypatch.setattr("backends.torch_llm.lora.layers.GATHER_ROWS", 5)
     engine = lora_engine(
         llama_dir, adapter_dirs, max_loras=2, max_num_batched_tokens=16, max_prefill_tokens_with_decodes=5
     )

@@ -17,8 +17,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from backends.torch_llm.lora_layers import LoRABatch, LoRALinear
-from backends.torch_llm.lora_weights import TARGETABLE, LoRAAdapter
+from backends.torch_llm.lora.layers import LoRABatch, LoRALinear
+from backends.torch_llm.lora.weights import TARGETABLE, LoRAAdapter
 
 
 def wrap_projections(
