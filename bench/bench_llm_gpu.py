@@ -29,8 +29,8 @@ from typing import Any
 import structlog
 
 from backends.base import SamplingParams
-from backends.torch_llm.costs import decode_bytes_per_step, kv_bytes_per_token, parameter_count
-from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.model.costs import decode_bytes_per_step, kv_bytes_per_token, parameter_count
+from backends.torch_llm.model.config import ModelConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def build_random_model(cfg: ModelConfig, device: Any, dtype: Any, seed: int = 0)
     """The model with random weights drawn on `device` (norms 1, matrices N(0, 0.02))."""
     import torch
 
-    from backends.torch_llm.loader import build_model
+    from backends.torch_llm.model.loader import build_model
 
     model = build_model(cfg, torch.device(device), dtype)
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -34,7 +34,7 @@ from backends.base import SamplingParams
 from backends.demo_models.tiny_llama import write_tiny_llama
 from backends.torch_llm.factory import build_engine
 from backends.torch_llm.lora.weights import linear_shapes, load_adapter
-from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.model.config import ModelConfig
 from backends.torch_llm.options import LLMOptions
 from bench.bench_llm_engine import TRACE, load_trace
 

@@ -30,7 +30,7 @@ from backends.openvino_llm.export import read_manifest
 from backends.openvino_llm.options import OpenVINOLLMOptions, device_problem, parse_options
 from backends.openvino_llm.sampling import check_request, check_sampling, generation_config
 from backends.spec import DeploymentSpec
-from backends.torch_llm.model_config import read_sampling_defaults, with_model_defaults
+from backends.torch_llm.model.config import read_sampling_defaults, with_model_defaults
 
 log = structlog.get_logger(__name__)
 

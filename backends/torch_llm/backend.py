@@ -29,7 +29,7 @@ from backends.spec import DeploymentSpec
 from backends.tool_parsers import default_parser
 from backends.tool_parsers.plan import TOOL_FIELDS, plan_tools, shown_tools, template_messages
 from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
-from backends.torch_llm.model_config import ModelConfig, read_sampling_defaults, with_model_defaults
+from backends.torch_llm.model.config import ModelConfig, read_sampling_defaults, with_model_defaults
 from backends.torch_llm.options import LLMOptions, decode_options
 from backends.torch_llm.structured.compiler import STRUCTURED_FIELDS, GrammarCompiler
 

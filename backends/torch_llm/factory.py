@@ -12,10 +12,10 @@ from torch import nn
 
 from backends.cores import default_threads
 from backends.torch_llm.engine import EngineConfig, LLMEngine
-from backends.torch_llm.loader import load_model, resolve_dtype
+from backends.torch_llm.model.loader import load_model, resolve_dtype
 from backends.torch_llm.lora.pool import LoRAPool
 from backends.torch_llm.lora.weights import load_adapter
-from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.model.config import ModelConfig
 from backends.torch_llm.options import LLMOptions
 from backends.torch_llm.kernels.packed_linear import PackedLinear, fuse_projections, onednn_available, pack_linears
 from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
@@ -132,7 +132,7 @@ def build_engine(
         torch.set_num_threads(threads)
     model = load_model(folder, dev, dtype)
     if options.quantization is not None:
-        from backends.torch_llm.quantization import check_quantization, quantize_linears
+        from backends.torch_llm.model.quantization import check_quantization, quantize_linears
 
         check_quantization(options.quantization, dev.type)
         quantize_linears(model)

@@ -34,7 +34,7 @@ def llm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_eos(llm_folder: Path) -> int:
-    from backends.torch_llm.model_config import ModelConfig
+    from backends.torch_llm.model.config import ModelConfig
 
     return ModelConfig.from_folder(llm_folder).eos_token_ids[0]
 

@@ -16,7 +16,7 @@ SCRIPT = """
 import sys
 import tensorflow  # noqa: F401  (as a gateway with a tfserving deployment has it)
 import torch
-from backends.torch_llm.attention import TorchPagedAttention
+from backends.torch_llm.model.attention import TorchPagedAttention
 from backends.torch_llm.kernels.attention_select import make_attention
 
 impl = make_attention(torch.device("cpu"), 4, 2, 8, block_size=16, dtype=torch.float32, backend="triton")

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from backends.torch_llm.costs import (
+from backends.torch_llm.model.costs import (
     decode_bytes_per_step,
     kv_bytes_per_token,
     parameter_count,

@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from backends.demo_models.tiny_llama import write_tiny_llama, write_tokenizer
-from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.model.config import ModelConfig
 from backends.torch_llm.tokenizer import TextTokenizer
 
 #: three templates in the styles of the three families (written for these tests): a dated system

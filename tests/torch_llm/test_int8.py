@@ -1,4 +1,4 @@
-"""Weight-only int8 (`backends.torch_llm.quantization`): error bounds, model outputs, memory, refusal.
+"""Weight-only int8 (`backends.torch_llm.model.quantization`): error bounds, model outputs, memory, refusal.
 
 Bounds used below, with `s_n` the scale of output channel n and `Wq = q * s` the dequantised weight:
 
@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from backends.torch_llm import quantization  # noqa: E402
-from backends.torch_llm.loader import load_model  # noqa: E402
-from backends.torch_llm.quantization import (  # noqa: E402
+from backends.torch_llm.model import quantization  # noqa: E402
+from backends.torch_llm.model.loader import load_model  # noqa: E402
+from backends.torch_llm.model.quantization import (  # noqa: E402
     Int8Linear,
     check_quantization,
     quantize_linears,

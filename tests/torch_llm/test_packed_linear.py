@@ -46,7 +46,7 @@ def test_engine_packs_projections_on_cpu_and_not_a_tied_head(llama_dir, qwen2_di
 
 
 def test_fused_projections_equal_the_separate_ones(llama_dir) -> None:
-    from backends.torch_llm.loader import load_model
+    from backends.torch_llm.model.loader import load_model
     from backends.torch_llm.kernels.packed_linear import fuse_projections
 
     model = load_model(llama_dir, torch.device("cpu"), torch.float32)

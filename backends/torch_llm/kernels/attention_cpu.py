@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from backends.torch_llm.attention import TorchPagedAttention
+from backends.torch_llm.model.attention import TorchPagedAttention
 from backends.torch_llm.kernels.cpu_extension import CpuKernel, load_built
 
 KERNEL = CpuKernel(

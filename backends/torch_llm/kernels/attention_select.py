@@ -17,7 +17,7 @@ from typing import Literal
 import structlog
 import torch
 
-from backends.torch_llm.attention import AttentionMetadata, PagedAttention, TorchPagedAttention
+from backends.torch_llm.model.attention import AttentionMetadata, PagedAttention, TorchPagedAttention
 
 log = structlog.get_logger(__name__)
 

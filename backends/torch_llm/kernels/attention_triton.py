@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 import torch
 
-from backends.torch_llm.attention import TorchPagedAttention
+from backends.torch_llm.model.attention import TorchPagedAttention
 from backends.torch_llm.kernels.triton_decode import paged_decode_attention
 
 log = structlog.get_logger(__name__)

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import torch
 
-from backends.torch_llm.attention import AttentionMetadata
+from backends.torch_llm.model.attention import AttentionMetadata
 from backends.torch_llm.kernels.cpu_extension import checked_or_none
-from backends.torch_llm.model import LlamaForCausalLM
+from backends.torch_llm.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:  # attention_triton imports triton: only where the Triton path was chosen
     from backends.torch_llm.kernels.attention_triton import TritonPagedAttention

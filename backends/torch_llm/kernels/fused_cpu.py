@@ -47,7 +47,7 @@ def cpu_kernels_or_none(dtype: torch.dtype) -> Any | None:
 
 def probe(kernels: Any, dtype: torch.dtype) -> str | None:
     """Each kernel against the torch ops it replaces, on random rows; None when all agree."""
-    from backends.torch_llm.model import RMSNorm, apply_rotary
+    from backends.torch_llm.model.llama import RMSNorm, apply_rotary
 
     gen = torch.Generator().manual_seed(0)
     rows, hidden, heads, kv_heads, head_dim = 5, 96, 3, 1, 32

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.model.config import ModelConfig
 
 #: the linear layers an adapter may target, by their name in the decoder layer
 TARGETABLE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

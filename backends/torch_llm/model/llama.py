@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.torch_llm.attention import AttentionMetadata, PagedAttention
-from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.model.attention import AttentionMetadata, PagedAttention
+from backends.torch_llm.model.config import ModelConfig
 
 
 class RMSNorm(nn.Module):

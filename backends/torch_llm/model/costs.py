@@ -8,7 +8,7 @@ measured copy bandwidth by these bytes gives the step rate the device cannot bea
 
 from __future__ import annotations
 
-from backends.torch_llm.model_config import ModelConfig
+from backends.torch_llm.model.config import ModelConfig
 
 
 def parameter_count(cfg: ModelConfig) -> int:
