@@ -10,6 +10,7 @@ acquire per request.
 from __future__ import annotations
 
 import math
+from secrets import token_hex
 
 from policies.stores import token_bucket
 from policies.stores.base import BucketOp, BucketView, CounterOp
@@ -105,13 +106,25 @@ class SliceBook:
             if g.left[key] <= token_bucket.BUCKET_EPSILON:
                 ks.grants.pop(0)
 
-    def refund(self, key: str, units: float) -> bool:
-        """Units a request reserved and did not use, back into the newest slice of `key` held; False
-        when none is held (the refund then goes to the store with the next batch)."""
+    def refund(self, key: str, units: float, op: BucketOp | CounterOp) -> bool:
+        """Units a request reserved and did not use (`op`: its settle op), back into the newest slice
+        of `key` held, or into a slice of their own that holds only them (never journaled: the store
+        already counts them, as it counts a slice, and its tick gives them back the same way). False
+        when this process no longer follows `key` (the refund then goes with the next batch).
+
+        So a refund is admitted from here at once, as a per-request settle would free it in the store."""
         ks = self.keys.get(key)
-        grant = next((g for g in reversed(list(self.open.values())) if key in g.left), None)
-        if ks is None or grant is None:
+        if ks is None:
             return False
+        grant = next((g for g in reversed(list(self.open.values())) if key in g.left), None)
+        if grant is None:
+            grant = Grant(f"refund.{token_hex(12)}")
+            if isinstance(op, BucketOp):
+                grant.buckets[key] = op
+            else:
+                grant.counters[key] = op
+            grant.left[key] = 0.0
+            self.open[grant.id] = grant
         if grant.left[key] <= token_bucket.BUCKET_EPSILON:
             ks.grants.append(grant)
         grant.left[key] += units

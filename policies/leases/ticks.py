@@ -33,8 +33,8 @@ class Ticking:
             pool = self.slots.get(key)
             if pool is not None:
                 pool.release()
-        buckets = [b for b in settle["buckets"] if not (b.cost < 0 and self.book.refund(b.key, -b.cost))]
-        counters = [c for c in settle["counters"] if not (c.cost < 0 and self.book.refund(c.key, -c.cost))]
+        buckets = [b for b in settle["buckets"] if not (b.cost < 0 and self.book.refund(b.key, -b.cost, b))]
+        counters = [c for c in settle["counters"] if not (c.cost < 0 and self.book.refund(c.key, -c.cost, c))]
         self.ledger.add(buckets, counters, settle["usage"])
 
     async def flush(self, *, retake: bool = True) -> None:
