@@ -49,6 +49,9 @@ class Ticking:
         async with self._topping:
             active = self.book.tick(now - self._last_tick, now)
             self._last_tick = now
+            # what keys no longer in use leave behind goes, so memory follows the keys in use
+            self._templates = {k: op for k, op in self._templates.items() if k in self.book.keys}
+            self.slots = {k: p for k, p in self.slots.items() if p.held or p.busy or p.extra}
             for g in self.book.take_all() + self._closing:
                 buckets, counters = g.give_back()
                 self.pending.append(settle_args(g.id, buckets=buckets, counters=counters, now=now))
