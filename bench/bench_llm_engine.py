@@ -37,8 +37,8 @@ import torch
 
 from backends.base import SamplingParams
 from backends.demo_models.tiny_llama import write_tiny_llama
-from backends.torch_llm.model.costs import kv_bytes_per_token, weight_bytes_per_step
 from backends.torch_llm.factory import build_engine
+from backends.torch_llm.model.costs import kv_bytes_per_token, weight_bytes_per_step
 from backends.torch_llm.options import LLMOptions
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -29,8 +29,8 @@ from typing import Any
 import structlog
 
 from backends.base import SamplingParams
-from backends.torch_llm.model.costs import decode_bytes_per_step, kv_bytes_per_token, parameter_count
 from backends.torch_llm.model.config import ModelConfig
+from backends.torch_llm.model.costs import decode_bytes_per_step, kv_bytes_per_token, parameter_count
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -41,8 +41,8 @@ import torch
 from backends.base import SamplingParams
 from backends.demo_models.tiny_llama import write_tiny_llama
 from backends.torch_llm.engine import EngineConfig, LLMEngine
-from backends.torch_llm.model.loader import DTYPES, load_model
 from backends.torch_llm.kernels.packed_linear import PackedLinear, fuse_projections, pack_linears
+from backends.torch_llm.model.loader import DTYPES, load_model
 from backends.torch_llm.model.quantization import Int8Linear, quantize_linears, set_kernel, weight_bytes
 from backends.torch_llm.runner import ModelRunner
 from backends.torch_llm.sequence import Sequence

@@ -439,8 +439,8 @@ def round_prompts(reqs: list[dict], rnd: int) -> list[dict]:
 def bandwidth_bound(folder: pathlib.Path, context: float) -> dict:
     import torch
 
-    from backends.torch_llm.model.costs import kv_bytes_per_token, weight_bytes_per_step
     from backends.torch_llm.model.config import ModelConfig
+    from backends.torch_llm.model.costs import kv_bytes_per_token, weight_bytes_per_step
 
     cfg = ModelConfig.from_folder(folder)
     weights = weight_bytes_per_step(cfg, 4)

@@ -12,12 +12,17 @@ from torch import nn
 
 from backends.cores import default_threads
 from backends.torch_llm.engine import EngineConfig, LLMEngine
-from backends.torch_llm.model.loader import load_model, resolve_dtype
+from backends.torch_llm.kernels.packed_linear import (
+    PackedLinear,
+    fuse_projections,
+    onednn_available,
+    pack_linears,
+)
 from backends.torch_llm.lora.pool import LoRAPool
 from backends.torch_llm.lora.weights import load_adapter
 from backends.torch_llm.model.config import ModelConfig
+from backends.torch_llm.model.loader import load_model, resolve_dtype
 from backends.torch_llm.options import LLMOptions
-from backends.torch_llm.kernels.packed_linear import PackedLinear, fuse_projections, onednn_available, pack_linears
 from backends.torch_llm.runner import ModelRunner, kv_bytes_per_block
 from backends.torch_llm.scheduler import WaitingQueue
 from backends.torch_llm.tokenizer import TextTokenizer

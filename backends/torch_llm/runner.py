@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from backends.torch_llm.model.attention import AttentionMetadata, PagedAttention, PrefillChunk
 from backends.torch_llm.kernels.attention_select import AttentionBackend, make_attention
 from backends.torch_llm.lora.pool import LoRAPool
+from backends.torch_llm.model.attention import AttentionMetadata, PagedAttention, PrefillChunk
 from backends.torch_llm.model.llama import LlamaForCausalLM
 from backends.torch_llm.sequence import Sequence
 

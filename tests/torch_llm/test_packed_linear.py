@@ -46,8 +46,8 @@ def test_engine_packs_projections_on_cpu_and_not_a_tied_head(llama_dir, qwen2_di
 
 
 def test_fused_projections_equal_the_separate_ones(llama_dir) -> None:
-    from backends.torch_llm.model.loader import load_model
     from backends.torch_llm.kernels.packed_linear import fuse_projections
+    from backends.torch_llm.model.loader import load_model
 
     model = load_model(llama_dir, torch.device("cpu"), torch.float32)
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from backends.torch_llm.model.attention import TorchPagedAttention
 from backends.torch_llm.kernels.cpu_extension import CpuKernel, load_built
+from backends.torch_llm.model.attention import TorchPagedAttention
 
 KERNEL = CpuKernel(
     prefix="fleetgate_paged_decode",

@@ -16,8 +16,8 @@ from typing import Any
 import structlog
 import torch
 
-from backends.torch_llm.model.attention import TorchPagedAttention
 from backends.torch_llm.kernels.triton_decode import paged_decode_attention
+from backends.torch_llm.model.attention import TorchPagedAttention
 
 log = structlog.get_logger(__name__)
 

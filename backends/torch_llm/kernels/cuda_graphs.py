@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import torch
 
-from backends.torch_llm.model.attention import AttentionMetadata
 from backends.torch_llm.kernels.cpu_extension import checked_or_none
+from backends.torch_llm.model.attention import AttentionMetadata
 from backends.torch_llm.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:  # attention_triton imports triton: only where the Triton path was chosen

@@ -7,8 +7,8 @@ import pathlib
 import torch
 from safetensors.torch import load_file
 
-from backends.torch_llm.model.llama import LlamaForCausalLM, rope_inv_freq
 from backends.torch_llm.model.config import ModelConfig
+from backends.torch_llm.model.llama import LlamaForCausalLM, rope_inv_freq
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
