@@ -23,10 +23,7 @@ MAX_MODULES = 15
 #: modules and folders over the size rules today: (lines or modules) they may not exceed. Shrink
 #: a number when the code shrinks; never raise one (split the module instead).
 KNOWN_LARGE: dict[str, int] = {
-    "backends/torch_llm/backend.py": 498,
     "gateway/core/service.py": 412,
-    "backends/torch_llm/engine.py": 411,
-    "backends/torch_llm": 34,
 }
 
 

@@ -21,17 +21,25 @@ from backends.base import (
     SamplingParams,
     TensorSpec,
     TokenEvent,
-    TokenLogprob,
     Usage,
 )
-from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput, ModelNotFound
+from backends.errors import BackendUnavailable, InvalidInput, ModelNotFound
 from backends.spec import DeploymentSpec
 from backends.tool_parsers import default_parser
-from backends.tool_parsers.plan import TOOL_FIELDS, plan_tools, shown_tools, template_messages
-from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
+from backends.tool_parsers.plan import plan_tools
 from backends.torch_llm.model.config import ModelConfig, read_sampling_defaults, with_model_defaults
 from backends.torch_llm.options import LLMOptions, decode_options
-from backends.torch_llm.structured.compiler import STRUCTURED_FIELDS, GrammarCompiler
+from backends.torch_llm.requests import (
+    FAILED,
+    check_sampling,
+    check_supported,
+    check_token_biases,
+    failure,
+    fingerprint,
+    token_logprobs,
+    tokenize,
+)
+from backends.torch_llm.structured.compiler import GrammarCompiler
 
 if TYPE_CHECKING:
     from backends.torch_llm.async_engine import AsyncLLMEngine
@@ -40,20 +48,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-#: a token holds at most this many characters in any tokenizer we serve (English averages ~4):
-#: a longer prompt cannot fit max_model_len, and is refused before tokenizing it
-_MAX_CHARS_PER_TOKEN = 32
-#: prompts up to this many characters are tokenized on the event loop (a thread hop costs more)
-_INLINE_TOKENIZE_CHARS = 16_384
 #: prompt tokens kept, over all counted prompts waiting for their `generate` call
 _MAX_TOKENIZED_TOKENS = 1 << 20
-
-
-def _fingerprint(request: GenerateRequest) -> int:
-    """Identifies a prompt, so ids counted for one request are never used for another with its id."""
-    # all the chat template renders: the messages with their tool context, and the tools shown
-    chat = repr((template_messages(request.messages or []), shown_tools(request)))
-    return hash((request.prompt, chat, tuple(request.prompt_token_ids or ())))
 
 
 def create(name: str, spec: DeploymentSpec) -> TorchLLMBackend:
@@ -300,13 +296,13 @@ class TorchLLMBackend:
 
         The ids are kept for `generate` of the same request id, so a prompt is tokenized once.
         """
-        _check_supported(request)  # before admission: a request this engine cannot honour costs nothing
+        check_supported(request)  # before admission: a request this engine cannot honour costs nothing
         self._check_adapter(request.adapter)
         tools = plan_tools(request, self._tool_parser)
         request = tools.constrained(request) if tools else request
         await self._grammar(request)  # compiled (and cached) now: a schema it cannot enforce costs nothing
         ids = await self._tokenize(request)
-        self._tokenized[request.request_id] = (_fingerprint(request), ids)
+        self._tokenized[request.request_id] = (fingerprint(request), ids)
         self._tokenized_total += len(ids)
         # Refused requests (rate limit, queue full, fallback) never take theirs: bounded by tokens,
         # oldest first, so a tenant at its limit cannot make this grow.
@@ -315,17 +311,9 @@ class TorchLLMBackend:
         return len(ids)
 
     async def _tokenize(self, request: GenerateRequest) -> list[int]:
-        """`_prompt_ids`, refusing an oversized prompt before any tokenizing, large ones off the loop."""
-        text_bytes = len(request.prompt or "") + sum(len(m.content) for m in request.messages or [])
-        max_len = self._parts.max_model_len if self._parts else None
-        if max_len is not None and text_bytes > max_len * _MAX_CHARS_PER_TOKEN:
-            raise InvalidInput(
-                f"the prompt has {text_bytes} characters, far more than this deployment's "
-                f"max_model_len of {max_len} tokens can hold"
-            )
-        if text_bytes > _INLINE_TOKENIZE_CHARS:  # milliseconds of work: keep the event loop free
-            return await asyncio.to_thread(self._prompt_ids, request)
-        return self._prompt_ids(request)
+        parts = self._parts
+        vocab, max_len = (parts.config.vocab_size, parts.max_model_len) if parts else (None, None)
+        return await tokenize(request, self._tokenizer, vocab, max_len)
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:
@@ -344,14 +332,14 @@ class TorchLLMBackend:
         counted = self._tokenized.pop(request.request_id, None)
         if counted is not None:
             self._tokenized_total -= len(counted[1])
-        ids = counted[1] if counted and counted[0] == _fingerprint(request) else await self._tokenize(request)
-        _check_supported(request)
+        ids = counted[1] if counted and counted[0] == fingerprint(request) else await self._tokenize(request)
+        check_supported(request)
         self._check_adapter(request.adapter)
         tools = plan_tools(request, self._tool_parser)  # tool calls read from the text, if asked for
         request = tools.constrained(request) if tools else request
         calls = tools.output() if tools else None
         sampling = with_model_defaults(request.sampling, self._sampling_defaults)
-        _check_sampling(sampling)
+        check_sampling(sampling)
         try:  # checked here too: a refusal inside the engine thread would end the stream as an error
             check_token_biases(sampling.logit_bias, self._parts.config.vocab_size)
         except ValueError as exc:
@@ -373,9 +361,9 @@ class TorchLLMBackend:
         try:
             while True:
                 out = await queue.get()
-                if out.finish_reason in _FAILED:
+                if out.finish_reason in FAILED:
                     finished = True  # the engine has already let go of it
-                    raise _failure(self.name, out.finish_reason, out.error)
+                    raise failure(self.name, out.finish_reason, out.error)
                 completion += len(out.token_ids)
                 done = out.finish_reason is not None
                 event = TokenEvent(
@@ -383,7 +371,7 @@ class TorchLLMBackend:
                     text=out.text,
                     token_ids=out.token_ids,
                     logprobs=out.logprobs,
-                    token_logprobs=self._token_logprobs(out) if sampling.logprobs else None,
+                    token_logprobs=token_logprobs(out, self._tokenizer) if sampling.logprobs else None,
                     finish_reason=out.finish_reason,
                     usage=Usage(prompt_tokens=len(ids), completion_tokens=completion) if done else None,
                 )
@@ -401,98 +389,7 @@ class TorchLLMBackend:
             return None
         return await self._grammars.for_request(request.sampling.structured)
 
-    def _token_logprobs(self, out: Any) -> list[TokenLogprob] | None:
-        """The output's tokens as OpenAI logprobs entries (text, raw bytes, logprob, alternatives)."""
-        if out.logprobs is None:
-            return None
-        tok = self._tokenizer()
-
-        def entry(token_id: int, logprob: float) -> TokenLogprob:
-            raw = tok.token_bytes(token_id)
-            return TokenLogprob(token=raw.decode("utf-8", "replace"), bytes=list(raw), logprob=logprob)
-
-        tops = out.top_logprobs or [[] for _ in out.token_ids]
-        entries = []
-        for token_id, logprob, top in zip(out.token_ids, out.logprobs, tops, strict=True):
-            item = entry(token_id, logprob)
-            item.top = [entry(i, lp) for i, lp in top]
-            entries.append(item)
-        return entries
-
-    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
-        given = [x is not None for x in (request.prompt, request.prompt_token_ids, request.messages)]
-        if sum(given) != 1:
-            raise InvalidInput("give exactly one of prompt, prompt_token_ids or messages")
-        if request.prompt_token_ids is not None:
-            ids = list(request.prompt_token_ids)
-            vocab = self._parts.config.vocab_size if self._parts else None
-            try:
-                check_prompt_ids(ids, vocab)
-            except ValueError as exc:
-                raise InvalidInput(str(exc)) from None
-        else:
-            tok = self._tokenizer()
-            if request.messages is not None:
-                try:
-                    ids = tok.apply_chat_template(template_messages(request.messages), shown_tools(request))
-                except ValueError as exc:
-                    raise InvalidInput(str(exc)) from None
-            else:
-                ids = tok.encode(request.prompt or "")
-        if not ids:
-            raise InvalidInput("the prompt is empty")
-        return ids
-
     def _tokenizer(self) -> Any:
         if self._parts is None or self._parts.tokenizer is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
         return self._parts.tokenizer
-
-
-#: OpenAI fields (`GenerateRequest.extra`) this engine applies through SamplingParams
-_HONOURED = frozenset(
-    {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"}
-)
-
-
-def _check_supported(request: GenerateRequest) -> None:
-    """Refuse, naming them, the OpenAI fields this engine does not implement (never drop them)."""
-    honoured = _HONOURED | (STRUCTURED_FIELDS if request.sampling.structured is not None else frozenset())
-    unsupported = sorted(set(request.extra) - honoured - TOOL_FIELDS)
-    if unsupported:
-        names = ", ".join(f"`{name}`" for name in unsupported)
-        raise InvalidInput(f"{names} not supported by this deployment's engine; leave them out")
-
-
-def _check_sampling(p: SamplingParams) -> None:
-    checks = [
-        ("max_tokens", p.max_tokens >= 1, "must be >= 1"),
-        ("temperature", p.temperature >= 0.0, "must be >= 0"),
-        ("top_p", 0.0 < p.top_p <= 1.0, "must be in (0, 1]"),
-        ("top_k", p.top_k >= 0, "must be >= 0"),
-        ("top_logprobs", 0 <= p.top_logprobs <= 20, "must be in 0..20"),
-        ("presence_penalty", -2.0 <= p.presence_penalty <= 2.0, "must be in -2..2"),
-        ("frequency_penalty", -2.0 <= p.frequency_penalty <= 2.0, "must be in -2..2"),
-        ("repetition_penalty", 0.0 < p.repetition_penalty <= 10.0, "must be in (0, 10]"),
-        ("min_tokens", 0 <= p.min_tokens <= p.max_tokens, "must be in 0..max_tokens"),
-    ]
-    for name, ok, why in checks:
-        if not ok:
-            raise InvalidInput(f"{name} {why}")
-    try:
-        check_seed(p.seed)
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-
-
-#: engine finish reasons that are not an answer: the client must see an error, never a normal stop
-_FAILED = frozenset({"error", "abort"})
-
-
-def _failure(deployment: str, reason: str, detail: str | None) -> Exception:
-    """The error a stream ended by the engine raises to its consumer."""
-    if reason == "abort":  # the engine is shutting down (a client's own abort has no consumer)
-        return BackendUnavailable(f"deployment {deployment!r} stopped before the generation finished")
-    return BackendInternalError(
-        f"the generation failed on deployment {deployment!r}" + (f": {detail}" if detail else "")
-    )

@@ -17,8 +17,8 @@ from backends.base import SamplingParams
 from backends.torch_llm import metrics as m
 from backends.torch_llm.block_manager import BlockManager
 from backends.torch_llm.detokenizer import Decoder, IncrementalDetokenizer
-from backends.torch_llm.engine_checks import check_prompt_ids, check_seed, check_token_biases
 from backends.torch_llm.kv_waste import KVWasteStats
+from backends.torch_llm.requests import check_prompt_ids, check_seed, check_token_biases
 from backends.torch_llm.runner import ModelRunner
 from backends.torch_llm.sampler import SamplingState, prefetch_grammar_masks, sample, top_logprobs
 from backends.torch_llm.scheduler import Scheduler, WaitingQueue
@@ -386,22 +386,10 @@ class LLMEngine:
 
     def _record_step(self, num_tokens: int, num_preempted: int, queries: int, hits: int) -> None:
         self.num_steps += 1
-        sched, w, label = self.scheduler, self.kv_waste, self._label
-        bs = self.runner.block_size
-        alloc = sum(len(s.block_table) for s in sched.running) * bs
-        used = sum(s.num_computed_tokens for s in sched.running)
-        if alloc:
-            w.allocated += alloc
-            w.used += used
-            w.reserved_max_len += len(sched.running) * self.config.max_model_len
-            w.reserved_request += sum(
-                min(s.num_prompt_tokens + s.max_tokens, self.config.max_model_len) for s in sched.running
-            )
-            w.seq_steps += len(sched.running)
-            w.steps += 1
-            w.last = 1.0 - used / alloc
+        label = self._label
+        self.kv_waste.record(self.scheduler.running, self.runner.block_size, self.config.max_model_len)
         m.ITERATION_TOKENS.labels(label).observe(num_tokens)
-        m.KV_WASTE.labels(label).set(w.last)
+        m.KV_WASTE.labels(label).set(self.kv_waste.last)
         if num_preempted:
             m.PREEMPTIONS.labels(label).inc(num_preempted)
         self.num_prefix_queries += queries

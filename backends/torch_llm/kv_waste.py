@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backends.torch_llm.sequence import Sequence
 
 
 @dataclass
@@ -22,6 +27,21 @@ class KVWasteStats:
     seq_steps: int = 0  # running sequences summed over steps (the averages' denominator)
     steps: int = 0
     last: float = 0.0
+
+    def record(self, running: Iterable[Sequence], block_size: int, max_model_len: int) -> None:
+        """Add one step's running sequences (after its forward pass); `last` is this step's waste."""
+        running = list(running)
+        alloc = sum(len(s.block_table) for s in running) * block_size
+        if not alloc:  # nothing running: no step to average, `last` keeps the previous step's
+            return
+        used = sum(s.num_computed_tokens for s in running)
+        self.allocated += alloc
+        self.used += used
+        self.reserved_max_len += len(running) * max_model_len
+        self.reserved_request += sum(min(s.num_prompt_tokens + s.max_tokens, max_model_len) for s in running)
+        self.seq_steps += len(running)
+        self.steps += 1
+        self.last = 1.0 - used / alloc
 
     def ratio(self, total: int | None = None) -> float:
         total = self.allocated if total is None else total
