@@ -265,7 +265,7 @@ def test_a_fallback_must_serve_what_the_routes_serve(tmp_path, model):
         ),
         (
             "deployments: {a: {backend: magic}}",
-            "Invalid enum value 'magic' (expected one of: onnxruntime, openvino, remote, tfserving, torch_llm)"
+            "Invalid enum value 'magic' (expected one of: onnxruntime, openvino, openvino_llm, remote, tfserving, torch_llm)"
             " - at `$.deployments.a.backend`",
         ),
         (
