@@ -1,8 +1,8 @@
 """The backend contract: one suite, run over every backend the gateway can serve from.
 
 Each case builds a real backend on a real runtime (ONNX Runtime, OpenVINO, the TF Serving test
-server, a remote Open Inference Protocol upstream, a remote OpenAI upstream, the torch_llm engine)
-and checks what the gateway relies on, whatever the backend:
+server, a remote Open Inference Protocol upstream, a remote OpenAI upstream, the torch_llm engine,
+OpenVINO GenAI's pipeline) and checks what the gateway relies on, whatever the backend:
 
 - `create` is cheap (nothing loaded, not ready); `load` + `warmup` make it ready;
 - it declares its capabilities and satisfies the protocol of each (`TensorBackend`,
@@ -42,7 +42,7 @@ from backends.spec import DeploymentSpec
 from tests.conftest import create_key
 from tests.servers import serve_app
 
-CASES = ["onnxruntime", "openvino", "tfserving", "remote_v2", "remote_openai", "torch_llm"]
+CASES = ["onnxruntime", "openvino", "tfserving", "remote_v2", "remote_openai", "torch_llm", "openvino_llm"]
 
 
 @dataclass
@@ -78,6 +78,17 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("contract") / "tiny-llama")
 
 
+@pytest.fixture(scope="module")
+def tiny_llama_ov(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny Llama exported for OpenVINO GenAI (`fleetgate export-llm`)."""
+    pytest.importorskip("openvino_genai")
+    from backends.openvino_llm.export import export_llm
+
+    out = tmp_path_factory.mktemp("contract") / "tiny-llama-ov"
+    export_llm(tiny_llama, out, "fp32")
+    return out
+
+
 @pytest.fixture(params=CASES)
 def case(request: pytest.FixtureRequest, digits, monkeypatch: pytest.MonkeyPatch) -> Case:  # noqa: ANN001
     kind = request.param
@@ -108,6 +119,9 @@ def case(request: pytest.FixtureRequest, digits, monkeypatch: pytest.MonkeyPatch
             backend="remote", url=url, protocol="openai", model_name="tiny", api_key_env="TEST_UPSTREAM_KEY"
         )
         return Case(spec)
+    if kind == "openvino_llm":
+        model = request.getfixturevalue("tiny_llama_ov")
+        return Case(DeploymentSpec(backend="openvino_llm", model=str(model), options={"num_kv_blocks": 64}))
     model = request.getfixturevalue("tiny_llama")
     return Case(
         DeploymentSpec(backend="torch_llm", model=str(model), device="cpu", options={"max_num_seqs": 4})
