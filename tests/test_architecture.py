@@ -23,7 +23,6 @@ MAX_MODULES = 15
 #: modules and folders over the size rules today: (lines or modules) they may not exceed. Shrink
 #: a number when the code shrinks; never raise one (split the module instead).
 KNOWN_LARGE: dict[str, int] = {
-    "gateway/core/service.py": 412,
 }
 
 

@@ -40,6 +40,7 @@ from gateway.core.embeddings import EmbeddingsPath
 from gateway.core.fleet.adapter_models import base_model_of, declared_adapters, served_models
 from gateway.core.fleet.deployments import Deployment, FleetSignals
 from gateway.core.fleet.outcomes import Outcomes
+from gateway.core.fleet.readiness import deployment_states, fleet_ready
 from gateway.core.fleet.shadowing import Shadows
 from gateway.core.generation import GenerationPath
 from gateway.core.graphs.runner import GraphRunner
@@ -144,12 +145,8 @@ class GatewayCore:
         Every call of every protocol starts here, so a draining process refuses new work here.
         """
         if self.drain.refusing:
-            raise GatewayError(
-                503,
-                "shutting_down",
-                "this gateway instance is shutting down; retry (another instance will answer)",
-                headers={"Retry-After": "1"},
-            )
+            message = "this gateway instance is shutting down; retry (another instance will answer)"
+            raise GatewayError(503, "shutting_down", message, headers={"Retry-After": "1"})
         if call.principal is not None:  # made by the gateway itself (a batch line), already known
             principal = call.principal
             if call.authenticated_ns is not None:  # a guard checked the key before this span opened
@@ -348,24 +345,11 @@ class GatewayCore:
             raise ModelNotFound(f"model {model!r} does not exist")
 
     def ready(self) -> bool:
-        """Whether probes should send traffic here (`server.readiness`).
-
-        `any`: at least one deployment is loaded and warmed up (a gateway with no deployments, an
-        admin-only front, is ready); `all`: every deployment is.
-        """
-        if self.drain.draining:
-            return False
-        states = [d.ready for d in self.deployments.values()]
-        if self.config.server.readiness == "all" or not states:
-            return all(states)
-        return any(states)
+        """Whether probes should send traffic here (`server.readiness`)."""
+        return fleet_ready(self.config.server.readiness, self.drain.draining, self.deployments)
 
     def deployment_status(self) -> dict[str, dict[str, object]]:
-        """Per deployment: ready, backend, device and its load error (operators only: names tenants' models)."""
-        return {
-            name: {"ready": d.ready, "backend": d.spec.backend, "device": d.device, "error": d.load_error}
-            for name, d in self.deployments.items()
-        }
+        return deployment_states(self.deployments)
 
     def is_healthy(self, deployment: str) -> bool:
         """Loaded, warmed up, and its circuit breaker lets requests through."""
