@@ -94,8 +94,13 @@ class RemoteBackend:
             connect_timeout_s=self.options.connect_timeout_s,
         )
         if self.protocol == "kserve_v2":
-            meta = await self._request("GET", kserve_upstream.metadata_path(self._upstream_model))
-            self._meta = kserve_upstream.metadata_from(self.name, self.spec.url, self._upstream_model, meta)
+            try:
+                meta = await self._request("GET", kserve_upstream.metadata_path(self._upstream_model))
+                self._meta = kserve_upstream.metadata_from(self.name, self.spec.url, self._upstream_model, meta)
+            except BaseException:
+                # a load that fails is retried with a new client: this one's connections end here
+                await self.close()
+                raise
         else:
             self._meta = ModelMetadata(
                 name=self.name,

@@ -360,3 +360,20 @@ async def test_backend_maps_a_body_over_the_cap_to_too_large() -> None:
     async with Upstream(_reply(big)) as up:
         with pytest.raises(UpstreamTooLarge):
             await _generate(up.url, options={"max_response_bytes": 1000})
+
+
+async def test_a_failed_load_closes_its_connections() -> None:
+    """A v2 upstream whose metadata answer is an error: the load fails (and is retried later with a
+    new client), and the kept-alive connection of the failed one is closed, not left to the GC."""
+    error = b'HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\n{}'
+    async with Upstream(_reply(error)) as up:
+        spec = DeploymentSpec(backend="remote", url=up.url, protocol="kserve_v2", timeout_s=2)
+        backend = create("up", spec)
+        with pytest.raises(BackendUnavailable):
+            await backend.load()
+        for _ in range(100):  # the upstream sees the connection end
+            if not up._tasks:
+                break
+            await asyncio.sleep(0.01)
+        assert up.requests == 1 and not up._tasks
+        await backend.close()
