@@ -11,7 +11,7 @@ request makes exactly its max_tokens. Modes, interleaved round by round, medians
   seven projections: the heaviest kind), with `max_loras` slots for all of them.
 
 Adapters are written in PEFT's layout (adapter_config.json + adapter_model.safetensors with PEFT's
-key names) from random tensors; tests/torch_llm/test_lora.py checks that layout against PEFT itself.
+key names) from random tensors; tests/backends/torch_llm/test_lora.py checks that layout against PEFT itself.
 The clock is this thread's CPU time (torch on this thread, --threads 1), so other processes on the
 shared machine do not count. Writes bench/results/lora.json and lora.png.
 

@@ -15,9 +15,9 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 # --confcutdir: the gateway-wide conftest (litestar apps, servers) is not needed here. test_triton_kernel.py
 # (the kernel under TRITON_INTERPRET) is left to CI: the interpreter of the image's triton 3.6 fails on the
 # kernel's scalar loop bound, which triton 3.9 and the compiled kernel (test_gpu.py) take.
-timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/torch_llm \
+timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/backends/torch_llm \
   -o addopts= --junitxml="$OUT/gpu_tests.xml" \
-  tests/torch_llm/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  tests/backends/torch_llm/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 echo "tests exit $?"
 timeout "${BENCH_TIMEOUT:-240}" python3 -m bench.bench_llm_gpu --rounds "${ROUNDS:-3}" --out "$OUT/llm_gpu.json" >"$OUT/llm_gpu.log" 2>&1
 echo "bench exit $?"; grep -v '^ ' "$OUT/llm_gpu.log" | grep -v '^[{}\[]' | tail -40

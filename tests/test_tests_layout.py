@@ -13,7 +13,6 @@ CROSS_CUTTING = {
     "tenancy": "gateway processes end to end: keys, limits, budgets, replicas on one store, workers",
     "deploy": "the repository's deploy/ folder and Makefile, not a Python package",
     "backends/tensor_runtimes": "every tensor runtime over one model in each format: contract, parity",
-    "torch_llm": "the engine's tests, to join tests/backends/torch_llm",
 }
 
 

@@ -4,7 +4,7 @@ xgrammar compiles a schema with keywords it does not implement (`not`, `uniqueIt
 unknown `format`...) without a word and then lets outputs through that break them. A constraint the
 engine would not keep must be refused instead, naming the keyword, so the caller can drop it or use
 another deployment. The sets below were measured against xgrammar 0.2.8 (each keyword accepted
-here rejects a violating instance: tests/torch_llm/test_grammar.py checks that on every install).
+here rejects a violating instance: tests/backends/torch_llm/test_grammar.py checks that on every install).
 """
 
 from __future__ import annotations

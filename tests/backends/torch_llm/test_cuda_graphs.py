@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from backends.torch_llm.kernels.cuda_graphs import batch_sizes  # noqa: E402
-from tests.torch_llm.conftest import engine_for  # noqa: E402
+from tests.backends.torch_llm.conftest import engine_for  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 On CPU the kernel runs only under `TRITON_INTERPRET=1`, which must be set before triton is first
 imported and would leak into every later import in the process. So `test_triton_kernel` runs this file
-in a subprocess (`python -m tests.torch_llm.paged_kernel_checks MODEL_DIR`), which sets the variable
+in a subprocess (`python -m tests.backends.torch_llm.paged_kernel_checks MODEL_DIR`), which sets the variable
 first and prints one JSON report; `test_gpu` calls `kernel_errors` directly on CUDA.
 """
 
@@ -77,7 +77,7 @@ def engine_check(model_dir: str) -> dict[str, Any]:
     import random
 
     from backends.base import SamplingParams
-    from tests.torch_llm.conftest import engine_for, make_prompts, run_engine
+    from tests.backends.torch_llm.conftest import engine_for, make_prompts, run_engine
 
     prompts = make_prompts(6, seed=11)
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)

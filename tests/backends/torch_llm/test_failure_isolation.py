@@ -6,7 +6,7 @@ import pytest
 
 from backends.base import SamplingParams
 from backends.torch_llm.engine import LLMEngine, RequestOutput
-from tests.torch_llm.conftest import engine_for
+from tests.backends.torch_llm.conftest import engine_for
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 

@@ -9,7 +9,7 @@ import pytest
 from backends.base import SamplingParams
 from backends.torch_llm.detokenizer import IncrementalDetokenizer
 from backends.torch_llm.tokenizer import TextTokenizer
-from tests.torch_llm.conftest import engine_for, make_prompts, run_engine
+from tests.backends.torch_llm.conftest import engine_for, make_prompts, run_engine
 
 torch = pytest.importorskip("torch")
 

@@ -6,7 +6,7 @@ from prometheus_client import REGISTRY
 
 from backends.base import SamplingParams
 from backends.torch_llm.options import LLMOptions
-from tests.torch_llm.conftest import make_prompts, run_engine
+from tests.backends.torch_llm.conftest import make_prompts, run_engine
 
 
 def value(name: str, deployment: str) -> float:

@@ -18,9 +18,9 @@ cpp_extension = pytest.importorskip("torch.utils.cpp_extension")
 
 from backends.base import SamplingParams  # noqa: E402
 from backends.torch_llm.kernels import attention_cpu, blocked_linear, build_kernels, cpu_extension, fused_cpu  # noqa: E402
-from tests.torch_llm.conftest import engine_for, make_prompts, run_engine  # noqa: E402
+from tests.backends.torch_llm.conftest import engine_for, make_prompts, run_engine  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 LOADERS = ((attention_cpu, "load_kernel"), (fused_cpu, "load_kernels"), (blocked_linear, "load_kernel"))
 EVENTS = ("llm_attention_fallback", "llm_fused_ops_fallback", "llm_blocked_linear_fallback")
 

@@ -17,7 +17,7 @@ pytest.importorskip("xgrammar")
 from backends.base import SamplingParams, StructuredOutput  # noqa: E402
 from backends.torch_llm.structured.compiler import GrammarCompiler  # noqa: E402
 from backends.torch_llm.tokenizer import TextTokenizer  # noqa: E402
-from tests.torch_llm.conftest import engine_for  # noqa: E402
+from tests.backends.torch_llm.conftest import engine_for  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

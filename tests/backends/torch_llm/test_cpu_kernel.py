@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from backends.base import SamplingParams  # noqa: E402
 from backends.torch_llm.kernels import attention_cpu  # noqa: E402
 from backends.torch_llm.model.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
-from tests.torch_llm.conftest import engine_for, make_prompts, run_engine, serve_without_compiler  # noqa: E402
+from tests.backends.torch_llm.conftest import engine_for, make_prompts, run_engine, serve_without_compiler  # noqa: E402
 
 CPU = torch.device("cpu")
 

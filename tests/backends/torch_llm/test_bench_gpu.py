@@ -18,7 +18,7 @@ from backends.torch_llm.model.costs import (
 )
 from backends.torch_llm.options import LLMOptions
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

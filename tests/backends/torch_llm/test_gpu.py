@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from backends.base import SamplingParams
-from tests.torch_llm.conftest import engine_for, hf_greedy, make_prompts, run_engine
+from tests.backends.torch_llm.conftest import engine_for, hf_greedy, make_prompts, run_engine
 
 torch = pytest.importorskip("torch")
 
@@ -82,7 +82,7 @@ def test_cuda_uses_the_triton_decode_kernel(llama_dir) -> None:
 @pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 2e-2), ("float16", 5e-3)])
 def test_cuda_kernel_matches_gather_sdpa(dtype, tol) -> None:
     pytest.importorskip("triton")
-    from tests.torch_llm.paged_kernel_checks import kernel_errors
+    from tests.backends.torch_llm.paged_kernel_checks import kernel_errors
 
     errors = kernel_errors("cuda", dtype)
     assert max(errors) < tol, errors

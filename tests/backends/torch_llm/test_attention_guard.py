@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("triton")
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 SCRIPT = """
 import sys

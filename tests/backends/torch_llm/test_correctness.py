@@ -8,7 +8,7 @@ import random
 import pytest
 
 from backends.base import SamplingParams
-from tests.torch_llm.conftest import engine_for, hf_greedy, make_prompts, run_engine
+from tests.backends.torch_llm.conftest import engine_for, hf_greedy, make_prompts, run_engine
 
 N_PROMPTS, N_TOKENS = 32, 64
 GREEDY = SamplingParams(max_tokens=N_TOKENS, temperature=0.0, ignore_eos=True)

@@ -12,7 +12,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from backends.torch_llm.kernels.packed_linear import PackedLinear, onednn_available, pack_linears  # noqa: E402
-from tests.torch_llm.conftest import engine_for  # noqa: E402
+from tests.backends.torch_llm.conftest import engine_for  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not onednn_available(torch.float32), reason="no oneDNN in this torch build")
 

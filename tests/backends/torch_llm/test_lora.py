@@ -16,8 +16,8 @@ from backends.base import SamplingParams  # noqa: E402
 from backends.demo_models.tiny_llama import write_tiny_llama  # noqa: E402
 from backends.torch_llm.lora.weights import inspect_adapter, load_adapter  # noqa: E402
 from backends.torch_llm.model.config import ModelConfig  # noqa: E402
+from tests.backends.torch_llm.conftest import engine_for, make_prompts  # noqa: E402
 from tests.lora_adapters import write_peft_adapter  # noqa: E402
-from tests.torch_llm.conftest import engine_for, make_prompts  # noqa: E402
 
 N_TOKENS = 16
 GREEDY = SamplingParams(max_tokens=N_TOKENS, temperature=0.0, ignore_eos=True)

@@ -14,7 +14,7 @@ from torch.nn import functional as F  # noqa: E402
 from backends.torch_llm.kernels import blocked_linear  # noqa: E402
 from backends.torch_llm.kernels.blocked_linear import BlockedLinear, block_weight  # noqa: E402
 from backends.torch_llm.kernels.packed_linear import PackedLinear, onednn_available  # noqa: E402
-from tests.torch_llm.conftest import engine_for, serve_without_compiler  # noqa: E402
+from tests.backends.torch_llm.conftest import engine_for, serve_without_compiler  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backends.cores import WORKERS_ENV, available_cores, cores_per_worker
-from tests.torch_llm.conftest import engine_for
+from tests.backends.torch_llm.conftest import engine_for
 
 #: a thread count that no worker's share equals, so a change is seen
 SENTINEL = available_cores() + 1

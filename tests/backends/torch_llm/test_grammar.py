@@ -18,7 +18,7 @@ from backends.base import SamplingParams, StructuredOutput  # noqa: E402
 from backends.torch_llm.structured.compiler import GrammarCompiler  # noqa: E402
 from backends.torch_llm.structured.schema import FORMATS, GrammarError, check_schema  # noqa: E402
 from backends.torch_llm.tokenizer import TextTokenizer  # noqa: E402
-from tests.torch_llm.conftest import engine_for  # noqa: E402
+from tests.backends.torch_llm.conftest import engine_for  # noqa: E402
 
 #: (schema, an instance it accepts, one it refuses): every keyword `check_schema` lets through must
 #: be enforced by the grammar engine, or a constrained answer could break its schema unnoticed

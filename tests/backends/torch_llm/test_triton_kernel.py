@@ -17,18 +17,18 @@ import pytest
 import structlog
 
 from backends.base import SamplingParams
-from tests.torch_llm.conftest import engine_for, make_prompts, run_engine
-from tests.torch_llm.paged_kernel_checks import KERNEL_CASES, SPLITS
+from tests.backends.torch_llm.conftest import engine_for, make_prompts, run_engine
+from tests.backends.torch_llm.paged_kernel_checks import KERNEL_CASES, SPLITS
 
 pytest.importorskip("triton")
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def interpreted(llama_dir: pathlib.Path) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.torch_llm.paged_kernel_checks", str(llama_dir)],
+        [sys.executable, "-m", "tests.backends.torch_llm.paged_kernel_checks", str(llama_dir)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
