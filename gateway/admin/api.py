@@ -21,6 +21,7 @@ from gateway.core.calls import Call
 from gateway.core.operations import Operations
 from gateway.core.service import GatewayCore
 from gateway.http.api_docs import ADMIN_ERRORS
+from gateway.http.bodies import read_within_deadline
 from gateway.http.requests import ADMIN_BODY_LIMIT, http_failure, json_response
 from policies.types import Budget, KeyRecord, Limits
 
@@ -80,7 +81,14 @@ async def restore_canary(core: GatewayCore, model: str, deployment: str) -> dict
 # --- routes ----------------------------------------------------------------------------------------
 
 
-@post("/admin/keys", status_code=201, guards=ADMIN_GUARD, request_max_body_size=ADMIN_BODY_LIMIT, responses=ADMIN_ERRORS)
+@post(
+    "/admin/keys",
+    status_code=201,
+    guards=ADMIN_GUARD,  # the admin key is checked first, then the body read under the deadline and decoded
+    before_request=read_within_deadline,
+    request_max_body_size=ADMIN_BODY_LIMIT,
+    responses=ADMIN_ERRORS,
+)
 async def create_key(
     core: GatewayCore, call: Call, data: Annotated[CreateKeyBody, Body(title="New key")]
 ) -> Response[bytes]:

@@ -22,6 +22,7 @@ from backends.errors import InvalidInput
 from gateway.admin.actor import AdminActor, current_actor
 from gateway.admin.guard import ADMIN_GUARD
 from gateway.core.calls import Call
+from gateway.http.api_docs import ADMIN_ERRORS
 from gateway.http.requests import answer_json
 from policies.audit import AuditEntry, AuditLog, AuditPage, check_page, parse_when
 
@@ -86,7 +87,7 @@ async def read_trail(
     )
 
 
-@get("/admin/audit", guards=ADMIN_GUARD)
+@get("/admin/audit", guards=ADMIN_GUARD, responses=ADMIN_ERRORS)
 async def audit_trail(
     request: Request,
     call: Call,

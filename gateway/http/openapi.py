@@ -27,7 +27,9 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components
 from litestar.static_files import create_static_files_router
 
+from gateway.admin.adapters import ROUTES as ADAPTER_ROUTES
 from gateway.admin.api import ROUTES as ADMIN_ROUTES
+from gateway.admin.audit import ROUTES as AUDIT_ROUTES
 from gateway.admin.guard import ADMIN_GUARD
 from gateway.admin.reload import ROUTES as RELOAD_ROUTES
 from gateway.http.api_docs import SECURITY_SCHEMES
@@ -66,7 +68,13 @@ def admin_document() -> dict[str, Any]:
     """The admin routes' document, from an app that holds only them (built once, on first use)."""
     app = Litestar(
         # the admin key is presented as a bearer token (gateway/admin/guard.py)
-        route_handlers=[Router("/", route_handlers=[*ADMIN_ROUTES, *RELOAD_ROUTES], security=[{"bearer": []}])],
+        route_handlers=[
+            Router(
+                "/",
+                route_handlers=[*ADMIN_ROUTES, *RELOAD_ROUTES, *ADAPTER_ROUTES, *AUDIT_ROUTES],
+                security=[{"bearer": []}],
+            )
+        ],
         openapi_config=openapi_config("fleetgate admin API"),
         dependencies=DEPENDENCIES,  # `core` and `call` are injected, not client parameters
     )

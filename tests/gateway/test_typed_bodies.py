@@ -88,6 +88,10 @@ def test_an_admin_body_is_refused_in_the_plain_envelope(served: tuple[str, str, 
     url, _, _ = served
     r = httpx.post(f"{url}/admin/keys", json={"tenant": "t", "bogus": 1}, headers=ADMIN_HEADERS)
     assert r.status_code == 400 and r.json() == {"error": "invalid request: Object contains unknown field `bogus`"}
+    # a body that is not JSON is refused by its content type, as on every typed route (it made a key)
+    plain = {**ADMIN_HEADERS, "content-type": "text/plain"}
+    r = httpx.post(f"{url}/admin/keys", content=b'{"tenant": "t"}', headers=plain)
+    assert r.status_code == 415 and "text/plain" in r.json()["error"], r.text
 
 
 def test_an_anonymous_client_is_refused_before_its_body_is_read(served: tuple[str, str, Litestar]) -> None:
