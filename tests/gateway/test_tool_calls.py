@@ -242,7 +242,7 @@ def test_the_error_envelope_is_openai_shaped(tool_gateway: OpenAI) -> None:
 #: ranges, $ref/$defs, anyOf, required, additionalProperties: false); objects can be parameters
 CORPUS = {
     path.stem: schema
-    for path in sorted((Path(__file__).parents[1] / "torch_llm" / "schemas").glob("*.json"))
+    for path in sorted((Path(__file__).parents[1] / "backends" / "torch_llm" / "schemas").glob("*.json"))
     if (schema := json.loads(path.read_text())).get("type") == "object"
 }
 

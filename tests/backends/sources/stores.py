@@ -187,7 +187,7 @@ class Store:
 @contextmanager
 def http_store() -> Iterator[Store]:
     """A Hub-compatible endpoint and a file server on one loopback port."""
-    server = _Server(("127.0.0.1", free_port()), _Handler)
+    server = _Server(("127.0.0.1", 0), _Handler)  # the kernel picks the port: no race with other processes
     server.repos, server.plain, server.served = {}, {}, Served()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
