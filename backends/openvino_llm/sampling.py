@@ -13,6 +13,7 @@ from typing import Any
 
 from backends.base import GenerateRequest, SamplingParams, StructuredOutput
 from backends.errors import InvalidInput
+from backends.runtime.sampling_checks import check_sampling_ranges
 from backends.torch_llm.structured.schema import GrammarError, check_schema, strict_formats
 
 #: OpenAI/vLLM fields (`GenerateRequest.extra`) the pipeline applies through SamplingParams
@@ -54,20 +55,9 @@ def check_request(request: GenerateRequest) -> None:
 
 def check_sampling(p: SamplingParams) -> None:
     """Range checks (the pipeline's own `validate` answers in C++ terms; these name the field)."""
-    checks = [
-        ("max_tokens", p.max_tokens >= 1, "must be >= 1"),
-        ("temperature", p.temperature >= 0.0, "must be >= 0"),
-        ("top_p", 0.0 < p.top_p <= 1.0, "must be in (0, 1]"),
-        ("top_k", p.top_k >= 0, "must be >= 0"),
-        ("presence_penalty", -2.0 <= p.presence_penalty <= 2.0, "must be in -2..2"),
-        ("frequency_penalty", -2.0 <= p.frequency_penalty <= 2.0, "must be in -2..2"),
-        ("repetition_penalty", 0.0 < p.repetition_penalty <= 10.0, "must be in (0, 10]"),
-        ("min_tokens", 0 <= p.min_tokens <= p.max_tokens, "must be in 0..max_tokens"),
-        ("seed", p.seed is None or 0 <= p.seed <= _MAX_SEED, f"must be in 0..{_MAX_SEED}"),
-    ]
-    for name, ok, why in checks:
-        if not ok:
-            raise InvalidInput(f"{name} {why}")
+    check_sampling_ranges(p)
+    if p.seed is not None and not 0 <= p.seed <= _MAX_SEED:
+        raise InvalidInput(f"seed must be in 0..{_MAX_SEED}")
 
 
 def generation_config(base: Any, p: SamplingParams, eos_ids: set[int]) -> Any:

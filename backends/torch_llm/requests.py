@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from backends.base import GenerateRequest, SamplingParams, TokenLogprob
 from backends.errors import BackendInternalError, BackendUnavailable, InvalidInput
+from backends.runtime.sampling_checks import check_sampling_ranges
 from backends.tool_parsers.plan import TOOL_FIELDS, shown_tools, template_messages
 from backends.torch_llm.structured.compiler import STRUCTURED_FIELDS
 
@@ -81,20 +82,7 @@ def check_supported(request: GenerateRequest) -> None:
 
 def check_sampling(p: SamplingParams) -> None:
     """Raise InvalidInput naming the first sampling parameter out of its range."""
-    checks = [
-        ("max_tokens", p.max_tokens >= 1, "must be >= 1"),
-        ("temperature", p.temperature >= 0.0, "must be >= 0"),
-        ("top_p", 0.0 < p.top_p <= 1.0, "must be in (0, 1]"),
-        ("top_k", p.top_k >= 0, "must be >= 0"),
-        ("top_logprobs", 0 <= p.top_logprobs <= 20, "must be in 0..20"),
-        ("presence_penalty", -2.0 <= p.presence_penalty <= 2.0, "must be in -2..2"),
-        ("frequency_penalty", -2.0 <= p.frequency_penalty <= 2.0, "must be in -2..2"),
-        ("repetition_penalty", 0.0 < p.repetition_penalty <= 10.0, "must be in (0, 10]"),
-        ("min_tokens", 0 <= p.min_tokens <= p.max_tokens, "must be in 0..max_tokens"),
-    ]
-    for name, ok, why in checks:
-        if not ok:
-            raise InvalidInput(f"{name} {why}")
+    check_sampling_ranges(p)
     try:
         check_seed(p.seed)
     except ValueError as exc:
