@@ -31,7 +31,7 @@ from gateway.batches.service import BatchService
 from gateway.core.calls import Call
 from gateway.core.service import GatewayCore
 from gateway.http.api_docs import OPENAI_ERRORS, UploadOperation
-from gateway.http.bodies import IDENTIFIED, read_within_deadline
+from gateway.http.bodies import keyed_body
 from gateway.http.requests import ADMIN_BODY_LIMIT, answer_json, http_failure, protocol_opt
 
 OPENAI = protocol_opt("openai")
@@ -233,8 +233,7 @@ async def _checked_input(service: BatchService, tenant: str, body: CreateBatch) 
     "/v1/batches",
     status_code=200,
     opt=OPENAI,
-    guards=IDENTIFIED,  # the key is checked first, then the body read under the deadline and decoded
-    before_request=read_within_deadline,
+    before_request=keyed_body,  # the key is checked first, then the body read under the deadline and decoded
     request_max_body_size=ADMIN_BODY_LIMIT,
     responses=OPENAI_ERRORS,
 )

@@ -73,11 +73,11 @@ class Call:
         #: the credential the adapter found (None: the caller sent none)
         self.api_key = api_key
         #: who the call is for when the gateway itself makes it (a batch job's line, run as the
-        #: job's tenant) or a guard checked its key already: `identify` takes it instead of a
+        #: job's tenant) or the body hook checked its key already: `identify` takes it instead of a
         #: credential. Never set from what a request says.
         self.principal: Principal | None = None
         #: (start, end) in ns since the epoch of a key check made before the core opened the
-        #: request's span (a typed route's guard, gateway/http/bodies.py): the core starts the span
+        #: request's span (a typed route's body hook, gateway/http/bodies.py): the core starts the span
         #: there and records the check as its `authenticate` step
         self.authenticated_ns: tuple[int, int] | None = None
         # The gateway's own id keys the request everywhere inside (engine, aborts, shadows): a
@@ -95,7 +95,7 @@ class Call:
 
     @property
     def span_start_ns(self) -> int | None:
-        """Where the request's span starts: at a guard's key check when one ran before the span
+        """Where the request's span starts: at the body hook's key check when one ran before the span
         was opened, else (None) when it is opened."""
         return None if self.authenticated_ns is None else self.authenticated_ns[0]
 

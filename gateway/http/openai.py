@@ -23,7 +23,7 @@ from gateway.core.calls import Call, ModelRef
 from gateway.core.results import GenerationInput, StartedGeneration
 from gateway.core.service import GatewayCore
 from gateway.http.api_docs import KEYED, OPENAI_ERRORS, Completion, answers
-from gateway.http.bodies import IDENTIFIED, read_within_deadline
+from gateway.http.bodies import keyed_body
 from gateway.http.openai_choices import answer_choices
 from gateway.http.requests import answer_json, http_failure, protocol_opt
 from gateway.wire.openai_schema import (
@@ -232,7 +232,7 @@ async def _answer(started: StartedGeneration, call: Call, chat: bool) -> ASGIApp
 #: what a client route states in the OpenAPI document besides its signature
 _DOCUMENTED: dict[str, Any] = {"responses": answers(Completion, OPENAI_ERRORS), "security": KEYED}
 #: typed bodies: the key is checked, then the body read under the call's deadline, then decoded
-_TYPED: dict[str, Any] = {"guards": IDENTIFIED, "before_request": read_within_deadline, **_DOCUMENTED}
+_TYPED: dict[str, Any] = {"before_request": keyed_body, **_DOCUMENTED}
 
 
 @post("/v1/completions", status_code=200, opt=OPENAI, **_TYPED)

@@ -22,7 +22,7 @@ from gateway.core.calls import Call, ModelRef
 from gateway.core.results import EmbeddingsInput
 from gateway.core.service import GatewayCore
 from gateway.http.api_docs import KEYED, OPENAI_ERRORS, EmbeddingList, answers
-from gateway.http.bodies import IDENTIFIED, read_within_deadline
+from gateway.http.bodies import keyed_body
 from gateway.http.requests import http_failure, json_response, protocol_opt
 from gateway.wire.openai_schema import EmbeddingsBody, decode, embedding_inputs, embeddings_decoder
 from router.planner import split_model_name
@@ -38,8 +38,7 @@ def _encoded(vector: np.ndarray, encoding: str) -> Any:
     "/v1/embeddings",
     status_code=200,
     opt=protocol_opt("openai"),
-    guards=IDENTIFIED,
-    before_request=read_within_deadline,  # the key is checked first, then the body read under the deadline
+    before_request=keyed_body,  # the key is checked first, then the body read under the deadline
     responses=answers(EmbeddingList, OPENAI_ERRORS),
     security=KEYED,
 )

@@ -134,7 +134,7 @@ def provide_core(request: Request) -> GatewayCore:
 
 def provide_call(request: Request, core: GatewayCore) -> Call:
     """`call`: the request as a protocol-neutral call; the protocol is the route's `opt["protocol"]`.
-    The call a guard opened (gateway/http/bodies.py) when there is one.
+    The call the body hook opened (gateway/http/bodies.py) when there is one.
 
     `core` is unused: depending on it puts the two dependencies in separate batches, which Litestar
     resolves with a plain await each; dependencies of the same batch are resolved in an anyio task
