@@ -126,10 +126,10 @@ class RemoteBackend:
     async def count_prompt_tokens(self, request: GenerateRequest) -> int:
         return estimate_prompt_tokens(request)
 
-    async def _request(self, method: str, path: str, body: Any = None) -> Any:
-        """One JSON exchange within the deployment's deadline: the answer decoded, or a gateway error."""
+    async def _exchange(self, method: str, path: str, content: bytes | None) -> bytes:
+        """One whole exchange within the deployment's `timeout_s` (the answer's head and body under
+        one timer): the answer's bytes, or a gateway error."""
         assert self._client is not None, "load() first"
-        content = _json_encode.encode(body) if body is not None else None
         # the request's trace goes on upstream (W3C traceparent); nothing while tracing is off
         headers = {
             **({"content-type": "application/json"} if content else {}),
@@ -151,6 +151,11 @@ class RemoteBackend:
             raise UpstreamTooLarge(f"upstream {self.name!r}: {exc}") from None
         if status >= 400:
             raise upstream_error(status, raw)
+        return raw
+
+    async def _request(self, method: str, path: str, body: Any = None) -> Any:
+        """One JSON exchange (`_exchange`): the answer decoded."""
+        raw = await self._exchange(method, path, _json_encode.encode(body) if body is not None else None)
         try:
             return _json_decode.decode(raw)
         except JSON_DECODE_ERRORS:
@@ -169,11 +174,19 @@ class RemoteBackend:
             raise InvalidInput(f"deployment {self.name!r} serves tensors, not text generation")
         assert self._client is not None, "load() first"
         path, body = openai_upstream.request_body(request, self._upstream_model)
+        if not request.stream:  # one JSON answer under one timer: no event framing to parse
+            raw = await self._exchange("POST", path, _json_encode.encode(body))
+            answer = openai_upstream.whole_answer(self.name, request.request_id, raw)
+            if request.sampling.logprobs and answer.token_logprobs is None:
+                # never hand back an answer without what the caller asked for, silently
+                raise UpstreamIncomplete(f"upstream {self.name!r} did not send the logprobs asked for")
+            yield answer
+            return
         limit = self.options.max_response_bytes
         timeout_s = self.spec.timeout_s
         headers = {"content-type": "application/json", **tracing.trace_headers()}
         try:
-            # the deadline of the answer's start; each later event has the same allowance
+            # the deadline of the stream's head; each later event has the same allowance
             async with asyncio.timeout(timeout_s):
                 response = await self._client.request("POST", path, _json_encode.encode(body), headers, timeout_s)
         except TimeoutError:
@@ -183,15 +196,6 @@ class RemoteBackend:
         try:
             if response.status >= 400:
                 raise upstream_error(response.status, await response.read(limit))
-            if not request.stream:  # one JSON answer: no event framing to parse
-                async with asyncio.timeout(timeout_s):
-                    raw = await response.read(limit)
-                answer = openai_upstream.whole_answer(self.name, request.request_id, raw)
-                if request.sampling.logprobs and answer.token_logprobs is None:
-                    # never hand back an answer without what the caller asked for, silently
-                    raise UpstreamIncomplete(f"upstream {self.name!r} did not send the logprobs asked for")
-                yield answer
-                return
             lines = openai_upstream.each_within(response.lines(limit), timeout_s)
             async for event in openai_upstream.parse_sse(self.name, request.request_id, lines):
                 if request.sampling.logprobs and event.text and not event.token_logprobs:

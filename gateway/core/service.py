@@ -149,7 +149,7 @@ class GatewayCore:
             raise GatewayError(503, "shutting_down", message, headers={"Retry-After": "1"})
         if call.principal is not None:  # made by the gateway itself (a batch line), already known
             principal = call.principal
-            if call.authenticated_ns is not None:  # a guard checked the key before this span opened
+            if call.authenticated_ns is not None:  # the body hook checked the key before this span opened
                 tracing.past_step("authenticate", *call.authenticated_ns)
         else:
             with tracing.step("authenticate"):
@@ -224,12 +224,14 @@ class GatewayCore:
             "fleetgate.request", tracing.extract_context(call.headers), call.span_start_ns, **span_attributes(call)
         )
         try:
+            deadline = self.deadline(call)
+            # one deadline scope from the payload's load to the first event: each scope arms a timer
             with tracing.current(span):
-                principal, deadline, given, plan = await self._payload_call(call, load)
-                request = given.build()
-                request.tenant = principal.tenant
-                request.adapter = plan.model if plan.model in self.adapter_models else None
                 async with deadline.scope():
+                    principal, given, plan = await self._payload_call(call, load)
+                    request = given.build()
+                    request.tenant = principal.tenant
+                    request.adapter = plan.model if plan.model in self.adapter_models else None
                     prompt_tokens = await self.generation.estimate_prompt_tokens(plan, request)
                     hints = _hints(call)
                     if given.n == 1:
@@ -255,25 +257,22 @@ class GatewayCore:
         with tracing.span(
             "fleetgate.request", tracing.extract_context(call.headers), call.span_start_ns, **span_attributes(call)
         ) as span:
-            principal, deadline, given, plan = await self._payload_call(call, load)
+            deadline = self.deadline(call)
             async with deadline.scope():
+                principal, given, plan = await self._payload_call(call, load)
                 outcome = await self.embeddings.embed(principal, plan, given, call.request_id, _hints(call))
             record_server(call, outcome.served, span)
             return outcome
 
-    async def _payload_call(
-        self, call: Call, load: Callable[[], Awaitable[P]]
-    ) -> tuple[Principal, Deadline, P, Plan]:
-        """The first steps of a call whose model is named in its payload: identify, load under the
-        call's deadline, plan, and room (before tokenizing or admission)."""
+    async def _payload_call(self, call: Call, load: Callable[[], Awaitable[P]]) -> tuple[Principal, P, Plan]:
+        """The first steps of a call whose model is named in its payload: identify, load, plan, and
+        room (before tokenizing or admission). The caller runs them under the call's deadline."""
         principal = await self.identify(call)
-        deadline = self.deadline(call)
-        async with deadline.scope():
-            given = await load()
+        given = await load()
         call.model = given.model.name
         plan = self.plan(principal, given.model.name, given.model.version, given.model.label, call.headers)
         self.check_room(principal, plan)
-        return principal, deadline, given, plan
+        return principal, given, plan
 
     async def model_view(self, call: Call, model: ModelRef) -> ModelView:
         """A model as the caller may see it (metadata, versions, readiness)."""
