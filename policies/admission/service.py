@@ -23,7 +23,7 @@ from policies.admission import settles as st
 from policies.admission.refusals import refusal
 from policies.admission.reservation import Reservation, unchecked_tenants
 from policies.errors import QuotaExceeded, StoreUnavailable, Unauthenticated
-from policies.leases import LeaseSettings, PartitionSettings
+from policies.leases import LeaseSettings, PartitionSettings, metrics
 from policies.principal import Principal
 from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
 from policies.stores.memory import MemoryStore
@@ -297,6 +297,7 @@ class Admission:
         except StoreUnavailable as exc:
             self.stats["reconcile_deferred"] += 1
             self._pending.append(settle)
+            metrics.REQUEST_SETTLES_PENDING.inc()
             log.error("reconcile_deferred", error=exc.detail, reservation=r.id, pending=len(self._pending))
             return
         if not applied and not r.degraded:
@@ -351,6 +352,7 @@ class Admission:
             while self._pending:
                 await self._store.settle(**self._pending[0])  # idempotent by settle id
                 self._pending.pop(0)
+                metrics.REQUEST_SETTLES_PENDING.dec()
         except StoreUnavailable as exc:
             log.error("reconcile_retry_failed", error=exc.detail, pending=len(self._pending))
 
@@ -368,9 +370,7 @@ class Admission:
         ):
             reservation.renewed_at = now
             try:
-                await self._store.renew(
-                    lease_id=reservation.id, keys=reservation.lease_keys, ttl_s=self._lease_ttl_s, now=now
-                )
+                await self._store.renew(lease_id=reservation.id, keys=reservation.lease_keys, ttl_s=self._lease_ttl_s, now=now)
             except StoreUnavailable as exc:
                 log.warning("lease_renew_failed", error=exc.detail, reservation=reservation.id)
         return tokens_so_far <= reservation.cost_tokens

@@ -11,6 +11,7 @@ import math
 from policies import ratelimit as rl
 from policies.errors import StoreUnavailable
 from policies.leases.ledger import Ledger
+from policies.leases.metrics import PARTITION_ADMITS
 from policies.leases.settings import PartitionSettings
 from policies.leases.slices import SliceBook
 from policies.leases.slots import SlotPool
@@ -76,5 +77,6 @@ class PartitionTolerance:
         for pool in pools:
             pool.extra += 1
         self.stats["partition"] += 1
+        PARTITION_ADMITS.inc()
         views = [BucketView(0.0, 0.0) for _ in buckets]
         return AcquireResult(True, views, [0 for _ in counters], []), views

@@ -24,6 +24,7 @@ import structlog
 from policies import ratelimit as rl
 from policies.errors import StoreUnavailable
 from policies.leases.ledger import Ledger
+from policies.leases.metrics import LOCAL_ADMITS, TOPUPS
 from policies.leases.partition import PartitionTolerance
 from policies.leases.settings import LeaseSettings, PartitionSettings
 from policies.leases.slices import Grant, SliceBook
@@ -74,6 +75,8 @@ class LeasePath(Ticking, PartitionTolerance):
         self.ledger = Ledger(instance)
         #: store settles not yet applied (grants given back, batches, slots released), retried each tick
         self.pending: list[dict[str, Any]] = []
+        #: how many of them the settles-pending gauge counts for this process's path now
+        self.pending_shown = 0
         #: grants detached from the book, given back at the next tick
         self._closing: list[Grant] = []
         #: the op (capacity, rate, limit, expiry) each key was last taken with, for the tick's new slices
@@ -113,6 +116,7 @@ class LeasePath(Ticking, PartitionTolerance):
         for key, units, _ in needs:
             self.book.consume(key, units, now)
         self.stats["local"] += 1
+        LOCAL_ADMITS.inc()
         self._ensure_ticking()
         return [self.book.bucket_view(b.op.key, b.op, now) for b in buckets]
 
@@ -192,6 +196,7 @@ class LeasePath(Ticking, PartitionTolerance):
             used = exact
         if grant_result.ok and grant is not None:
             self.stats["topups"] += 1
+            TOPUPS.inc()
         self._observe(grant_result, used[0], used[1], now)
         denials = list(grant_result.denials)
         for i, r in zip(lacking, slot_results, strict=True):

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from policies.errors import StoreUnavailable
+from policies.leases.metrics import LEASE_SETTLES_PENDING
 from policies.stores.base import BucketOp, CounterOp
 
 log = structlog.get_logger(__name__)
@@ -64,6 +65,7 @@ class Ticking:
                     self.pending.append(settle_args(sid, release=[key], now=now))
             applied = self.down_since is None and await self._apply_pending(now)
         if self.down_since is not None:
+            self._show_pending()  # the settles this tick added wait for the store with the others
             await self._store.ping()  # StoreUnavailable: still cut off
             async with self._topping:
                 applied = await self._apply_pending(now)
@@ -84,6 +86,7 @@ class Ticking:
         if not self.pending:
             self.down_since = None
             self.overspent.clear()
+            self._show_pending()
             return True
         # kept in `pending` until answered: a tick cancelled meanwhile (a shutdown) leaves them for
         # `close` to apply again, which is harmless (each at most once, by its id)
@@ -91,6 +94,7 @@ class Ticking:
         answers = await asyncio.gather(*(self._store.settle(**s) for s in todo), return_exceptions=True)
         done = {id(s) for s, a in zip(todo, answers, strict=True) if not isinstance(a, BaseException)}
         self.pending = [s for s in self.pending if id(s) not in done]
+        self._show_pending()
         for a in answers:
             if isinstance(a, BaseException) and not isinstance(a, StoreUnavailable):
                 log.error("lease_settle_failed", error=repr(a))
@@ -102,6 +106,11 @@ class Ticking:
         self.down_since = None
         self.overspent.clear()  # the outage's charges are in the store now
         return True
+
+    def _show_pending(self) -> None:
+        """Bring the settles-pending gauge (one for every path of the process) to this path's count."""
+        LEASE_SETTLES_PENDING.inc(len(self.pending) - self.pending_shown)
+        self.pending_shown = len(self.pending)
 
     async def _retake(self, keys: list[str], now: float) -> None:
         """Fresh slices for the keys in use, in one acquire (none when the store has too little)."""
