@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from secrets import token_hex
 from typing import Any
 
@@ -29,7 +29,7 @@ from policies.leases.partition import PartitionTolerance
 from policies.leases.settings import LeaseSettings, PartitionSettings
 from policies.leases.slices import Grant, SliceBook
 from policies.leases.slots import SlotPool
-from policies.leases.ticks import Ticking
+from policies.leases.ticks import Ticking, settle_args
 from policies.stores.base import (
     AcquireResult,
     BucketOp,
@@ -176,12 +176,11 @@ class LeasePath(Ticking, PartitionTolerance):
         now: float,
     ) -> tuple[AcquireResult, list[str | None]]:
         slot_ids = [f"{self._instance}.slot.{token_hex(8)}" for _ in lacking]
-        slot_calls = [self._acquire(sid, [], [conc[i].op], [], now) for i, sid in zip(lacking, slot_ids, strict=True)]
+        slots = [(sid, conc[i].op) for i, sid in zip(lacking, slot_ids, strict=True)]
         sized = self._grant_ops(buckets, counters, now, exact=False)
         exact = self._grant_ops(buckets, counters, now, exact=True)
-        if slot_calls:
-            answers = await asyncio.gather(self._take(*sized, now), *slot_calls)
-            (grant_result, grant), slot_results = answers[0], answers[1:]
+        if slots:
+            (grant_result, grant), slot_results = await self._take_with_slots(sized, slots, now)
         else:  # no task to make (a memory store answers without suspending)
             (grant_result, grant), slot_results = await self._take(*sized, now), []
         used = sized
@@ -192,7 +191,11 @@ class LeasePath(Ticking, PartitionTolerance):
                 ks = self.book.keys.get(op.key)
                 if ks is not None and op.cost:
                     ks.contended_until = now + self.settings.slice_s
-            grant_result, grant = await self._take(*exact, now)
+            try:
+                grant_result, grant = await self._take(*exact, now)
+            except BaseException:  # the slots taken are nobody's: they go back, as in `_take_with_slots`
+                self._give_back_slots(slots, slot_results, now)
+                raise
             used = exact
         if grant_result.ok and grant is not None:
             self.stats["topups"] += 1
@@ -204,6 +207,33 @@ class LeasePath(Ticking, PartitionTolerance):
         counts = [v - int(self.book.state(c.key, self.limit(c)).left) for v, c in zip(grant_result.counters, counters, strict=True)]  # fmt: skip
         result = AcquireResult(not denials, grant_result.buckets, counts, denials)
         return result, [sid if r.ok else None for sid, r in zip(slot_ids, slot_results, strict=True)]
+
+    async def _take_with_slots(
+        self, sized: tuple[list[BucketOp], list[CounterOp]], slots: list[tuple[str, LeaseOp]], now: float
+    ) -> tuple[tuple[AcquireResult, Grant | None], list[AcquireResult]]:
+        """The grant's acquire and each slot's, at once. When one of them fails (a cut), the slots the
+        store granted go back with the next tick that reaches it, instead of staying held by nobody
+        until their TTL; one it refused holds nothing, one whose answer was lost is `_reclaim_unsure`'s.
+        Raises the first failure."""
+        calls = [self._take(*sized, now), *(self._acquire(sid, [], [op], [], now) for sid, op in slots)]
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:  # a cancelled top-up too: gather has let every task finish by then
+            failed = [t for t in tasks if not t.done() or t.cancelled() or t.exception() is not None]
+            if failed:
+                answered = [t.result() if t not in failed else None for t in tasks[1:]]
+                self._give_back_slots(slots, answered, now)
+        for t in failed:
+            raise t.exception() or asyncio.CancelledError()
+        return tasks[0].result(), [t.result() for t in tasks[1:]]
+
+    def _give_back_slots(self, slots: list[tuple[str, LeaseOp]], answers: Sequence[AcquireResult | None], now: float) -> None:
+        """Release, with the next tick that reaches the store, the slots it granted to a top-up that
+        failed: only those (None: no answer, and `_reclaim_unsure` gives it back if it was applied)."""
+        for (sid, op), answer in zip(slots, answers, strict=True):
+            if answer is not None and answer.ok:
+                self.pending.append(settle_args(sid, release=[op.key], now=now))
 
     def _grant_ops(
         self, buckets: list[rl.RateCheck], counters: list[CounterOp], now: float, *, exact: bool
