@@ -52,6 +52,13 @@ from router.load import ServiceTimes
 
 log = structlog.get_logger(__name__)
 
+#: allocations (net of frees) between two young-generation collections in `fleetgate serve`, instead
+#: of CPython's 700. A proxied request allocates a few thousand short-lived objects, nearly all freed
+#: by reference counting, so at 700 the collector ran several times a request for nothing to free.
+#: bench_policy_proxy's chat path, nothing to enforce, c=16, side by side: about 5 % less CPU a request
+#: (median of 4 rounds). Cycles still die, at most this many allocations later.
+_YOUNG_COLLECTION_EVERY = 50_000
+
 
 def _raised(request: Request, exc: Exception) -> Response[bytes]:
     """What a guard, a hook or a dependency raised: a known error in the caller's protocol envelope
@@ -92,6 +99,7 @@ def create_app(
     process, and full collections then walk only what requests made. Measured on the digits path:
     full collections of the whole heap took ~40 ms each, several a minute under load; ~3 ms frozen.
     Left off for apps made in a process that makes many (tests): a frozen cycle is never freed.
+    It also spaces the young-generation collections (`gc.set_threshold`, `_YOUNG_COLLECTION_EVERY`).
 
     Raises:
         ConfigError: a deployment's backend refuses its fields or options.
@@ -139,6 +147,7 @@ def create_app(
         if freeze_startup_heap:
             gc.collect()
             gc.freeze()
+            gc.set_threshold(_YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
         try:
             yield
         finally:

@@ -75,8 +75,13 @@ def protocol_of_path(path: str) -> Protocol:
 
 def call_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Call:
     """The request's protocol-neutral call, opened on first use and kept on the connection's state
-    (the body hook, the handler's `call` dependency and an error handler see one call)."""
-    state = connection.state
+    (the body hook, the handler's `call` dependency and an error handler see one call).
+
+    Kept in the ASGI scope's `state` dict (which Litestar creates for every request), not through
+    `connection.state`: that property wraps the dict in a new `State`, with its own lock, on each
+    access.
+    """
+    state = connection.scope["state"]
     call = state.get(_CALL_KEY)
     if call is None:
         handler = connection.scope.get("route_handler")
@@ -92,7 +97,7 @@ def call_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Call:
 
 def opened_call(connection: ASGIConnection[Any, Any, Any, Any]) -> Call | None:
     """The call the body hook or handler opened for this request, if any (error handlers)."""
-    return connection.state.get(_CALL_KEY)
+    return connection.scope.get("state", {}).get(_CALL_KEY)
 
 
 async def identify_caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Call:
