@@ -49,6 +49,11 @@ SUBJECT_PREFIX = "jwt:"
 MAX_SUBJECT = 255
 #: the subject a token without `subject_claim` is counted under (one per tenant)
 TENANT_SUBJECT = "jwt:*"
+#: the least `refresh_interval_s`. It is the only bound on the key set fetches that tokens naming
+#: an unknown `kid` cause, and anyone can make such a token: at 0 every one of them would fetch, and
+#: a flood of them would turn the gateway into a load generator against the issuer. One fetch a
+#: second per process is nothing to an issuer, and a rotated key is still picked up within a second.
+MIN_REFRESH_INTERVAL_S = 1.0
 
 
 class JwtSpec(SpecBase):
@@ -67,7 +72,8 @@ class JwtSpec(SpecBase):
     algorithms: list[str] = msgspec.field(default_factory=lambda: ["RS256"])
     #: clock skew allowed when checking `exp` and `nbf`, in seconds
     leeway_s: float = 30.0
-    #: the key set is fetched again (on an unknown `kid`) at most once per this many seconds
+    #: the key set is fetched again (on an unknown `kid`) at most once per this many seconds; at
+    #: least 1: it rate-limits the fetches that tokens with made-up `kid`s cause
     refresh_interval_s: float = 30.0
     #: the key set is also fetched again, in the background, once it is this old (keys retire)
     max_age_s: float = 3600.0
@@ -86,8 +92,13 @@ class JwtSpec(SpecBase):
             )
         if not self.issuer or not self.audience or not self.tenant_claim:
             raise ValueError("issuer, audience and tenant_claim must not be empty")
-        if self.leeway_s < 0 or self.refresh_interval_s < 0 or self.fetch_timeout_s <= 0:
-            raise ValueError("leeway_s and refresh_interval_s must be >= 0, fetch_timeout_s > 0")
+        if self.leeway_s < 0 or self.fetch_timeout_s <= 0:
+            raise ValueError("leeway_s must be >= 0, fetch_timeout_s > 0")
+        if not self.refresh_interval_s >= MIN_REFRESH_INTERVAL_S:  # `not >=`: NaN is refused too
+            raise ValueError(
+                f"auth.jwt.refresh_interval_s must be at least {MIN_REFRESH_INTERVAL_S:g} s (it rate-limits "
+                f"the key set fetches that tokens with unknown `kid`s cause), got {self.refresh_interval_s!r}"
+            )
         if self.max_age_s < self.refresh_interval_s:
             raise ValueError("max_age_s must be >= refresh_interval_s")
 

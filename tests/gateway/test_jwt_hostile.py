@@ -28,7 +28,7 @@ V2_BODY = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "d
 
 
 def _config(jwks_url: str, digits: Any, fetch_timeout_s: float = 5.0, grpc_port: int | None = None) -> Any:  # noqa: ANN401
-    auth = auth_yaml(jwks_url, refresh_interval_s=0.0).replace(
+    auth = auth_yaml(jwks_url, refresh_interval_s=1.0).replace(
         "leeway_s: 5,", f"leeway_s: 5, fetch_timeout_s: {fetch_timeout_s},"
     )
     server = f"server: {{grpc_port: {grpc_port}}}" if grpc_port else ""
