@@ -138,7 +138,8 @@ class RemoteBackend:
         timeout_s = self.spec.timeout_s
         try:
             async with asyncio.timeout(timeout_s):
-                response = await self._client.request(method, path, content, headers, timeout_s)
+                # this timer bounds the whole exchange: no per-read timer of the client's on top
+                response = await self._client.request(method, path, content, headers, None)
                 try:
                     status, raw = response.status, await response.read(self.options.max_response_bytes)
                 finally:
@@ -188,7 +189,8 @@ class RemoteBackend:
         try:
             # the deadline of the stream's head; each later event has the same allowance
             async with asyncio.timeout(timeout_s):
-                response = await self._client.request("POST", path, _json_encode.encode(body), headers, timeout_s)
+                # the head under this timer, each event under `each_within`'s: no per-read timer on top
+                response = await self._client.request("POST", path, _json_encode.encode(body), headers, None)
         except TimeoutError:
             raise BackendTimeout(f"upstream {self.name!r} did not answer in {timeout_s:g}s") from None
         except UpstreamUnreachable as exc:
