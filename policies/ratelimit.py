@@ -78,13 +78,20 @@ def format_duration(seconds: float) -> str:
 
 
 def ratelimit_headers(checks: list[RateCheck], views: list[BucketView]) -> dict[str, str]:
-    """x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the tightest bucket of each unit."""
+    """x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the tightest bucket of each unit
+    (least remaining, then the longest reset; the first of equals), found in one pass: every
+    admitted request asks."""
+    tightest: dict[str, tuple[RateCheck, BucketView]] = {}
+    for check, view in zip(checks, views, strict=True):
+        best = tightest.get(check.unit)
+        if best is None or (view.remaining, -view.reset_s) < (best[1].remaining, -best[1].reset_s):
+            tightest[check.unit] = (check, view)
     headers: dict[str, str] = {}
     for unit in ("requests", "tokens"):
-        pairs = [(c, v) for c, v in zip(checks, views, strict=True) if c.unit == unit]
-        if not pairs:
+        pair = tightest.get(unit)
+        if pair is None:
             continue
-        check, view = min(pairs, key=lambda p: (p[1].remaining, -p[1].reset_s))
+        check, view = pair
         headers[f"x-ratelimit-limit-{unit}"] = str(check.limit)
         headers[f"x-ratelimit-remaining-{unit}"] = str(int(view.remaining))
         headers[f"x-ratelimit-reset-{unit}"] = format_duration(view.reset_s)
