@@ -218,6 +218,8 @@ class GenerationStream:
         #: the backend's stream raised: the generation failed (not a client that went away)
         self._errored = False
         self._settling: asyncio.Future[None] | None = None
+        #: settled by `aclose` itself, without a task (`_settle_at_once`)
+        self._settled_at_once = False
         # the completion, kept only when a shadow will compare it
         self._texts: list[str] | None = [] if job.plan.shadows else None
         self._token_ids: list[int] = []
@@ -260,7 +262,12 @@ class GenerationStream:
         a client disconnect (anyio cancels every await of a cancelled scope) cannot cut it short.
         """
         self._closed = True
+        if self._settled_at_once:
+            return
         if self._settling is None:
+            if self._settle_at_once():
+                self._settled_at_once = True
+                return
             task = asyncio.ensure_future(self._settle())
             self._settlement.hold(task)
             self._settling = task
@@ -289,49 +296,74 @@ class GenerationStream:
             return self._usage
         return Usage(prompt_tokens=self.job.prompt_tokens, completion_tokens=self.delivered)
 
+    def _settle_at_once(self) -> bool:
+        """The settle without its task, where nothing in it waits: a stream that finished (no abort
+        to send) of a single choice whose reservation the admission settles in memory (the lease
+        strategy's batch). False: `_settle` runs in a task of its own."""
+        job = self.job
+        if self._final is None or job.share is not None:
+            return False
+        if not self._settlement.admission.settles_at_once(job.reservation):
+            return False
+        usage, failed = self._release_and_count()
+        try:
+            cost = self._cost(usage, failed)
+            settled = self._settlement.admission.reconcile_at_once(
+                job.reservation, usage.total_tokens, failed=failed, cost_micros=cost, deployment=job.dep.name
+            )
+            assert settled, "settles_at_once said the reservation settles in memory"
+        finally:
+            self._end_span(usage)
+        return True
+
     async def _settle(self) -> None:
-        job, settlement = self.job, self._settlement
+        job = self.job
         try:
             if self._final is None:
                 await job.dep.backend.abort(job.request.request_id)
                 await _aclose(self._stream)
         finally:
-            usage = self.used()
-            job.dep.queue.release(job.ticket, float(usage.prompt_tokens + 2 * usage.completion_tokens))
-            tenant, model = job.principal.tenant, job.plan.model
-            metrics.child(metrics.TOKENS, tenant, model, "prompt").inc(usage.prompt_tokens)
-            metrics.child(metrics.TOKENS, tenant, model, "completion").inc(usage.completion_tokens)
-            completed = self._final is not None and self._final.finish_reason in ("stop", "length")
-            if completed and self._texts is not None:
-                settlement.shadows.mirror_text(
-                    job.plan, job.dep, job.request, "".join(self._texts), self._token_ids
-                )
-            # failed before anything was delivered: no answer, so no request is counted (its prompt's
-            # tokens were computed and stay charged)
-            failed = self._errored and self.delivered == 0
+            usage, failed = self._release_and_count()
             if job.share is not None:
                 await job.share.settle(usage, failed, job.dep)
             else:
                 await self._reconcile(usage, failed)
 
+    def _release_and_count(self) -> tuple[Usage, bool]:
+        """The settle's first part, which never waits: the queue turn released, the tokens counted,
+        a shadow's comparison sent. Returns the usage and whether the generation failed."""
+        job = self.job
+        usage = self.used()
+        job.dep.queue.release(job.ticket, float(usage.prompt_tokens + 2 * usage.completion_tokens))
+        tenant, model = job.principal.tenant, job.plan.model
+        metrics.child(metrics.TOKENS, tenant, model, "prompt").inc(usage.prompt_tokens)
+        metrics.child(metrics.TOKENS, tenant, model, "completion").inc(usage.completion_tokens)
+        completed = self._final is not None and self._final.finish_reason in ("stop", "length")
+        if completed and self._texts is not None:
+            self._settlement.shadows.mirror_text(job.plan, job.dep, job.request, "".join(self._texts), self._token_ids)
+        # failed before anything was delivered: no answer, so no request is counted (its prompt's
+        # tokens were computed and stay charged)
+        return usage, self._errored and self.delivered == 0
+
+    def _cost(self, usage: Usage, failed: bool) -> int:
+        job = self.job
+        return self._settlement.prices.charge(job.principal.tenant, job.plan.model, job.dep, priced_usage(usage, failed))
+
+    def _end_span(self, usage: Usage) -> None:
+        span = self.job.span
+        if span is not None:
+            span.set_attributes({"llm.prompt_tokens": usage.prompt_tokens, "llm.completion_tokens": usage.completion_tokens})
+            span.end()
+
     async def _reconcile(self, usage: Usage, failed: bool) -> None:
         job = self.job
         try:
-            cost = self._settlement.prices.charge(
-                job.principal.tenant, job.plan.model, job.dep, priced_usage(usage, failed)
-            )
             await self._settlement.admission.reconcile(
-                job.reservation, usage.total_tokens, failed=failed, cost_micros=cost, deployment=job.dep.name
-            )
+                job.reservation, usage.total_tokens, failed=failed, cost_micros=self._cost(usage, failed),
+                deployment=job.dep.name,
+            )  # fmt: skip
         finally:
-            if job.span is not None:
-                job.span.set_attributes(
-                    {
-                        "llm.prompt_tokens": usage.prompt_tokens,
-                        "llm.completion_tokens": usage.completion_tokens,
-                    }
-                )
-                job.span.end()
+            self._end_span(usage)
 
 
 def priced_usage(usage: Usage, failed: bool) -> pricing.Usage:

@@ -1,9 +1,10 @@
 """`Admission`: check and reserve every limit and quota of a request, settle it when it ends.
 
-`admit` builds one all-or-nothing store acquire; `reconcile` settles it once (the settles
-themselves are built in `settles.py`, the errors of a refusal in `refusals.py`); `commit` writes a
-background request's held settlement with its marks; `recover` gives back what dead processes
-reserved; `check_stream` renews a long stream's concurrency lease.
+`admit` builds one all-or-nothing store acquire (or admits from the lease strategy's slices,
+`leased.py`); `reconcile` settles it once and `commit` writes a background request's held
+settlement with its marks (`reconciling.py`; the settles themselves are built in `settles.py`, the
+errors of a refusal in `refusals.py`); `recover` gives back what dead processes reserved;
+`check_stream` renews a long stream's concurrency lease.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from secrets import token_hex as random_hex
-from typing import Any
 
 import structlog
 
@@ -20,12 +20,13 @@ from policies import ratelimit as rl
 from policies.admission import budgeting
 from policies.admission import leased as ls
 from policies.admission import settles as st
+from policies.admission.reconciling import Reconciling
 from policies.admission.refusals import refusal
 from policies.admission.reservation import Reservation, unchecked_tenants
 from policies.errors import QuotaExceeded, StoreUnavailable, Unauthenticated
-from policies.leases import LeaseSettings, PartitionSettings, metrics
+from policies.leases import LeaseSettings, PartitionSettings
 from policies.principal import Principal
-from policies.stores.base import AcquireResult, CounterOp, Journal, Mark, StateStore, UsageDelta
+from policies.stores.base import AcquireResult, CounterOp, Journal, StateStore
 from policies.stores.memory import MemoryStore
 from policies.types import KeyUsageRow, TenantSpec, UsageRow
 
@@ -34,7 +35,7 @@ log = structlog.get_logger(__name__)
 _STATS = ("admitted", "rate_limited", "quota_exceeded", "budget_exceeded", "store_unavailable", "fail_open", "reconcile_deferred")  # fmt: skip
 
 
-class Admission:
+class Admission(Reconciling):
     """Rate limits and quotas of every tenant, on a shared StateStore.
 
     Args:
@@ -179,10 +180,13 @@ class Admission:
         if principal.tenant not in self._unchecked or principal.limits is not None or principal.budget is not None:
             spec = self._tenants[principal.tenant]
             return ls.admit_local(self, principal, spec, model, cost_tokens) if ls.leaseable(self, principal, spec) else None
-        return self._granted(
+        r = self._granted(
             principal, model, cost_tokens, self._clock(), f"{self.instance}.{random_hex(12)}",
             cost_micros=cost_micros,
         )  # fmt: skip
+        # nothing to check, only usage to record: with leases it goes with the next batch too
+        r.leased = self.leases is not None and principal.background is None
+        return r
 
     def _granted(
         self,
@@ -249,95 +253,6 @@ class Admission:
             await self._flush_pending()
         return result, False
 
-    async def reconcile(
-        self,
-        reservation: Reservation,
-        actual_tokens: int,
-        *,
-        failed: bool = False,
-        parts: Mapping[str, int] | None = None,
-        cost_micros: int = 0,
-        deployment: str = "",
-    ) -> None:
-        """Settle a reservation: refund unused tokens and money, record usage and spend, release
-        concurrency. Idempotent.
-
-        Args:
-            reservation: what `admit` returned.
-            actual_tokens: tokens really used (may exceed the reservation; the excess is charged).
-            failed: the request was not answered: its request quotas are refunded, usage counts no request.
-            parts: usage rows of the request's parts (a graph's steps: `graph/step` -> rows), one
-                request each, recorded beside the request's own row; never charged to limits or quotas.
-            cost_micros: what the request really cost in micro-USD (its budgets are settled at it).
-            deployment: the deployment that served it (its key's usage row names it).
-
-        Never raises for a store outage: the settle is kept and retried on a later call (logged).
-        """
-        if reservation.settled:
-            return
-        reservation.settled = True
-        r = reservation
-        requests = 0 if failed else 1
-        now = self._clock()
-        settle = st.reconcile_settle(r, actual_tokens, failed, parts, now, cost_micros, deployment)
-        usage = settle["usage"]
-        if r.leased and self.leases is not None:  # settled with the next batch (policies/leases)
-            self.leases.settle(settle)
-            return
-        if r.held is not None:  # a batch line: committed by its runner with the line's record
-            r.held.hold(settle, st.late_settle(r, actual_tokens, requests, usage, now, cost_micros))
-            return
-        if r.degraded:
-            await self._local.settle(**settle)
-            # The shared store never saw this request: charge it there (quotas, usage) when it is back.
-            charge = st.whole_charge(r, actual_tokens, requests, cost_micros)
-            settle = dict(settle, buckets=[], release=[], counters=charge)
-        try:
-            applied = await self._store.settle(**settle)
-        except StoreUnavailable as exc:
-            self.stats["reconcile_deferred"] += 1
-            self._pending.append(settle)
-            metrics.REQUEST_SETTLES_PENDING.inc()
-            log.error("reconcile_deferred", error=exc.detail, reservation=r.id, pending=len(self._pending))
-            return
-        if not applied and not r.degraded:
-            await self._settle_reclaimed(r, actual_tokens, requests, usage, cost_micros)
-        if self._pending:
-            await self._flush_pending()
-
-    async def _settle_reclaimed(
-        self, r: Reservation, actual_tokens: int, requests: int, usage: list[UsageDelta], cost_micros: int
-    ) -> None:
-        """Record a request whose reservation another process reclaimed (this one seemed dead).
-
-        The reclaim refunded the whole reservation; the request did run, so its usage is recorded
-        and its real cost charged to the quotas, once (its own settle id).
-        """
-        await self._store.settle(**st.late_settle(r, actual_tokens, requests, usage, self._clock(), cost_micros))
-        log.warning("reclaimed_reservation_settled_late", reservation=r.id)
-
-    async def commit(self, held: Any, marks: list[Mark]) -> None:
-        """Write a background request's `marks` with its held settlement in one atomic store step
-        (just the marks when it was never admitted). Raises StoreUnavailable (the caller retries:
-        a settlement applied once is never applied again, by its settle id).
-
-        When a reclaim (`recover`, by a process that took this one for dead) refunded the reservation
-        first, the request's real cost is charged by its late settle, which carries the marks then.
-        """
-        settle, late = await held.wait()
-        if settle is None:
-            await self._store.put_marks(marks)
-            return
-        if await self._store.settle(**settle, marks=marks) or late is None:
-            return
-        # Not applied: either this very commit went through before (a retry after an outage that
-        # hid its answer: the marks are there) or a reclaim refunded the reservation (they are not).
-        # Only the caller writes these marks (it holds the job's claim), so reading them is enough.
-        for mark in marks:
-            if (await self._store.get_marks(mark.key)).get(mark.field) != mark.value:
-                await self._store.settle(**late, marks=marks)
-                return
-
     async def heartbeat(self, ttl_s: float) -> None:
         """Tell the store this process is alive for `ttl_s` more seconds (its reservations are not orphans)."""
         await self._store.heartbeat(self.instance, self._clock() + ttl_s)
@@ -346,15 +261,6 @@ class Admission:
         """Give back what processes that died left reserved (requests' reservations, leases' slices and
         slots); returns how many. See `settles.recover_orphans`."""
         return await st.recover_orphans(self._store, self._clock())
-
-    async def _flush_pending(self) -> None:
-        try:
-            while self._pending:
-                await self._store.settle(**self._pending[0])  # idempotent by settle id
-                self._pending.pop(0)
-                metrics.REQUEST_SETTLES_PENDING.dec()
-        except StoreUnavailable as exc:
-            log.error("reconcile_retry_failed", error=exc.detail, pending=len(self._pending))
 
     async def check_stream(self, reservation: Reservation, tokens_so_far: int) -> bool:
         """Whether a stream may go on: False once it passes its reservation (cut it, then reconcile).

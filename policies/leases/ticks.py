@@ -29,7 +29,9 @@ class Ticking:
 
     def settle(self, settle: dict[str, Any]) -> None:
         """A leased request ended: its slots are free, its refunds go back to a slice held (admitted
-        from here at once, given back to the store with it), the rest joins the next batch."""
+        from here at once, given back to the store with it), the rest joins the next batch (the
+        ticks that write it start with the first request, admitted from the slices or not)."""
+        self._ensure_ticking()
         for key in settle["release"]:
             pool = self.slots.get(key)
             if pool is not None:
