@@ -178,7 +178,8 @@ class DeploymentSpec(SpecBase):
     protocol: Literal["openai", "kserve_v2"] | None = None
     #: name of the environment variable holding the upstream API key (never the key itself)
     api_key_env: str | None = None
-    #: per-request deadline towards the backend
+    #: per-request deadline towards the backend (remote: a whole non-streamed answer, a stream's
+    #: head and then each of its events)
     timeout_s: float = 60.0
     #: free-form hardware label shown on metrics and in the response header (e.g. "h200", "xeon")
     hardware: str | None = None

@@ -197,7 +197,8 @@ class RemoteBackend:
             raise BackendUnavailable(f"upstream {self.name!r} failed: {exc}") from None
         try:
             if response.status >= 400:
-                raise upstream_error(response.status, await response.read(limit))
+                async with asyncio.timeout(timeout_s):  # an error body that stalls is a timeout too
+                    raise upstream_error(response.status, await response.read(limit))
             lines = openai_upstream.each_within(response.lines(limit), timeout_s)
             async for event in openai_upstream.parse_sse(self.name, request.request_id, lines):
                 if request.sampling.logprobs and event.text and not event.token_logprobs:

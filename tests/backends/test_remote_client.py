@@ -5,6 +5,7 @@ timeouts, byte bounds; and the backend's mapping of those faults to gateway erro
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -326,14 +327,16 @@ async def test_cookies_an_upstream_sets_are_never_sent_on() -> None:
 # --- the backend's mapping of those faults ---------------------------------------------------------
 
 
-async def _generate(url: str, options: dict[str, int] | None = None, timeout_s: float = 2) -> list[str]:
+async def _generate(
+    url: str, options: dict[str, int] | None = None, timeout_s: float = 2, stream: bool = False
+) -> list[str]:
     spec = DeploymentSpec(
         backend="remote", url=url, protocol="openai", timeout_s=timeout_s, options=options or {}
     )
     backend = create("up", spec)
     await backend.load()
     try:
-        request = GenerateRequest(request_id="r", prompt="hi", sampling=SamplingParams(max_tokens=2))
+        request = GenerateRequest(request_id="r", prompt="hi", sampling=SamplingParams(max_tokens=2), stream=stream)
         return [event.text async for event in backend.generate(request)]
     finally:
         await backend.close()
@@ -353,6 +356,30 @@ async def test_backend_maps_a_silent_upstream_to_its_deadline() -> None:
     async with Upstream(silent) as up:
         with pytest.raises(BackendTimeout):
             await _generate(up.url, timeout_s=0.2)
+
+
+def _head_then_silence(status: bytes) -> Answer:
+    """An answer whose head comes at once and whose promised body never does."""
+
+    async def answer(n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n{")
+        await writer.drain()
+        await asyncio.sleep(5)
+        return False
+
+    return answer
+
+
+@pytest.mark.parametrize(("status", "stream"), [(b"200 OK", False), (b"500 Internal Server Error", True)])
+async def test_a_body_that_stalls_after_its_head_times_out_at_the_deployments_timeout(status: bytes, stream: bool) -> None:
+    """The backend's own timers bound every wait on the upstream (no per-read timer of aiohttp's on
+    top): a whole answer's body, and a stream's error body, that stop coming are the deployment's
+    timeout (504, fallbacks), not a wait until the request's own deadline."""
+    async with Upstream(_head_then_silence(status)) as up:
+        started = time.perf_counter()
+        with pytest.raises(BackendTimeout):
+            await _generate(up.url, timeout_s=0.3, stream=stream)
+        assert time.perf_counter() - started < 2
 
 
 async def test_backend_maps_a_body_over_the_cap_to_too_large() -> None:
