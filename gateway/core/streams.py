@@ -258,15 +258,19 @@ class GenerationStream:
     async def aclose(self) -> None:
         """Stop the stream (aborting the backend's work unless it finished) and settle. Idempotent.
 
-        The settling runs as its own task and is awaited through a shield: a caller cancelled by
-        a client disconnect (anyio cancels every await of a cancelled scope) cannot cut it short.
+        Where nothing in the settle waits (`_can_settle_at_once`: the usual finished stream under
+        the lease strategy) it runs here, with no await to be cancelled in. Else it runs as its own
+        task, awaited through a shield: a caller cancelled by a client disconnect (anyio cancels
+        every await of a cancelled scope) cannot cut it short.
         """
         self._closed = True
         if self._settled_at_once:
             return
         if self._settling is None:
-            if self._settle_at_once():
+            if self._can_settle_at_once():
+                # marked first: should the settle raise, a second `aclose` must not count it again
                 self._settled_at_once = True
+                self._settle_at_once()
                 return
             task = asyncio.ensure_future(self._settle())
             self._settlement.hold(task)
@@ -296,15 +300,20 @@ class GenerationStream:
             return self._usage
         return Usage(prompt_tokens=self.job.prompt_tokens, completion_tokens=self.delivered)
 
-    def _settle_at_once(self) -> bool:
-        """The settle without its task, where nothing in it waits: a stream that finished (no abort
-        to send) of a single choice whose reservation the admission settles in memory (the lease
-        strategy's batch). False: `_settle` runs in a task of its own."""
+    def _can_settle_at_once(self) -> bool:
+        """Whether nothing in the settle waits: a stream that finished (no abort to send) of a single
+        choice whose reservation the admission settles in memory (the lease strategy's batch). Else
+        `_settle` runs in a task of its own."""
         job = self.job
-        if self._final is None or job.share is not None:
-            return False
-        if not self._settlement.admission.settles_at_once(job.reservation):
-            return False
+        return (
+            self._final is not None
+            and job.share is None
+            and self._settlement.admission.settles_at_once(job.reservation)
+        )
+
+    def _settle_at_once(self) -> None:
+        """The settle without its task (`_can_settle_at_once`)."""
+        job = self.job
         usage, failed = self._release_and_count()
         try:
             cost = self._cost(usage, failed)
@@ -314,7 +323,6 @@ class GenerationStream:
             assert settled, "settles_at_once said the reservation settles in memory"
         finally:
             self._end_span(usage)
-        return True
 
     async def _settle(self) -> None:
         job = self.job

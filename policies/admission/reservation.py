@@ -51,7 +51,8 @@ class Reservation(msgspec.Struct, kw_only=True):
     held: Any = None
     cost_micros: int = 0
     budgets: list[CounterOp] = msgspec.field(default_factory=list)
-    #: admitted from this process's slices (policies/leases): settled with its next batch
+    #: settled with this process's next lease batch (policies/leases): admitted from its slices, or
+    #: a tenant's with nothing to check (usage only) while the lease strategy is on
     leased: bool = False
 
 

@@ -95,7 +95,7 @@ def test_an_admin_body_is_refused_in_the_plain_envelope(served: tuple[str, str, 
 
 
 def test_an_anonymous_client_is_refused_before_its_body_is_read(served: tuple[str, str, Litestar]) -> None:
-    """Headers promising a body that never comes: the 401 comes at once (the guard runs first)."""
+    """Headers promising a body that never comes: the 401 comes at once (the key is checked first)."""
     url, _, _ = served
     started = time.perf_counter()
     answer = _raw(url, f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
@@ -133,3 +133,22 @@ def test_the_document_is_the_one_litestar_generates(served: tuple[str, str, Lite
     admin = httpx.get(f"{url}/admin/openapi.json", headers=ADMIN_HEADERS).json()
     create = admin["paths"]["/admin/keys"]["post"]
     assert "CreateKeyBody" in str(create["requestBody"]) and "PlainError" in str(create["responses"]["401"])
+
+
+def test_every_keyed_body_route_checks_the_key_before_its_body(served: tuple[str, str, Litestar]) -> None:
+    """The key check lives in the routes' `before_request` hook (`keyed_body`), not in a guard: a
+    client route with a typed body whose hook is anything else (say `read_within_deadline` alone,
+    set on the route) would read and decode an anonymous caller's body. Every route that takes a
+    typed body and is documented as keyed must resolve to `keyed_body`."""
+    from gateway.http.bodies import keyed_body
+
+    app = served[2]
+    checked = set()
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", []):
+            keyed = any("bearer" in str(s).lower() or "apikey" in str(s).lower() for s in handler.resolve_security())
+            if "data" not in handler.parsed_fn_signature.parameters or not keyed:
+                continue
+            assert handler.resolve_before_request() is keyed_body, f"{route.path} {handler.http_methods}"
+            checked.add(route.path)
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/batches"} <= checked

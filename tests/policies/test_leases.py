@@ -141,6 +141,33 @@ async def test_batch_settles_once_and_kill_loses_at_most_one_flush(clock) -> Non
     assert {u.period: u.requests for u in await store.usage("acme")}["2026-11-21"] == 10
 
 
+async def test_a_tenant_with_nothing_to_check_records_usage_with_the_batch(clock) -> None:
+    """A tenant without limits, quotas or budget is admitted at once and settled at once, in memory:
+    its usage goes with the next batch (nothing in the store before the tick, all of it after, once),
+    and the process's own usage reads include it at once. The per-request strategy writes each."""
+    from policies.stores import open_store
+
+    store = await open_store("memory://")
+    adm = admission(store, clock, leases=LEASES)
+    for _ in range(5):
+        r = adm.admit_at_once(ACME, "m", 10)
+        assert r is not None and adm.settles_at_once(r)
+        assert adm.reconcile_at_once(r, 7)
+        assert adm.reconcile_at_once(r, 7)  # settled once: a second settle changes nothing
+    assert await store.usage("acme") == []  # the window a kill -9 can lose
+    rows = {u.period: (u.requests, u.tokens) for u in await adm.usage("acme")}  # writes the batch first
+    assert rows["2026-11-21"] == (5, 35)
+    await adm.leases.flush()
+    assert {u.period: u.requests for u in await store.usage("acme")}["2026-11-21"] == 5
+
+    own_store = await open_store("memory://")
+    per_request = admission(own_store, clock)
+    r = per_request.admit_at_once(ACME, "m", 10)
+    assert r is not None and not per_request.settles_at_once(r) and not per_request.reconcile_at_once(r, 7)
+    await per_request.reconcile(r, 7)
+    assert {u.period: u.requests for u in await own_store.usage("acme")}["2026-11-21"] == 1
+
+
 class _CutStore:
     """A store whose every call fails while `cut` (a link to Redis that went down)."""
 
