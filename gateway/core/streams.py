@@ -348,19 +348,24 @@ class GenerationStream:
         metrics.child(metrics.TOKENS, tenant, model, "completion").inc(usage.completion_tokens)
         completed = self._final is not None and self._final.finish_reason in ("stop", "length")
         if completed and self._texts is not None:
-            self._settlement.shadows.mirror_text(job.plan, job.dep, job.request, "".join(self._texts), self._token_ids)
+            self._settlement.shadows.mirror_text(
+                job.plan, job.dep, job.request, "".join(self._texts), self._token_ids
+            )
         # failed before anything was delivered: no answer, so no request is counted (its prompt's
         # tokens were computed and stay charged)
         return usage, self._errored and self.delivered == 0
 
     def _cost(self, usage: Usage, failed: bool) -> int:
         job = self.job
-        return self._settlement.prices.charge(job.principal.tenant, job.plan.model, job.dep, priced_usage(usage, failed))
+        prices = self._settlement.prices
+        return prices.charge(job.principal.tenant, job.plan.model, job.dep, priced_usage(usage, failed))
 
     def _end_span(self, usage: Usage) -> None:
         span = self.job.span
         if span is not None:
-            span.set_attributes({"llm.prompt_tokens": usage.prompt_tokens, "llm.completion_tokens": usage.completion_tokens})
+            span.set_attributes(
+                {"llm.prompt_tokens": usage.prompt_tokens, "llm.completion_tokens": usage.completion_tokens}
+            )
             span.end()
 
     async def _reconcile(self, usage: Usage, failed: bool) -> None:

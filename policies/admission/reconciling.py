@@ -56,7 +56,9 @@ class Reconciling:
 
         Never raises for a store outage: the settle is kept and retried on a later call (logged).
         """
-        if self.reconcile_at_once(reservation, actual_tokens, failed=failed, parts=parts, cost_micros=cost_micros, deployment=deployment):  # noqa: E501
+        if self.reconcile_at_once(
+            reservation, actual_tokens, failed=failed, parts=parts, cost_micros=cost_micros, deployment=deployment
+        ):
             return
         reservation.settled = True
         r = reservation
@@ -109,7 +111,8 @@ class Reconciling:
         assert self.leases is not None
         reservation.settled = True
         now = self._clock()
-        self.leases.settle(st.reconcile_settle(reservation, actual_tokens, failed, parts, now, cost_micros, deployment))
+        settle = st.reconcile_settle(reservation, actual_tokens, failed, parts, now, cost_micros, deployment)
+        self.leases.settle(settle)
         return True
 
     async def _settle_reclaimed(
