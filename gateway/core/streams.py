@@ -304,12 +304,8 @@ class GenerationStream:
         """Whether nothing in the settle waits: a stream that finished (no abort to send) of a single
         choice whose reservation the admission settles in memory (the lease strategy's batch). Else
         `_settle` runs in a task of its own."""
-        job = self.job
-        return (
-            self._final is not None
-            and job.share is None
-            and self._settlement.admission.settles_at_once(job.reservation)
-        )
+        job, admission = self.job, self._settlement.admission
+        return self._final is not None and job.share is None and admission.settles_at_once(job.reservation)
 
     def _settle_at_once(self) -> None:
         """The settle without its task (`_can_settle_at_once`)."""
@@ -348,9 +344,8 @@ class GenerationStream:
         metrics.child(metrics.TOKENS, tenant, model, "completion").inc(usage.completion_tokens)
         completed = self._final is not None and self._final.finish_reason in ("stop", "length")
         if completed and self._texts is not None:
-            self._settlement.shadows.mirror_text(
-                job.plan, job.dep, job.request, "".join(self._texts), self._token_ids
-            )
+            text, shadows = "".join(self._texts), self._settlement.shadows
+            shadows.mirror_text(job.plan, job.dep, job.request, text, self._token_ids)
         # failed before anything was delivered: no answer, so no request is counted (its prompt's
         # tokens were computed and stay charged)
         return usage, self._errored and self.delivered == 0
@@ -363,9 +358,8 @@ class GenerationStream:
     def _end_span(self, usage: Usage) -> None:
         span = self.job.span
         if span is not None:
-            span.set_attributes(
-                {"llm.prompt_tokens": usage.prompt_tokens, "llm.completion_tokens": usage.completion_tokens}
-            )
+            span.set_attribute("llm.prompt_tokens", usage.prompt_tokens)
+            span.set_attribute("llm.completion_tokens", usage.completion_tokens)
             span.end()
 
     async def _reconcile(self, usage: Usage, failed: bool) -> None:
