@@ -31,6 +31,7 @@ from backends.openvino_llm.options import OpenVINOLLMOptions, device_problem, pa
 from backends.openvino_llm.sampling import check_request, check_sampling, generation_config
 from backends.spec import DeploymentSpec
 from backends.torch_llm.model.config import read_sampling_defaults, with_model_defaults
+from backends.torch_llm.requests import prompt_ids
 
 log = structlog.get_logger(__name__)
 
@@ -246,24 +247,8 @@ class OpenVINOLLMBackend:
         tok = self._tokenizer
         if tok is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
-        given = [x is not None for x in (request.prompt, request.prompt_token_ids, request.messages)]
-        if sum(given) != 1:
-            raise InvalidInput("give exactly one of prompt, prompt_token_ids or messages")
-        if request.prompt_token_ids is not None:
-            ids = list(request.prompt_token_ids)
-            bad = [i for i in ids if not 0 <= i < tok.vocab_size]
-            if bad:
-                raise InvalidInput(f"prompt token id {bad[0]} is outside the vocabulary (0..{tok.vocab_size - 1})")
-        elif request.messages is not None:
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            try:
-                ids = tok.apply_chat_template(messages)
-            except ValueError as exc:
-                raise InvalidInput(str(exc)) from None
-        else:
-            ids = tok.encode(request.prompt or "")
-        if not ids:
-            raise InvalidInput("the prompt is empty")
+        # the same tokenizer class as the torch engine's: one reading of prompt, ids or chat
+        ids = prompt_ids(request, lambda: tok, tok.vocab_size)
         if self._max_model_len and len(ids) + request.sampling.max_tokens > self._max_model_len:
             raise InvalidInput(
                 f"the prompt has {len(ids)} tokens and max_tokens is {request.sampling.max_tokens}; this "

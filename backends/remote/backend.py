@@ -130,16 +130,11 @@ class RemoteBackend:
         """One whole exchange within the deployment's `timeout_s` (the answer's head and body under
         one timer): the answer's bytes, or a gateway error."""
         assert self._client is not None, "load() first"
-        # the request's trace goes on upstream (W3C traceparent); nothing while tracing is off
-        headers = {
-            **({"content-type": "application/json"} if content else {}),
-            **tracing.trace_headers(),
-        } or None
         timeout_s = self.spec.timeout_s
         try:
             async with asyncio.timeout(timeout_s):
                 # this timer bounds the whole exchange: no per-read timer of the client's on top
-                response = await self._client.request(method, path, content, headers, None)
+                response = await self._client.request(method, path, content, _headers(content), None)
                 try:
                     status, raw = response.status, await response.read(self.options.max_response_bytes)
                 finally:
@@ -185,12 +180,12 @@ class RemoteBackend:
             return
         limit = self.options.max_response_bytes
         timeout_s = self.spec.timeout_s
-        headers = {"content-type": "application/json", **tracing.trace_headers()}
+        content = _json_encode.encode(body)
         try:
             # the deadline of the stream's head; each later event has the same allowance
             async with asyncio.timeout(timeout_s):
                 # the head under this timer, each event under `each_within`'s: no per-read timer on top
-                response = await self._client.request("POST", path, _json_encode.encode(body), headers, None)
+                response = await self._client.request("POST", path, content, _headers(content), None)
         except TimeoutError:
             raise BackendTimeout(f"upstream {self.name!r} did not answer in {timeout_s:g}s") from None
         except UpstreamUnreachable as exc:
@@ -212,6 +207,12 @@ class RemoteBackend:
             raise UpstreamTooLarge(f"upstream {self.name!r}: {exc}") from None
         finally:
             await response.aclose()  # a no-op once the answer was read to its end
+
+
+def _headers(content: bytes | None) -> dict[str, str] | None:
+    """A request's own headers: its JSON body's type, and the trace going on upstream (W3C
+    traceparent; nothing while tracing is off)."""
+    return {**({"content-type": "application/json"} if content else {}), **tracing.trace_headers()} or None
 
 
 def create(name: str, spec: DeploymentSpec) -> RemoteBackend:

@@ -11,8 +11,8 @@ guards, then its `before_request` hook, and only then resolves `data` (litestar/
    (`Call.authenticated_ns`): the core starts the request's span there and, with
    `tracing.step_spans` on, records the check as the `authenticate` step, as on a route whose key
    the core checks itself. The check is a hook, not a Litestar guard: Litestar runs each guard with
-   a fresh copy of the route handler (`copy(self)` in `authorize_connection`), which cost 3 % of the
-   proxied chat path's CPU (py-spy, bench_policy_proxy at c=16); the hook runs at the same point
+   a fresh copy of the route handler (`copy(self)` in `authorize_connection`), which took 3-4 % of
+   py-spy's samples on bench_policy_proxy's proxied chat path under wrk at c=16; the hook runs at the same point
    (after routing, before `data` is resolved) with the same refusals. Operators' routes keep their
    guard (`gateway.admin.guard.ADMIN_GUARD`): they are not on the request path.
 2. Then the same hook (or `read_within_deadline` alone, on routes keyed otherwise) refuses a body

@@ -1,4 +1,5 @@
-"""Helpers for the fair-queue tests: a hand-moved clock and a discrete-event backend simulator."""
+"""Helpers for the fair-queue tests: a discrete-event backend simulator (the hand-moved clock and its
+`clock` fixture are the policy tests' own, tests/policies/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,27 +7,8 @@ import asyncio
 import heapq
 from collections.abc import Callable, Iterable
 
-import pytest
-
 from policies.fair_queue import FairQueue, Ticket
-
-
-class FakeClock:
-    """A monotonic clock that only moves when the test says so."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+from tests.policies.conftest import FakeClock
 
 
 async def settle(rounds: int = 3) -> None:

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from policies.fair_queue import FairQueue, QueueSpec, Ticket
-from tests.policies.fair_queue.conftest import FakeClock, Sim
+from tests.policies.conftest import FakeClock
+from tests.policies.fair_queue.conftest import Sim
 
 MAX_COST = 8.0
 
