@@ -102,7 +102,7 @@ class LeasePath(Ticking, PartitionTolerance):
     ) -> list[BucketView] | None:
         """Admit from the slices and slots held, without a store call; None when they do not cover it."""
         needs = [(b.op.key, b.op.cost, b.op.capacity) for b in buckets]
-        needs += [(c.key, float(c.cost), float(c.limit or 0)) for c in counters]
+        needs += [(c.key, float(c.cost), self.limit(c)) for c in counters]
         if not self.book.fits(needs):
             return None
         taken: list[SlotPool] = []
@@ -274,7 +274,7 @@ class LeasePath(Ticking, PartitionTolerance):
         for c in c_ops:
             if c.cost:
                 grant.counters[c.key] = c
-                self.book.add(grant, c.key, float(c.cost), float(c.limit or 0), now)
+                self.book.add(grant, c.key, float(c.cost), self.limit(c), now)
         return result, grant
 
     async def _acquire(
