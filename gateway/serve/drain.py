@@ -22,6 +22,7 @@ import asyncio
 import os
 import signal
 import socket
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -81,6 +82,9 @@ class DrainingServer(uvicorn.Server):
             log.info("gateway_listening", pid=os.getpid(), **_addresses(self.servers, app))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: it runs between two bytecodes of whatever the main thread was doing,
+        # perhaps inside the log stream's lock (structlog's is not reentrant) while writing a
+        # request's line. So it only sets flags; what logs or arms a timer runs on the loop.
         # Not recorded in uvicorn's captured signals: it would re-raise SIGTERM after the shutdown,
         # and the process would end killed by it instead of exiting 0.
         drain = self.drain  # None: a signal before the app started, nothing to drain yet
@@ -88,18 +92,33 @@ class DrainingServer(uvicorn.Server):
             return
         if drain is None or drain.draining or self.should_exit or sig != signal.SIGTERM or self._loop is None:
             if (drain is not None and drain.draining) or self.should_exit:
-                log.warning("drain_forced", signal=signal.Signals(sig).name, pid=os.getpid())
                 self.force_exit = True
+                self._on_loop(self._log_forced, sig)
             if drain is not None:
                 drain.begin()
                 drain.refuse_new()
             self.should_exit = True
             return
+        drain.begin()
+        self._on_loop(self._start_grace)
+
+    def _on_loop(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run `callback` on the server's loop soon (safe from a signal handler)."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop has closed: the process is ending anyway
+            pass
+
+    def _log_forced(self, sig: int) -> None:
+        log.warning("drain_forced", signal=signal.Signals(sig).name, pid=os.getpid())
+
+    def _start_grace(self) -> None:
         log.info(
             "drain_started", grace_s=self.grace_s, timeout_s=self.config.timeout_graceful_shutdown, pid=os.getpid()
         )
-        self.drain.begin()
-        self._loop.call_soon_threadsafe(self._loop.call_later, self.grace_s, self._after_grace)
+        asyncio.get_running_loop().call_later(self.grace_s, self._after_grace)
 
     def _after_grace(self) -> None:
         if self.should_exit or self.drain is None:

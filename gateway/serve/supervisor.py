@@ -85,7 +85,10 @@ class DrainingSupervisor:
         self.grace_s = grace_s
         self.stop_wait_s = grace_s + drain_timeout_s + _KILL_MARGIN_S
         self._stop_signals: list[int] = []
-        self._wake = threading.Event()
+        # wakes the main loop from a signal handler: a byte down a pipe (a threading.Event's lock
+        # could be held by the very code the handler interrupted)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self._workers: list[_Worker] = []
         self._quick_deaths = 0
         self._respawn_at = 0.0
@@ -98,8 +101,8 @@ class DrainingSupervisor:
         self._workers = [self._spawn(sock) for _ in range(self.workers)]
         log.info("workers_started", workers=self.workers, pids=[w.process.pid for w in self._workers])
         while not self._stop_signals:
-            self._wake.wait(_POLL_S)
-            self._wake.clear()
+            if wait_for_any([self._wake_r], _POLL_S):
+                os.read(self._wake_r, 64)
             if not self._stop_signals and not self._replace_dead(sock):
                 log.error("workers_keep_dying", deaths=self._quick_deaths)
                 self._stop_signals.append(signal.SIGTERM)  # drain the ones still serving, then stop
@@ -110,7 +113,10 @@ class DrainingSupervisor:
             self._pass_on(signal.SIGHUP)
             return
         self._stop_signals.append(sig)
-        self._wake.set()
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:  # the pipe is full of earlier wakes: the loop is woken already
+            pass
         if len(self._stop_signals) > 1 or sig != signal.SIGTERM:
             self._pass_on(signal.SIGINT)  # while stopping, or SIGINT: the workers end at once
 
