@@ -60,10 +60,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     digits = write_digits(tmp)
     llama = write_tiny_llama(tmp / "tiny-llama")
+    files = tmp / "files"  # the batch API's uploads (tests/gateway/test_schema_fuzz.py)
+    files.mkdir()
     report: dict = {"examples_per_operation": args.examples, "operations": {}, "server_errors": []}
     started = time.perf_counter()
     with serve_app(create_upstream()) as upstream, serve_app(
-        create_app(parse_config(fuzz_config(digits, llama, upstream), base_dir=Path(".")))
+        create_app(parse_config(fuzz_config(digits, llama, upstream, files), base_dir=Path(".")))
     ) as url:
         key = httpx.post(
             f"{url}/admin/keys",
