@@ -202,6 +202,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: of `prompt_tokens`, those served from a reused prefix (a prompt cache) rather than computed:
+    #: what the engine or an upstream reports, priced at `cached_input_usd_per_mtok`; 0 when unknown
+    cached_prompt_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

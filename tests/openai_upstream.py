@@ -68,11 +68,7 @@ async def _events(body: dict[str, Any], chat: bool) -> AsyncIterator[bytes]:
         + _enc.encode({"id": "u", "object": "chunk", "created": 0, "model": body["model"], "choices": [last]})
         + b"\n\n"
     )
-    usage = {
-        "prompt_tokens": len(prompt.split()),
-        "completion_tokens": len(words),
-        "total_tokens": len(prompt.split()) + len(words),
-    }
+    usage = _usage(prompt, words)
     yield (
         b"data: "
         + _enc.encode(
@@ -127,6 +123,24 @@ RECEIVED_HEADERS: list[dict[str, str]] = []
 
 _SLEEP = re.compile(r"sleep-ms-([0-9]+)")
 #: failure injection: a prompt with `slow-once-<token>` is answered 2 s late the first time only
+_CACHED = re.compile(r"cached-(\d+)")
+
+
+def _usage(prompt: str, words: list[str]) -> dict[str, Any]:
+    """A word a token; a prompt saying `cached-N` reports N of its tokens served from a prompt cache."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": len(prompt.split()),
+        "completion_tokens": len(words),
+        "total_tokens": len(prompt.split()) + len(words),
+    }
+    cached = _CACHED.search(prompt)
+    if cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": int(cached.group(1))}
+    if "malformed-usage" in prompt:  # failure injection: a broken upstream
+        usage["prompt_tokens_details"] = {"cached_tokens": "lots"}
+    return usage
+
+
 _SLOW_ONCE = re.compile(r"slow-once-([a-z0-9]+)")
 _SLOWED: set[str] = set()
 
@@ -172,11 +186,7 @@ async def _handle(request: Request, chat: bool) -> Response[Any]:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        usage = {
-            "prompt_tokens": len(prompt.split()),
-            "completion_tokens": len(words),
-            "total_tokens": len(prompt.split()) + len(words),
-        }
+        usage = _usage(prompt, words)
         return Response({"choices": [choice], "created": int(time.time()), "usage": usage})
     return Stream(_events(body, chat), media_type="text/event-stream")
 

@@ -70,11 +70,7 @@ def whole_answer(name: str, request_id: str, raw: bytes) -> TokenEvent:
         if text is None:
             text = message.get("content") or ""
         tool_calls = _tool_calls(message.get("tool_calls"))
-        u = payload.get("usage") or {}
-        usage = Usage(
-            prompt_tokens=int(u.get("prompt_tokens", 0)),
-            completion_tokens=int(u.get("completion_tokens", 0)),
-        )
+        usage = _usage(payload.get("usage") or {})
         logprobs = read_logprobs(choice.get("logprobs"))
     except (*JSON_DECODE_ERRORS, AttributeError, TypeError, ValueError, IndexError, KeyError):
         raise UpstreamMalformed(f"upstream {name!r} sent a malformed completion") from None
@@ -83,6 +79,25 @@ def whole_answer(name: str, request_id: str, raw: bytes) -> TokenEvent:
         request_id=request_id, text=str(text), finish_reason=finish, usage=usage,
         token_logprobs=logprobs, tool_calls=tool_calls,
     )  # fmt: skip
+
+
+def _usage(u: dict[str, Any]) -> Usage:
+    """An OpenAI `usage` object, with the prompt tokens served from the upstream's prompt cache
+    (`prompt_tokens_details.cached_tokens`, where it says)."""
+    prompt = int(u.get("prompt_tokens", 0))
+    cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=int(u.get("completion_tokens", 0)),
+        cached_prompt_tokens=max(0, min(cached, prompt)),
+    )
+
+
+def _stream_usage(name: str, u: Any) -> Usage:
+    try:
+        return _usage(u)
+    except (AttributeError, TypeError, ValueError):
+        raise UpstreamMalformed(f"upstream {name!r} sent a malformed usage") from None
 
 
 async def parse_sse(name: str, request_id: str, lines: AsyncIterator[str]) -> AsyncIterator[TokenEvent]:
@@ -105,11 +120,7 @@ async def parse_sse(name: str, request_id: str, lines: AsyncIterator[str]) -> As
         if chunk.get("error"):
             raise upstream_error(502, _json_encode.encode(chunk))
         if chunk.get("usage"):
-            u = chunk["usage"]
-            usage = Usage(
-                prompt_tokens=int(u.get("prompt_tokens", 0)),
-                completion_tokens=int(u.get("completion_tokens", 0)),
-            )
+            usage = _stream_usage(name, chunk["usage"])
         for choice in chunk.get("choices") or []:
             text = choice.get("text")
             delta = choice.get("delta") or {}

@@ -373,7 +373,9 @@ class TorchLLMBackend:
                     logprobs=out.logprobs,
                     token_logprobs=token_logprobs(out, self._tokenizer) if sampling.logprobs else None,
                     finish_reason=out.finish_reason,
-                    usage=Usage(prompt_tokens=len(ids), completion_tokens=completion) if done else None,
+                    usage=Usage(prompt_tokens=len(ids), completion_tokens=completion, cached_prompt_tokens=out.cached_prompt_tokens)
+                    if done
+                    else None,
                 )
                 yield calls.rewrite(event) if calls else event
                 if done:

@@ -44,6 +44,8 @@ class RequestOutput:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: of `prompt_tokens`, those the prefix cache served (at the request's first admission)
+    cached_prompt_tokens: int = 0
     #: with finish_reason "error": what failed, in words safe to show the caller (no internals)
     error: str | None = None
 
@@ -302,13 +304,8 @@ class LLMEngine:
                 try:
                     tokens, logprobs = sample(logits[row : row + 1], [state])
                     tops = top_logprobs(logits[row : row + 1], [state])
-                    picked.append(
-                        (
-                            tokens[0],
-                            None if logprobs is None else logprobs[0],
-                            None if tops is None else tops[0],
-                        )
-                    )
+                    logprob = None if logprobs is None else logprobs[0]
+                    picked.append((tokens[0], logprob, None if tops is None else tops[0]))
                 except Exception as exc:  # noqa: BLE001
                     log.exception("llm_sampling_failed", request_id=sampled[row].request_id)
                     picked.append(exc)
@@ -327,6 +324,7 @@ class LLMEngine:
             finish_reason="error",
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
+            cached_prompt_tokens=seq.cached_prompt_tokens or 0,
             error=f"{type(exc).__name__} in the engine step",
         )
 
@@ -382,6 +380,7 @@ class LLMEngine:
             finish_reason=reason,
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
+            cached_prompt_tokens=seq.cached_prompt_tokens or 0,
         )
 
     def _record_step(self, num_tokens: int, num_preempted: int, queries: int, hits: int) -> None:

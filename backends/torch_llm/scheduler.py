@@ -193,6 +193,8 @@ class Scheduler:
             self.waiting.pop()
             bm.allocate(seq, num_new, hits)
             seq.num_cached_tokens = len(hits) * bm.block_size
+            if seq.cached_prompt_tokens is None:
+                seq.cached_prompt_tokens = min(seq.num_cached_tokens, seq.num_prompt_tokens)
             out.prefix_queries += seq.num_tokens
             out.prefix_hits += seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING

@@ -33,6 +33,9 @@ class Sequence:
         block_table: KV block ids, in order; block i holds token positions [i*bs, (i+1)*bs).
         block_hashes: chained hashes of the full blocks registered for prefix caching.
         num_cached_tokens: prompt tokens served from the prefix cache at the last admission.
+        cached_prompt_tokens: prompt tokens the prefix cache served at the first admission (None
+            until then): what the request reports and is priced as cached. A preempted request's
+            readmission finds its own blocks again, which saved nothing the first admission computed.
         num_preemptions: how many times this sequence was preempted.
         data: the engine's per-request payload (sampling state, detokenizer); opaque here.
     """
@@ -63,6 +66,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []
         self.num_cached_tokens = 0
+        self.cached_prompt_tokens: int | None = None
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.data = data

@@ -16,9 +16,8 @@ from typing import Any
 from backends.base import BYTES_PER_TOKEN, GenerateRequest, TokenEvent, Usage, estimate_text_tokens
 from gateway.core.fleet.deployments import Deployment
 from gateway.core.fleet.shadowing import Shadows
-from gateway.core.money.prices import Prices
+from gateway.core.money.prices import Prices, generation_usage
 from gateway.observe import metrics
-from policies import pricing
 from policies.admission import Admission, Reservation
 from policies.fair_queue import Ticket
 from policies.principal import Principal
@@ -92,6 +91,7 @@ class ChoiceShare:
         #: usage of every attempt (a deployment that failed part-way still used tokens: billed)
         self._prompt = 0
         self._completion = 0
+        self._cached: int | None = None  # prompt tokens every choice found cached (the least)
         #: usage on the current deployment (what its fair-queue ticket is released at)
         self._attempt_prompt = 0
         self._attempt_completion = 0
@@ -141,6 +141,8 @@ class ChoiceShare:
         self._failed += failed
         self._prompt = max(self._prompt, usage.prompt_tokens)
         self._completion += usage.completion_tokens
+        cached = usage.cached_prompt_tokens
+        self._cached = cached if self._cached is None else min(self._cached, cached)
         self._attempt_prompt = max(self._attempt_prompt, usage.prompt_tokens)
         self._attempt_completion += usage.completion_tokens
         if self._left > 0:
@@ -148,9 +150,11 @@ class ChoiceShare:
         if self._queue is not None and self._ticket is not None:
             self._queue.release(self._ticket, float(self._attempt_prompt + 2 * self._attempt_completion))
         failed = self._failed == self._parts
-        usage = Usage(prompt_tokens=self._prompt, completion_tokens=self._completion)
+        usage = Usage(
+            prompt_tokens=self._prompt, completion_tokens=self._completion, cached_prompt_tokens=self._cached or 0
+        )
         cost = self.prices.charge(
-            self.reservation.tenant, self.reservation.model, self._dep, priced_usage(usage, failed)
+            self.reservation.tenant, self.reservation.model, self._dep, generation_usage(usage, failed)
         )
         try:
             await self.admission.reconcile(
@@ -353,7 +357,7 @@ class GenerationStream:
     def _cost(self, usage: Usage, failed: bool) -> int:
         job = self.job
         prices = self._settlement.prices
-        return prices.charge(job.principal.tenant, job.plan.model, job.dep, priced_usage(usage, failed))
+        return prices.charge(job.principal.tenant, job.plan.model, job.dep, generation_usage(usage, failed))
 
     def _end_span(self, usage: Usage) -> None:
         span = self.job.span
@@ -371,13 +375,6 @@ class GenerationStream:
             )  # fmt: skip
         finally:
             self._end_span(usage)
-
-
-def priced_usage(usage: Usage, failed: bool) -> pricing.Usage:
-    """A generation's usage as priced: its prompt and output tokens, one request unless it failed."""
-    return pricing.Usage(
-        input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens, requests=0 if failed else 1
-    )
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

@@ -58,12 +58,15 @@ async def list_models(core: GatewayCore, call: Call) -> Response[bytes]:
     return await answer_json(call, work)
 
 
-def _usage_json(usage: Usage) -> dict[str, int]:
-    return {
+def _usage_json(usage: Usage) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.cached_prompt_tokens:  # OpenAI's place for them; left out where none were reported
+        body["prompt_tokens_details"] = {"cached_tokens": usage.cached_prompt_tokens}
+    return body
 
 
 class _Shape:

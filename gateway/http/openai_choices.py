@@ -60,9 +60,12 @@ def merge_tool_calls(calls: list[dict[str, Any]] | None, new: list[dict[str, Any
 
 
 def _total(usages: list[Usage]) -> Usage:
+    """The usage of `n` choices of one prompt: the prompt once, every choice's output; as cached,
+    what every choice found cached (the least: never more than one prompt's computation saved)."""
     return Usage(
         prompt_tokens=max((u.prompt_tokens for u in usages), default=0),
         completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_prompt_tokens=min((u.cached_prompt_tokens for u in usages), default=0),
     )
 
 

@@ -32,8 +32,10 @@ def _config(folder: Path):  # type: ignore[no-untyped-def]
 state: {{url: "memory://"}}
 tenants:
   acme: {{limits: {{tokens_per_minute: 100000}}}}
+  cacher: {{}}
 deployments:
-  llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}}}}
+  llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}},
+        pricing: {{input_usd_per_mtok: 4.0, cached_input_usd_per_mtok: 1.0, output_usd_per_mtok: 8.0}}}}
 models:
   tiny: {{routes: [{{deployment: llm}}]}}
 """,
@@ -67,6 +69,27 @@ def test_chat_and_completion_with_engine_usage(llm_gateway):
         extra_body={"ignore_eos": True},
     )
     assert again.choices[0].message.content == out.choices[0].message.content  # greedy is deterministic
+
+
+def test_a_prompt_served_from_the_prefix_cache_is_reported_and_priced_as_cached(llm_gateway):
+    """The engine's prefix cache serves a repeated prompt's full blocks: the second answer says how
+    many in OpenAI's `prompt_tokens_details.cached_tokens`, and those take the cached-input price."""
+    url, _ = llm_gateway
+    client = OpenAI(base_url=f"{url}/v1", api_key=create_key(url, "cacher"), max_retries=0)
+    prompt = "a long shared system prompt that many requests of one tenant repeat word for word " * 4
+    args = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    first = client.completions.create(**args).usage
+    assert first.prompt_tokens_details is None  # nothing was cached yet: the field is left out
+    second = client.completions.create(**args).usage
+    cached = second.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.prompt_tokens == first.prompt_tokens
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **args))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == cached
+    rows = httpx.get(f"{url}/admin/usage", params={"tenant": "cacher"}, headers=ADMIN_HEADERS).json()["usage"]
+    (day,) = [r for r in rows if len(r["period"]) == len("2026-11-21")]
+    prompt_tokens, output = first.prompt_tokens, 3 * 3
+    expected = (prompt_tokens * 4.0 + 2 * ((prompt_tokens - cached) * 4.0 + cached * 1.0) + output * 8.0) / 1e6
+    assert day["cost_usd"] == pytest.approx(expected, abs=1e-9)
 
 
 def test_streaming_text_equals_non_streaming(llm_gateway):

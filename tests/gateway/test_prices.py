@@ -53,3 +53,17 @@ async def test_n_choices_pay_the_prompt_and_the_request_once() -> None:
     assert day.cost_usd == (10 * 1 + 12 * 2 + 1000) / 1e6 and day.tokens == 22
     key_days = [r for r in await adm.key_usage("acme") if r.period == day.period]
     assert [(r.deployment, r.requests) for r in key_days] == [("cheap", 1)]
+
+
+async def test_cached_prompt_tokens_take_the_cached_input_price_at_the_least_every_choice_found() -> None:
+    cached_price = pricing.Pricing(input_usd_per_mtok=4.0, cached_input_usd_per_mtok=1.0, output_usd_per_mtok=8.0)
+    deps = {"c": _dep("c", cached_price)}
+    prices = Prices(deps, lambda: {})
+    adm = Admission(MemoryStore(), {"acme": TenantSpec()}, lambda: 1_764_000_000.0)
+    reservation = await adm.admit(Principal("acme", "0123456789ab"), "m", 2 * (100 + 8))
+    share = ChoiceShare(adm, prices, reservation, 2)
+    await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=96), False, deps["c"])
+    await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=64), False, deps["c"])
+    (_, day) = await adm.usage("acme")
+    # the prompt once: 64 cached (what both found), 36 computed; both choices' output
+    assert day.cost_usd == (36 * 4 + 64 * 1 + 10 * 8) / 1e6

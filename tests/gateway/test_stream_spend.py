@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from backends.remote.errors import UpstreamMalformed
 from gateway.core.service import GatewayCore
 from gateway.core.streams import estimate_text_tokens
 from policies.budgets import budget_checks
@@ -63,3 +66,32 @@ async def test_a_whole_stream_settles_at_its_reported_usage(upstream_url: str) -
         # the upstream reports 40 prompt words and 10 output words: 40 x 1000 + 10 x 2000 + 10000
         assert await day_cost_micros(core) == 70_000
         assert await budget_held(core) == 70_000
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_prompt_tokens_an_upstream_served_from_its_cache_take_the_cached_price(
+    upstream_url: str, streamed: bool
+) -> None:
+    """An upstream's `prompt_tokens_details.cached_tokens` (its prompt cache) reaches the usage, and
+    those tokens are charged at `cached_input_usd_per_mtok`, streamed from the upstream or whole."""
+    priced = "pricing: {input_usd_per_mtok: 1000, cached_input_usd_per_mtok: 250, output_usd_per_mtok: 2000}"
+    yaml = remote_yaml(upstream_url).replace("api_key_env: TEST_UPSTREAM_KEY", f"api_key_env: TEST_UPSTREAM_KEY\n    {priced}")
+    async with open_core(yaml) as core:
+        request = remote_request(f"cached-{streamed}", max_tokens=10)
+        request.prompt = f"{request.prompt} cached-30"  # the test upstream then reports 30 cached
+        request.stream = streamed
+        last = [event async for event in await start(core, "echo", request)][-1]
+        assert last.usage is not None and (last.usage.prompt_tokens, last.usage.cached_prompt_tokens) == (41, 30)
+        # 11 prompt tokens computed, 30 cached, 10 output
+        assert await day_cost_micros(core) == 11 * 1000 + 30 * 250 + 10 * 2000
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_malformed_upstream_usage_is_an_upstream_error_not_a_crash(upstream_url: str, streamed: bool) -> None:
+    async with open_core(priced_yaml(upstream_url)) as core:
+        request = remote_request(f"malformed-{streamed}", max_tokens=4)
+        request.prompt = "malformed-usage please"
+        request.stream = streamed
+        with pytest.raises(UpstreamMalformed, match="malformed"):
+            async for _ in await start(core, "echo", request):
+                pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from backends.base import Usage as GenerationUsage
 from gateway.core.fleet.deployments import Deployment
 from gateway.observe import metrics
 from policies.pricing import Pricing, Usage, cost_micros, costliest, usd, worst_case_micros
@@ -52,3 +53,14 @@ class Prices:
         if micros:
             metrics.child(metrics.SPEND, tenant, model).inc(usd(micros))
         return micros
+
+
+def generation_usage(usage: GenerationUsage, failed: bool) -> Usage:
+    """A generation's usage as priced: its prompt (the part served from a reused prefix at the
+    cached-input price) and output tokens, and one request unless it failed."""
+    return Usage(
+        input_tokens=usage.prompt_tokens,
+        cached_tokens=min(usage.cached_prompt_tokens, usage.prompt_tokens),
+        output_tokens=usage.completion_tokens,
+        requests=0 if failed else 1,
+    )

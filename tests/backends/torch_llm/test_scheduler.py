@@ -163,3 +163,21 @@ def test_prefill_cap_must_be_positive() -> None:
         Scheduler(
             BlockManager(4, 4), max_num_seqs=1, max_num_batched_tokens=8, max_prefill_tokens_with_decodes=0
         )
+
+
+def test_cached_prompt_tokens_are_those_of_the_first_admission() -> None:
+    """A prompt whose leading blocks another request computed reports them as cached; a preempted
+    readmission finds its own blocks again, which is no saving on the prompt it was billed for."""
+    sched = make(num_blocks=100, block_size=4, tokens=100)
+    first = seq(0, 5)
+    sched.add(first)
+    finish_step(sched, sched.schedule())  # computes and caches the prompt's one full block
+    assert first.cached_prompt_tokens == 0
+    again = seq(1, 13)  # the same first 5 tokens, then more
+    sched.add(again)
+    finish_step(sched, sched.schedule())
+    assert again.cached_prompt_tokens == 4
+    sched._preempt(again)
+    finish_step(sched, sched.schedule())  # readmitted: its own 3 blocks are cached by now
+    assert again.num_preemptions == 1 and again.num_cached_tokens == 12
+    assert again.cached_prompt_tokens == 4
