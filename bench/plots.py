@@ -176,7 +176,7 @@ def plot_fuzz(result: dict[str, Any], path: Path) -> None:
     names = list(ops)
     classes = ["2xx", "4xx", "5xx"]
     counts = {
-        k: [sum(n for s, n in ops[o]["statuses"].items() if s.startswith(k[0])) for o in names]
+        k: [sum(n for s, n in ops[o]["statuses"].items() if str(s).startswith(k[0])) for o in names]
         for k in classes
     }
     fig, ax = figure(size=(10, 0.3 * len(names) + 1.5))
