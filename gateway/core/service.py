@@ -106,8 +106,7 @@ class GatewayCore:
         self.adapter_models: dict[str, str] = declared_adapters(config)
         outcomes = Outcomes(self.breakers, router, self.service_times)
         self.attempts = Attempts(deployments, self.breakers, outcomes, self.is_healthy)
-        admitter = Admitter(admission, self.settlement)
-        self._admitter = admitter
+        self._admitter = admitter = Admitter(admission, self.settlement)
         self.tensors = TensorPath(
             deployments, admission, admitter, self.attempts, self.shadows, lambda: self.config.models
         )
@@ -200,14 +199,18 @@ class GatewayCore:
             validate_request(decoded.request, meta)
             cost = decoded.request.batch_rows
             hints = _hints(call)  # a bad hint header is refused before it costs a rate-limit slot
-            reservation = await self._admitter.admit(principal, model.name, cost)
+            steps = {name: step.model for name, step in self.config.graphs[model.name].steps.items()}
+            worst = self._admitter.prices.graph_worst(steps.values(), cost)
+            reservation = await self._admitter.admit(principal, model.name, cost, worst)
             try:
                 result = await self.graphs.run(principal, model.name, decoded.request, hints, call.headers)
             except BaseException:
                 await self.admission.reconcile(reservation, 0, failed=True)
                 raise
             parts = {f"{model.name}/{step}": rows for step, rows in result.rows.items()}
-            await self.admission.reconcile(reservation, cost, parts=parts)
+            ran = [(steps[step], dep, result.rows[step]) for step, dep in result.served_by.items() if step in steps]
+            spent = self._admitter.prices.charge_steps(principal.tenant, model.name, ran)
+            await self.admission.reconcile(reservation, cost, parts=parts, cost_micros=spent)
         plan = Plan(model=model.name, primary="", fallbacks=(), shadows=())
         served = Served(None, plan, self.admission.headers(reservation), result.description(model.name))
         record_server(call, served, span)

@@ -54,6 +54,7 @@ class GraphGateway:
     acme: str
     inner: str
     limited: str
+    budgeted: str
 
 
 def _threshold(models: GraphModels, x: np.ndarray) -> float:
@@ -87,6 +88,10 @@ def _config(models: GraphModels, grpc_port: int, threshold: float) -> str:
         }
 
     deployments, served = step_sections(models)
+    # priced steps: mlp-a by its model, mlp-b by each deployment (OpenVINO dearer than its fallback)
+    served["mlp-a"]["pricing"] = {"usd_per_row": 0.001}
+    deployments["b-ov"]["pricing"] = {"usd_per_row": 0.004, "usd_per_request": 0.01}
+    deployments["b-ort"]["pricing"] = {"usd_per_row": 0.002}
     return yaml.safe_dump(
         {
             "server": {"grpc_port": grpc_port, "max_body_bytes": 1 << 20},
@@ -96,6 +101,7 @@ def _config(models: GraphModels, grpc_port: int, threshold: float) -> str:
                 "acme": {"models": ["ensemble", "cascade*"]},
                 "inner": {"models": ["mlp-*", "scale", "average"]},
                 "limited": {"models": ["ensemble"], "limits": {"requests_per_minute": 3}},
+                "budgeted": {"models": ["cascade"], "budget": {"usd_per_day": 0.2}},
             },
             "deployments": deployments,
             "models": served,
@@ -128,6 +134,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GraphGateway]:
             acme=create_key(url, "acme"),
             inner=create_key(url, "inner"),
             limited=create_key(url, "limited"),
+            budgeted=create_key(url, "budgeted"),
         )
 
 
@@ -394,6 +401,22 @@ def test_limits_charged_once_per_graph_request_and_usage_per_step(gw: GraphGatew
         "ensemble/b": (3, 18),
         "ensemble/mean": (3, 18),
     }
+
+
+def test_a_graph_request_costs_its_steps_and_holds_its_worst_case_on_the_budget(gw: GraphGateway) -> None:
+    """Each step that ran is priced as a request to its model on the deployment that served it; the
+    worst case (every row through every step, at the dearest deployment) is reserved at admission."""
+    x = _pixels(ROWS, 7) / 16
+    escalated = int((mlp_by_hand(gw.models.weights["mlp_a"], x).max(axis=1) < gw.threshold).sum())
+    _probabilities(_v2_json(gw, "cascade", gw.budgeted, "x", x))
+    usage = httpx.get(f"{gw.url}/admin/usage", params={"tenant": "budgeted"}, headers=ADMIN_HEADERS).json()
+    (day,) = [u for u in usage["usage"] if u["model"] == "cascade" and len(u["period"]) == 10]
+    spent = ROWS * 0.001 + escalated * 0.004 + 0.01  # small on every row; large on b-ov for the escalated
+    assert day["cost_usd"] == pytest.approx(spent, abs=1e-9)
+    # the next one's worst case, 24 x 0.001 + 24 x 0.004 + 0.01, is more than the 0.2 USD budget has left
+    refused = _v2_json(gw, "cascade", gw.budgeted, "x", x)
+    assert refused.status_code == 429, refused.text
+    assert "budget usd_per_day of tenant 'budgeted'" in refused.text
 
 
 def test_bad_input_is_refused_against_the_graphs_inputs(gw: GraphGateway) -> None:

@@ -47,6 +47,25 @@ class Prices:
         top = costliest([self.of(model, dep.name) for dep in candidates] or [self.of(model, None)])
         return worst_case_micros(top, input_tokens=input_tokens, max_output_tokens=max_output_tokens, rows=rows)
 
+    def graph_worst(self, step_models: Iterable[str], rows: int) -> int:
+        """The most a graph request may cost, reserved at admission: every step run on every row, each
+        at the costliest deployment its model routes to or falls back on."""
+        total = 0
+        for model in step_models:
+            spec = self._models().get(model)
+            names = [*(r.deployment for r in spec.routes), *spec.fallback] if spec is not None else []
+            total += self.worst(model, [self._deployments[n] for n in names if n in self._deployments], rows=rows)
+        return total
+
+    def charge_steps(self, tenant: str, graph: str, steps: Iterable[tuple[str, str, int]]) -> int:
+        """What a graph request cost in micro-USD: each step that ran, as (model, deployment, rows),
+        priced as one request to its model on the deployment that served it (rounded per step);
+        counted on /metrics under the graph, as its usage row is."""
+        micros = sum(cost_micros(self.of(model, dep), Usage(rows=rows)) for model, dep, rows in steps)
+        if micros:
+            metrics.child(metrics.SPEND, tenant, graph).inc(usd(micros))
+        return micros
+
     def charge(self, tenant: str, model: str, deployment: Deployment | None, usage: Usage) -> int:
         """What a call cost in micro-USD on the deployment that answered it (counted on /metrics)."""
         micros = cost_micros(self.of(model, deployment.name if deployment else None), usage)
