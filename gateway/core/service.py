@@ -98,8 +98,9 @@ class GatewayCore:
         self.service_times = service_times or ServiceTimes()
         self.signals = FleetSignals(deployments, self.breakers, self.service_times)
         self.shadows = Shadows(deployments)
+        models = lambda: self.config.models  # noqa: E731 - read at each call: a reload's models apply
         #: what a running stream needs at its end (and the settlements still running)
-        self.settlement = StreamSettlement(admission, self.shadows, deployments, lambda: self.config.models)
+        self.settlement = StreamSettlement(admission, self.shadows, deployments, models)
         #: the process's drain after SIGTERM (gateway/serve/drain.py): not ready, then refusing new calls
         self.drain = drain or DrainState()
         #: LoRA adapters served as models: model name -> the deployment of its base
@@ -107,9 +108,7 @@ class GatewayCore:
         outcomes = Outcomes(self.breakers, router, self.service_times)
         self.attempts = Attempts(deployments, self.breakers, outcomes, self.is_healthy)
         self._admitter = admitter = Admitter(admission, self.settlement)
-        self.tensors = TensorPath(
-            deployments, admission, admitter, self.attempts, self.shadows, lambda: self.config.models
-        )
+        self.tensors = TensorPath(deployments, admission, admitter, self.attempts, self.shadows, models)
         self.generation = GenerationPath(deployments, admission, admitter, self.attempts, self.settlement)
         self.embeddings = EmbeddingsPath(admission, admitter, self.attempts)
         #: the config's `graphs:`, served as models (gateway/core/graphs/runner.py)
@@ -193,13 +192,14 @@ class GatewayCore:
         graph, its steps run (gateway/core/graphs/runner.py), and usage recorded per step beside it."""
         self.check_visible(principal, model.name)
         check_graph_version(model)
+        # read before the first await: the graph as it was asked for, whatever a reload does meanwhile
+        steps = {name: step.model for name, step in self.config.graphs[model.name].steps.items()}
         async with self.deadline(call).scope():
             meta = self.graphs.metadata(model.name)
             decoded = await load(meta)
             validate_request(decoded.request, meta)
             cost = decoded.request.batch_rows
             hints = _hints(call)  # a bad hint header is refused before it costs a rate-limit slot
-            steps = {name: step.model for name, step in self.config.graphs[model.name].steps.items()}
             worst = self._admitter.prices.graph_worst(steps.values(), cost)
             reservation = await self._admitter.admit(principal, model.name, cost, worst)
             try:

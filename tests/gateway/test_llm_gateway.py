@@ -34,10 +34,12 @@ tenants:
   acme: {{limits: {{tokens_per_minute: 100000}}}}
   cacher: {{}}
 deployments:
-  llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}},
-        pricing: {{input_usd_per_mtok: 4.0, cached_input_usd_per_mtok: 1.0, output_usd_per_mtok: 8.0}}}}
+  llm: {{backend: torch_llm, model: {folder}, device: cpu, options: {{max_num_seqs: 2}}}}
 models:
   tiny: {{routes: [{{deployment: llm}}]}}
+  tiny-priced:
+    routes: [{{deployment: llm}}]
+    pricing: {{input_usd_per_mtok: 4.0, cached_input_usd_per_mtok: 1.0, output_usd_per_mtok: 8.0}}
 """,
         base_dir=Path("."),
     )
@@ -77,7 +79,7 @@ def test_a_prompt_served_from_the_prefix_cache_is_reported_and_priced_as_cached(
     url, _ = llm_gateway
     client = OpenAI(base_url=f"{url}/v1", api_key=create_key(url, "cacher"), max_retries=0)
     prompt = "a long shared system prompt that many requests of one tenant repeat word for word " * 4
-    args = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    args = {"model": "tiny-priced", "prompt": prompt, "max_tokens": 3, "temperature": 0, "extra_body": {"ignore_eos": True}}
     first = client.completions.create(**args).usage
     assert first.prompt_tokens_details is None  # nothing was cached yet: the field is left out
     second = client.completions.create(**args).usage
