@@ -373,9 +373,7 @@ class TorchLLMBackend:
                     logprobs=out.logprobs,
                     token_logprobs=token_logprobs(out, self._tokenizer) if sampling.logprobs else None,
                     finish_reason=out.finish_reason,
-                    usage=Usage(prompt_tokens=len(ids), completion_tokens=completion, cached_prompt_tokens=out.cached_prompt_tokens)
-                    if done
-                    else None,
+                    usage=_usage(len(ids), completion, out.cached_prompt_tokens) if done else None,
                 )
                 yield calls.rewrite(event) if calls else event
                 if done:
@@ -395,3 +393,8 @@ class TorchLLMBackend:
         if self._parts is None or self._parts.tokenizer is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
         return self._parts.tokenizer
+
+
+def _usage(prompt: int, completion: int, cached: int) -> Usage:
+    """A finished request's usage: its prompt, of which `cached` tokens the prefix cache served."""
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=cached)
