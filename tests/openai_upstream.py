@@ -122,7 +122,6 @@ RECEIVED_HEADERS: list[dict[str, str]] = []
 
 
 _SLEEP = re.compile(r"sleep-ms-([0-9]+)")
-#: failure injection: a prompt with `slow-once-<token>` is answered 2 s late the first time only
 _CACHED = re.compile(r"cached-(\d+)")
 
 
@@ -138,9 +137,12 @@ def _usage(prompt: str, words: list[str]) -> dict[str, Any]:
         usage["prompt_tokens_details"] = {"cached_tokens": int(cached.group(1))}
     if "malformed-usage" in prompt:  # failure injection: a broken upstream
         usage["prompt_tokens_details"] = {"cached_tokens": "lots"}
+    if "negative-usage" in prompt:
+        usage["prompt_tokens"] = -1
     return usage
 
 
+#: failure injection: a prompt with `slow-once-<token>` is answered 2 s late the first time only
 _SLOW_ONCE = re.compile(r"slow-once-([a-z0-9]+)")
 _SLOWED: set[str] = set()
 

@@ -84,13 +84,11 @@ def whole_answer(name: str, request_id: str, raw: bytes) -> TokenEvent:
 def _usage(u: dict[str, Any]) -> Usage:
     """An OpenAI `usage` object, with the prompt tokens served from the upstream's prompt cache
     (`prompt_tokens_details.cached_tokens`, where it says)."""
-    prompt = int(u.get("prompt_tokens", 0))
+    prompt, completion = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+    if prompt < 0 or completion < 0:
+        raise ValueError("negative token counts")
     cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=int(u.get("completion_tokens", 0)),
-        cached_prompt_tokens=max(0, min(cached, prompt)),
-    )
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=max(0, min(cached, prompt)))
 
 
 def _stream_usage(name: str, u: Any) -> Usage:

@@ -29,7 +29,9 @@ class LLMOptions(SpecBase):
         max_model_len: longest sequence (prompt + output); default: the model's max positions.
         dtype: "auto" (from config.json), "float32", "bfloat16" or "float16".
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
-        prefix_cache_scope: "tenant" isolates cached prefixes per tenant, "global" shares them.
+        prefix_cache_scope: "tenant" isolates cached prefixes per tenant, "global" shares them
+            (then an answer's `usage.prompt_tokens_details.cached_tokens` tells a tenant whether
+            another one sent the same prompt prefix).
         num_threads: torch intra-op threads on CPU (None: torch's default, every core; under
             `server.workers: N`, one worker's share, `backends/cores.py`).
         seed: seed of the generator used by requests that give no seed.

@@ -192,15 +192,15 @@ class GatewayCore:
         graph, its steps run (gateway/core/graphs/runner.py), and usage recorded per step beside it."""
         self.check_visible(principal, model.name)
         check_graph_version(model)
-        # read before the first await: the graph as it was asked for, whatever a reload does meanwhile
-        steps = {name: step.model for name, step in self.config.graphs[model.name].steps.items()}
+        # the worst case of the graph as asked for: read before the first await (a reload may remove it)
+        steps = [step.model for step in self.config.graphs[model.name].steps.values()]
         async with self.deadline(call).scope():
             meta = self.graphs.metadata(model.name)
             decoded = await load(meta)
             validate_request(decoded.request, meta)
             cost = decoded.request.batch_rows
             hints = _hints(call)  # a bad hint header is refused before it costs a rate-limit slot
-            worst = self._admitter.prices.graph_worst(steps.values(), cost)
+            worst = self._admitter.prices.graph_worst(steps, cost)
             reservation = await self._admitter.admit(principal, model.name, cost, worst)
             try:
                 result = await self.graphs.run(principal, model.name, decoded.request, hints, call.headers)
@@ -208,7 +208,7 @@ class GatewayCore:
                 await self.admission.reconcile(reservation, 0, failed=True)
                 raise
             parts = {f"{model.name}/{step}": rows for step, rows in result.rows.items()}
-            ran = [(steps[step], dep, result.rows[step]) for step, dep in result.served_by.items() if step in steps]
+            ran = [(result.models[step], dep, result.rows[step]) for step, dep in result.served_by.items()]
             spent = self._admitter.prices.charge_steps(principal.tenant, model.name, ran)
             await self.admission.reconcile(reservation, cost, parts=parts, cost_micros=spent)
         plan = Plan(model=model.name, primary="", fallbacks=(), shadows=())

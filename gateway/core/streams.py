@@ -104,6 +104,7 @@ class ChoiceShare:
         self._queue, self._ticket = queue, ticket
         self._left, self._failed = self._parts, 0
         self._attempt_prompt = self._attempt_completion = 0
+        self._cached = None  # as cached: what the choices of the deployment that answers found
 
     def abandon_attempt(self) -> None:
         """Not every choice could start on this deployment (the started ones are closed already):

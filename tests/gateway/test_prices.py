@@ -67,3 +67,21 @@ async def test_cached_prompt_tokens_take_the_cached_input_price_at_the_least_eve
     (_, day) = await adm.usage("acme")
     # the prompt once: 64 cached (what both found), 36 computed; both choices' output
     assert day.cost_usd == (36 * 4 + 64 * 1 + 10 * 8) / 1e6
+
+
+async def test_after_a_fallback_the_cached_tokens_are_those_of_the_deployment_that_answered() -> None:
+    """n = 2: one choice started on a first deployment and was closed (its usage knows no cache) when
+    the other could not start there; both then ran on a second one, which found 96 tokens cached."""
+    cached_price = pricing.Pricing(input_usd_per_mtok=4.0, cached_input_usd_per_mtok=1.0, output_usd_per_mtok=8.0)
+    deps = {"c": _dep("c", cached_price)}
+    adm = Admission(MemoryStore(), {"acme": TenantSpec()}, lambda: 1_764_000_000.0)
+    reservation = await adm.admit(Principal("acme", "0123456789ab"), "m", 2 * (100 + 8))
+    share = ChoiceShare(adm, Prices(deps, lambda: {}), reservation, 2)
+    share.begin_attempt(None, None)  # type: ignore[arg-type]
+    await share.settle(Usage(prompt_tokens=100, completion_tokens=0), True, deps["c"])
+    share.abandon_attempt()
+    share.begin_attempt(None, None)  # type: ignore[arg-type]
+    for _ in range(2):
+        await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=96), False, deps["c"])
+    (_, day) = await adm.usage("acme")
+    assert day.cost_usd == (4 * 4 + 96 * 1 + 10 * 8) / 1e6

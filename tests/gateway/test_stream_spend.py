@@ -87,10 +87,13 @@ async def test_prompt_tokens_an_upstream_served_from_its_cache_take_the_cached_p
 
 
 @pytest.mark.parametrize("streamed", [True, False])
-async def test_a_malformed_upstream_usage_is_an_upstream_error_not_a_crash(upstream_url: str, streamed: bool) -> None:
+@pytest.mark.parametrize("broken", ["malformed-usage", "negative-usage"])
+async def test_a_malformed_upstream_usage_is_an_upstream_error_not_a_crash(
+    upstream_url: str, streamed: bool, broken: str
+) -> None:
     async with open_core(priced_yaml(upstream_url)) as core:
-        request = remote_request(f"malformed-{streamed}", max_tokens=4)
-        request.prompt = "malformed-usage please"
+        request = remote_request(f"{broken}-{streamed}", max_tokens=4)
+        request.prompt = f"{broken} please"
         request.stream = streamed
         with pytest.raises(UpstreamMalformed, match="malformed"):
             async for _ in await start(core, "echo", request):

@@ -61,11 +61,12 @@ log = structlog.get_logger(__name__)
 
 @dataclass
 class GraphResult:
-    """A graph's answer, and what ran: step -> rows it ran on, step -> deployment that served."""
+    """A graph's answer, and what ran: step -> rows it ran on, -> deployment that served, -> its model."""
 
     response: TensorResponse
     rows: dict[str, int] = field(default_factory=dict)
     served_by: dict[str, str] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)
 
     def description(self, graph: str) -> str:
         """The `x-fleetgate-deployment` header of a graph answer: each step that ran, and where."""
@@ -248,6 +249,7 @@ class GraphRunner:
             metrics.GRAPH_STEP_ROWS.labels(*labels, "skipped").inc(run.total_rows - ran)
         run.result.rows[step_name] = ran
         run.result.served_by[step_name] = dep.name
+        run.result.models[step_name] = step.model
         for tensor in response.outputs:
             run.values[f"{step_name}.{tensor.name}"] = Value(np.asarray(tensor.data), rows)
 
