@@ -16,7 +16,7 @@ from typing import Any
 from backends.base import BYTES_PER_TOKEN, GenerateRequest, TokenEvent, Usage, estimate_text_tokens
 from gateway.core.fleet.deployments import Deployment
 from gateway.core.fleet.shadowing import Shadows
-from gateway.core.money.prices import Prices, generation_usage
+from gateway.core.money.prices import Prices
 from gateway.observe import metrics
 from policies.admission import Admission, Reservation
 from policies.fair_queue import Ticket
@@ -154,20 +154,14 @@ class ChoiceShare:
         usage = Usage(
             prompt_tokens=self._prompt, completion_tokens=self._completion, cached_prompt_tokens=self._cached or 0
         )
-        cost = self.prices.charge(
-            self.reservation.tenant, self.reservation.model, self._dep, generation_usage(usage, failed)
-        )
+        cost = self.prices.charge_generation(self.reservation.tenant, self.reservation.model, self._dep, usage, failed)
         try:
             await self.admission.reconcile(
-                self.reservation, self._prompt + self._completion, failed=failed, cost_micros=cost,
+                self.reservation, usage.total_tokens, failed=failed, cost_micros=cost,
                 deployment=self._dep.name if self._dep is not None else "",
             )  # fmt: skip
         finally:
-            if self._span is not None:
-                self._span.set_attributes(
-                    {"llm.prompt_tokens": self._prompt, "llm.completion_tokens": self._completion}
-                )
-                self._span.end()
+            _end_generation_span(self._span, usage)
 
 
 @dataclass
@@ -323,7 +317,7 @@ class GenerationStream:
             )
             assert settled, "settles_at_once said the reservation settles in memory"
         finally:
-            self._end_span(usage)
+            _end_generation_span(self.job.span, usage)
 
     async def _settle(self) -> None:
         job = self.job
@@ -357,15 +351,7 @@ class GenerationStream:
 
     def _cost(self, usage: Usage, failed: bool) -> int:
         job = self.job
-        prices = self._settlement.prices
-        return prices.charge(job.principal.tenant, job.plan.model, job.dep, generation_usage(usage, failed))
-
-    def _end_span(self, usage: Usage) -> None:
-        span = self.job.span
-        if span is not None:
-            span.set_attribute("llm.prompt_tokens", usage.prompt_tokens)
-            span.set_attribute("llm.completion_tokens", usage.completion_tokens)
-            span.end()
+        return self._settlement.prices.charge_generation(job.principal.tenant, job.plan.model, job.dep, usage, failed)
 
     async def _reconcile(self, usage: Usage, failed: bool) -> None:
         job = self.job
@@ -375,7 +361,15 @@ class GenerationStream:
                 deployment=job.dep.name,
             )  # fmt: skip
         finally:
-            self._end_span(usage)
+            _end_generation_span(self.job.span, usage)
+
+
+def _end_generation_span(span: Any, usage: Usage) -> None:
+    """End a generation's request span (None: not traced) with the tokens it used."""
+    if span is not None:
+        span.set_attribute("llm.prompt_tokens", usage.prompt_tokens)
+        span.set_attribute("llm.completion_tokens", usage.completion_tokens)
+        span.end()
 
 
 async def _aclose(stream: AsyncIterator[TokenEvent]) -> None:

@@ -42,11 +42,19 @@ def test_a_deployments_price_wins_and_the_worst_case_covers_each_candidate() -> 
     assert worst == 100 * 3 + 50 * 6 + 1000  # the dearest token prices and the request price
 
 
-async def test_n_choices_pay_the_prompt_and_the_request_once() -> None:
-    prices = Prices(DEPS, lambda: MODELS)
+async def _share(deps: dict[str, Deployment], models: dict, tokens: int) -> tuple[Admission, ChoiceShare]:
+    """Two choices of one admitted request of tenant acme, priced at `deps` and `models`."""
     adm = Admission(MemoryStore(), {"acme": TenantSpec()}, lambda: 1_764_000_000.0)
-    reservation = await adm.admit(Principal("acme", "0123456789ab"), "m", 2 * (10 + 8))
-    share = ChoiceShare(adm, prices, reservation, 2)
+    reservation = await adm.admit(Principal("acme", "0123456789ab"), "m", tokens)
+    return adm, ChoiceShare(adm, Prices(deps, lambda: models), reservation, 2)
+
+
+#: a deployment whose cached prompt tokens cost a quarter of the others
+CACHED = {"c": _dep("c", pricing.Pricing(input_usd_per_mtok=4.0, cached_input_usd_per_mtok=1.0, output_usd_per_mtok=8.0))}
+
+
+async def test_n_choices_pay_the_prompt_and_the_request_once() -> None:
+    adm, share = await _share(DEPS, MODELS, 2 * (10 + 8))
     await share.settle(Usage(prompt_tokens=10, completion_tokens=5), False, DEPS["cheap"])
     await share.settle(Usage(prompt_tokens=10, completion_tokens=7), False, DEPS["cheap"])
     (_, day) = await adm.usage("acme")
@@ -56,14 +64,9 @@ async def test_n_choices_pay_the_prompt_and_the_request_once() -> None:
 
 
 async def test_cached_prompt_tokens_take_the_cached_input_price_at_the_least_every_choice_found() -> None:
-    cached_price = pricing.Pricing(input_usd_per_mtok=4.0, cached_input_usd_per_mtok=1.0, output_usd_per_mtok=8.0)
-    deps = {"c": _dep("c", cached_price)}
-    prices = Prices(deps, lambda: {})
-    adm = Admission(MemoryStore(), {"acme": TenantSpec()}, lambda: 1_764_000_000.0)
-    reservation = await adm.admit(Principal("acme", "0123456789ab"), "m", 2 * (100 + 8))
-    share = ChoiceShare(adm, prices, reservation, 2)
-    await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=96), False, deps["c"])
-    await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=64), False, deps["c"])
+    adm, share = await _share(CACHED, {}, 2 * (100 + 8))
+    await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=96), False, CACHED["c"])
+    await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=64), False, CACHED["c"])
     (_, day) = await adm.usage("acme")
     # the prompt once: 64 cached (what both found), 36 computed; both choices' output
     assert day.cost_usd == (36 * 4 + 64 * 1 + 10 * 8) / 1e6
@@ -72,16 +75,12 @@ async def test_cached_prompt_tokens_take_the_cached_input_price_at_the_least_eve
 async def test_after_a_fallback_the_cached_tokens_are_those_of_the_deployment_that_answered() -> None:
     """n = 2: one choice started on a first deployment and was closed (its usage knows no cache) when
     the other could not start there; both then ran on a second one, which found 96 tokens cached."""
-    cached_price = pricing.Pricing(input_usd_per_mtok=4.0, cached_input_usd_per_mtok=1.0, output_usd_per_mtok=8.0)
-    deps = {"c": _dep("c", cached_price)}
-    adm = Admission(MemoryStore(), {"acme": TenantSpec()}, lambda: 1_764_000_000.0)
-    reservation = await adm.admit(Principal("acme", "0123456789ab"), "m", 2 * (100 + 8))
-    share = ChoiceShare(adm, Prices(deps, lambda: {}), reservation, 2)
+    adm, share = await _share(CACHED, {}, 2 * (100 + 8))
     share.begin_attempt(None, None)  # type: ignore[arg-type]
-    await share.settle(Usage(prompt_tokens=100, completion_tokens=0), True, deps["c"])
+    await share.settle(Usage(prompt_tokens=100, completion_tokens=0), True, CACHED["c"])
     share.abandon_attempt()
     share.begin_attempt(None, None)  # type: ignore[arg-type]
     for _ in range(2):
-        await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=96), False, deps["c"])
+        await share.settle(Usage(prompt_tokens=100, completion_tokens=5, cached_prompt_tokens=96), False, CACHED["c"])
     (_, day) = await adm.usage("acme")
     assert day.cost_usd == (4 * 4 + 96 * 1 + 10 * 8) / 1e6

@@ -19,10 +19,11 @@ from tests.gateway.test_stream_accounting import WORDS, open_core, remote_reques
 PRICED = "pricing: {input_usd_per_mtok: 1000, output_usd_per_mtok: 2000, usd_per_request: 0.01}"
 
 
-def priced_yaml(upstream_url: str) -> str:
+def priced_yaml(upstream_url: str, pricing: str = PRICED) -> str:
+    """The remote deployment priced at `pricing`, tenant acme with a daily budget of 1 USD."""
     yaml = remote_yaml(upstream_url)
     yaml = yaml.replace("tenants: {acme: {}}", "tenants: {acme: {budget: {usd_per_day: 1.0}}}")
-    return yaml.replace("api_key_env: TEST_UPSTREAM_KEY", f"api_key_env: TEST_UPSTREAM_KEY\n    {PRICED}")
+    return yaml.replace("api_key_env: TEST_UPSTREAM_KEY", f"api_key_env: TEST_UPSTREAM_KEY\n    {pricing}")
 
 
 async def budget_held(core: GatewayCore) -> int:
@@ -75,8 +76,7 @@ async def test_prompt_tokens_an_upstream_served_from_its_cache_take_the_cached_p
     """An upstream's `prompt_tokens_details.cached_tokens` (its prompt cache) reaches the usage, and
     those tokens are charged at `cached_input_usd_per_mtok`, streamed from the upstream or whole."""
     priced = "pricing: {input_usd_per_mtok: 1000, cached_input_usd_per_mtok: 250, output_usd_per_mtok: 2000}"
-    yaml = remote_yaml(upstream_url).replace("api_key_env: TEST_UPSTREAM_KEY", f"api_key_env: TEST_UPSTREAM_KEY\n    {priced}")
-    async with open_core(yaml) as core:
+    async with open_core(priced_yaml(upstream_url, priced)) as core:
         request = remote_request(f"cached-{streamed}", max_tokens=10)
         request.prompt = f"{request.prompt} cached-30"  # the test upstream then reports 30 cached
         request.stream = streamed

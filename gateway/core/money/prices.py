@@ -66,6 +66,19 @@ class Prices:
             metrics.child(metrics.SPEND, tenant, graph).inc(usd(micros))
         return micros
 
+    def charge_generation(
+        self, tenant: str, model: str, deployment: Deployment | None, usage: GenerationUsage, failed: bool
+    ) -> int:
+        """What a generation cost: its prompt (the part served from a reused prefix at the
+        cached-input price) and output tokens, and one request unless it failed."""
+        priced = Usage(
+            input_tokens=usage.prompt_tokens,
+            cached_tokens=min(usage.cached_prompt_tokens, usage.prompt_tokens),
+            output_tokens=usage.completion_tokens,
+            requests=0 if failed else 1,
+        )
+        return self.charge(tenant, model, deployment, priced)
+
     def charge(self, tenant: str, model: str, deployment: Deployment | None, usage: Usage) -> int:
         """What a call cost in micro-USD on the deployment that answered it (counted on /metrics)."""
         micros = cost_micros(self.of(model, deployment.name if deployment else None), usage)
@@ -73,13 +86,3 @@ class Prices:
             metrics.child(metrics.SPEND, tenant, model).inc(usd(micros))
         return micros
 
-
-def generation_usage(usage: GenerationUsage, failed: bool) -> Usage:
-    """A generation's usage as priced: its prompt (the part served from a reused prefix at the
-    cached-input price) and output tokens, and one request unless it failed."""
-    return Usage(
-        input_tokens=usage.prompt_tokens,
-        cached_tokens=min(usage.cached_prompt_tokens, usage.prompt_tokens),
-        output_tokens=usage.completion_tokens,
-        requests=0 if failed else 1,
-    )
