@@ -305,11 +305,12 @@ class LeasePath(Ticking, PartitionTolerance):
                 ks.store_left = ks.limit - value
 
     def _reset_if_changed(self, op: BucketOp | CounterOp) -> None:
-        """A limit changed (a reload, a key's own limits): the slices taken under the old one go back."""
+        """A limit changed (a reload, a key's own limits): the slices taken under the old one go back,
+        with every other slice held (a grant's units of several keys go back in one settle: rare)."""
         limit = op.capacity if isinstance(op, BucketOp) else self.limit(op)
         ks = self.book.keys.get(op.key)
         if ks is not None and ks.limit != limit:
-            self._closing += self.book.detach_key(op.key)
+            self._closing += self.book.take_all()
             del self.book.keys[op.key]
 
     def pool(self, cc: rl.ConcurrencyCheck) -> SlotPool:

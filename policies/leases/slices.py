@@ -20,22 +20,29 @@ _IDLE_FORGET_S = 5.0
 
 
 class Grant:
-    """The slices of one store acquire: units left per key, and the ops that took them."""
+    """One store acquire of slices: the ops that took them, and what its settle gives back.
 
-    __slots__ = ("id", "left", "buckets", "counters")
+    Units are counted per key, not per grant (`KeyState.left`): a request takes its units from the
+    key, whichever grant brought them. When the book lets its grants go (a tick, a reload), each
+    key's units left are put on one of its grants (`back`); every grant's settle drops its journal,
+    so what the store gets back per key is exactly what this process held and had not admitted.
+    """
+
+    __slots__ = ("id", "buckets", "counters", "back")
 
     def __init__(self, grant_id: str) -> None:
         self.id = grant_id
-        #: key -> units taken and not yet admitted
-        self.left: dict[str, float] = {}
         #: the ops that took the units (cost: units taken), keyed by store key
         self.buckets: dict[str, BucketOp] = {}
         self.counters: dict[str, CounterOp] = {}
+        #: key -> units its settle gives back (set when the book lets the grant go)
+        self.back: dict[str, float] = {}
 
     def give_back(self) -> tuple[list[BucketOp], list[CounterOp]]:
-        """The settle ops that return what is left of this grant's slices."""
-        buckets = [BucketOp(k, b.capacity, b.rate_per_s, -self.left[k]) for k, b in self.buckets.items() if self.left[k] > 0]
-        counters = [CounterOp(k, None, -int(self.left[k]), c.expires_at) for k, c in self.counters.items() if self.left[k] > 0]  # fmt: skip
+        """The settle ops that return the units put on this grant when it was let go."""
+        back = self.back
+        buckets = [BucketOp(k, b.capacity, b.rate_per_s, -back[k]) for k, b in self.buckets.items() if back.get(k, 0) > 0]
+        counters = [CounterOp(k, None, -int(back[k]), c.expires_at) for k, c in self.counters.items() if back.get(k, 0) > 0]  # fmt: skip
         return buckets, counters
 
 
@@ -45,7 +52,9 @@ class KeyState:
     __slots__ = ("grants", "left", "used", "rate", "last_size", "contended_until", "level", "ts", "store_left", "limit", "seen")  # fmt: skip
 
     def __init__(self, limit: float) -> None:
+        #: the open grants that took units of this key (one of them gives `left` back when let go)
         self.grants: list[Grant] = []
+        #: units held and not yet admitted
         self.left = 0.0
         #: units admitted since the last tick, and the smoothed units per second they make
         self.used = 0.0
@@ -93,41 +102,30 @@ class SliceBook:
         return True
 
     def consume(self, key: str, units: float, now: float) -> None:
-        """Admit `units` of `key` from its slices (the oldest grant first); `fits` said they are there."""
+        """Admit `units` of `key` from its slices; `fits` said they are there."""
         ks = self.keys[key]
         ks.left -= units
         ks.used += units
         ks.seen = now
-        while units > 0 and ks.grants:
-            g = ks.grants[0]
-            take = min(units, g.left[key])
-            g.left[key] -= take
-            units -= take
-            if g.left[key] <= token_bucket.BUCKET_EPSILON:
-                ks.grants.pop(0)
 
     def refund(self, key: str, units: float, op: BucketOp | CounterOp) -> bool:
-        """Units a request reserved and did not use (`op`: its settle op), back into the newest slice
-        of `key` held, or into a slice of their own that holds only them (never journaled: the store
-        already counts them, as it counts a slice, and its tick gives them back the same way). False
-        when this process no longer follows `key` (the refund then goes with the next batch).
+        """Units a request reserved and did not use (`op`: its settle op), back into the slices of
+        `key` held, with a grant of their own when none is open (never journaled: the store already
+        counts them, as it counts a slice, and its tick gives them back the same way). False when
+        this process no longer follows `key` (the refund then goes with the next batch).
 
         So a refund is admitted from here at once, as a per-request settle would free it in the store."""
         ks = self.keys.get(key)
         if ks is None:
             return False
-        grant = next((g for g in reversed(list(self.open.values())) if key in g.left), None)
-        if grant is None:
+        if not ks.grants:
             grant = Grant(f"refund.{token_hex(12)}")
             if isinstance(op, BucketOp):
                 grant.buckets[key] = op
             else:
                 grant.counters[key] = op
-            grant.left[key] = 0.0
             self.open[grant.id] = grant
-        if grant.left[key] <= token_bucket.BUCKET_EPSILON:
             ks.grants.append(grant)
-        grant.left[key] += units
         ks.left += units
         return True
 
@@ -149,7 +147,6 @@ class SliceBook:
         """Record `units` of `key` taken by `grant`."""
         ks = self.state(key, limit)
         self.open[grant.id] = grant
-        grant.left[key] = units
         ks.grants.append(grant)
         ks.left += units
         ks.last_size = ks.left
@@ -162,25 +159,15 @@ class SliceBook:
         level = max(0.0, token_bucket.drain(ks.level, ks.ts, op.rate_per_s, now) - ks.left)
         return BucketView(token_bucket.remaining(level, op.capacity), token_bucket.reset_s(level, op.rate_per_s))
 
-    def detach_key(self, key: str) -> list[Grant]:
-        """The grants holding units of `key`, forgotten here with all their keys' units (to be given back)."""
-        ks = self.keys.get(key)
-        grants = list(ks.grants) if ks is not None else []
-        for g in grants:
-            self.open.pop(g.id, None)
-            for k, units in g.left.items():
-                other = self.keys.get(k)
-                if other is not None and g in other.grants:
-                    other.grants.remove(g)
-                    other.left -= units
-        return grants
-
     def take_all(self) -> list[Grant]:
-        """Every open grant, forgotten here (to be given back): at a tick, a reload, a shutdown."""
-        grants, self.open = list(self.open.values()), {}
-        for ks in self.keys.values():
+        """Every open grant, forgotten here with each key's units left put on one of them (to be
+        given back): at a tick, a reload, a shutdown, a limit changed."""
+        for key, ks in self.keys.items():
+            if ks.grants and ks.left > 0:
+                ks.grants[-1].back[key] = ks.left
             ks.grants = []
             ks.left = 0.0
+        grants, self.open = list(self.open.values()), {}
         return grants
 
     def tick(self, elapsed: float, now: float) -> list[str]:
