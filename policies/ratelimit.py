@@ -30,6 +30,10 @@ class RateCheck:
         """The same bucket with another cost (a refund is negative)."""
         return BucketOp(self.op.key, self.op.capacity, self.op.rate_per_s, cost)
 
+    def costing(self, cost: float) -> RateCheck:
+        """This check for a request taking `cost` units."""
+        return RateCheck(self.scope, self.name, self.limit, self.unit, self.with_cost(float(cost)))
+
 
 class ConcurrencyCheck:
     """One configured max_concurrency limit and its lease op."""

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from secrets import token_hex
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-from policies import quotas as q
 from policies import ratelimit as rl
-from policies.admission.refusals import refusal, refuse_never_fitting
+from policies.admission.refusals import refusal
 from policies.admission.reservation import Reservation
+from policies.admission.shapes import Shape, Shapes
 from policies.errors import QuotaExceeded, StoreUnavailable
 from policies.leases import LeasePath, LeaseSettings, PartitionSettings
 from policies.principal import Principal
-from policies.stores.base import CounterOp, StateStore
+from policies.stores.base import StateStore
 from policies.types import TenantSpec
 
 
@@ -30,19 +30,10 @@ class Admission(Protocol):
     instance: str
     leases: LeasePath | None
     stats: dict[str, int]
+    shapes: Shapes
     _clock: Callable[[], float]
 
-    def _granted(self, principal: Principal, model: str, cost_tokens: int, now: float, lease_id: str, **kw: Any) -> Reservation: ...  # noqa: E501
-
-
-class Checks(NamedTuple):
-    """The rate limits and quotas one request is checked against."""
-
-    buckets: list[rl.RateCheck]
-    leases: list[rl.ConcurrencyCheck]
-    quota_checks: list[q.QuotaCheck]
-    #: one counter op per quota check, costing what the request reserves of it
-    quota_ops: list[CounterOp]
+    def _granted(self, principal: Principal, model: str, cost_tokens: int, now: float, lease_id: str, shape: Shape, **kw: Any) -> Reservation: ...  # noqa: E501
 
 
 def lease_path(
@@ -59,25 +50,6 @@ def lease_path(
     return LeasePath(store, instance, clock, leases, partition, lease_ttl_s)
 
 
-def request_checks(principal: Principal, spec: TenantSpec, cost_tokens: int, now: float) -> Checks:
-    """The checks of a request (a batch line's: quotas only); NeverAdmitted when no wait can admit it.
-
-    A batch job's requests count against quotas (the bill) but not per-minute limits: those shape
-    interactive bursts, and the batch runner paces itself through the fair queue. A key's own limits
-    take the place of its tenant's per-key default.
-    """
-    key_limits = principal.limits or spec.key_limits
-    held = principal.background is not None
-    limits, key_limits = (None, None) if held else (spec.limits, key_limits)
-    t_buckets, t_leases = rl.rate_checks(f"tenant {principal.tenant}", f"t:{principal.tenant}", limits, cost_tokens)
-    k_buckets, k_leases = rl.rate_checks(f"key {principal.key_id}", f"k:{principal.key_id}", key_limits, cost_tokens)
-    buckets = t_buckets + k_buckets
-    quota_checks = q.quota_checks(principal.tenant, spec.quotas, now)
-    refuse_never_fitting(buckets, quota_checks, cost_tokens, principal.tenant)
-    quota_ops = [c.op(cost_tokens if c.unit == "tokens" else 1) for c in quota_checks]
-    return Checks(buckets, t_leases + k_leases, quota_checks, quota_ops)
-
-
 def leaseable(adm: Admission, principal: Principal, spec: TenantSpec) -> bool:
     """Whether the request takes the lease path (leases on, no budget, not a batch line)."""
     return (
@@ -89,11 +61,12 @@ def admit_local(adm: Admission, principal: Principal, spec: TenantSpec, model: s
     """Admit from the slices and slots held, or None (then `admit_leased`)."""
     assert adm.leases is not None
     now = adm._clock()
-    c = request_checks(principal, spec, cost_tokens, now)
+    shape = adm.shapes.of(principal, spec, now)
+    c = shape.checks(cost_tokens)
     views = adm.leases.admit_local(c.buckets, c.leases, c.quota_ops, now)
     if views is None:
         return None
-    return _reservation(adm, principal, model, cost_tokens, now, c, rl.ratelimit_headers(c.buckets, views))
+    return _reservation(adm, principal, model, cost_tokens, now, shape, rl.ratelimit_headers(c.buckets, views))
 
 
 async def admit_leased(adm: Admission, principal: Principal, spec: TenantSpec, model: str, cost_tokens: int) -> Reservation:
@@ -103,7 +76,8 @@ async def admit_leased(adm: Admission, principal: Principal, spec: TenantSpec, m
     """
     assert adm.leases is not None
     now = adm._clock()
-    c = request_checks(principal, spec, cost_tokens, now)
+    shape = adm.shapes.of(principal, spec, now)
+    c = shape.checks(cost_tokens)
     views = adm.leases.admit_local(c.buckets, c.leases, c.quota_ops, now)
     if views is None:
         try:
@@ -116,11 +90,11 @@ async def admit_leased(adm: Admission, principal: Principal, spec: TenantSpec, m
             error = refusal(principal.tenant, result, c.buckets, c.leases, c.quota_checks, headers, now)
             adm.stats[error.code if isinstance(error, QuotaExceeded) else "rate_limited"] += 1
             raise error
-    return _reservation(adm, principal, model, cost_tokens, now, c, rl.ratelimit_headers(c.buckets, views))
+    return _reservation(adm, principal, model, cost_tokens, now, shape, rl.ratelimit_headers(c.buckets, views))
 
 
 def _reservation(
-    adm: Admission, principal: Principal, model: str, cost_tokens: int, now: float, c: Checks, headers: dict[str, str]
+    adm: Admission, principal: Principal, model: str, cost_tokens: int, now: float, shape: Shape, headers: dict[str, str]
 ) -> Reservation:
     assert adm.leases is not None
     r = adm._granted(
@@ -129,10 +103,7 @@ def _reservation(
         cost_tokens,
         now,
         f"{adm.instance}.{token_hex(12)}",
-        token_buckets=[b for b in c.buckets if b.unit == "tokens"],
-        token_quotas=[op for op, qc in zip(c.quota_ops, c.quota_checks, strict=True) if qc.unit == "tokens"],
-        request_quotas=[op for op, qc in zip(c.quota_ops, c.quota_checks, strict=True) if qc.unit == "requests"],
-        lease_keys=[cc.op.key for cc in c.leases],
+        shape,
         headers=headers,
     )
     r.leased = True

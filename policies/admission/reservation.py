@@ -26,6 +26,9 @@ class Reservation(msgspec.Struct, kw_only=True):
         cost_micros: the worst-case cost in micro-USD reserved on `budgets` (settled at the real cost).
         budgets: the budget counters reserved (the tenant's, the key's own).
         day, month: UTC periods charged (a request that ends after midnight stays on its first day).
+        token_buckets, token_quotas, request_quotas, lease_keys: the buckets, quota counters and
+            concurrency leases charged (their keys and expiries: a settle computes its own costs).
+            Shared by every reservation of one key's shape (`shapes.py`): read, never modify.
         headers: x-ratelimit-* headers computed at admission.
         degraded: admitted while the store was down (fail open), against this replica's local state.
         settled: reconcile has run.

@@ -15,7 +15,6 @@ from secrets import token_hex as random_hex
 
 import structlog
 
-from policies import quotas as q
 from policies import ratelimit as rl
 from policies.admission import budgeting
 from policies.admission import leased as ls
@@ -23,6 +22,7 @@ from policies.admission import settles as st
 from policies.admission.reconciling import Reconciling
 from policies.admission.refusals import refusal
 from policies.admission.reservation import Reservation, unchecked_tenants
+from policies.admission.shapes import Shape, Shapes
 from policies.errors import QuotaExceeded, StoreUnavailable, Unauthenticated
 from policies.leases import LeaseSettings, PartitionSettings
 from policies.principal import Principal
@@ -83,11 +83,14 @@ class Admission(Reconciling):
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
         #: the lease strategy (`leases.strategy: leases`); None: a store acquire and settle per request
         self.leases = ls.lease_path(store, self.instance, clock, leases, partition, lease_ttl_s)
+        #: the checks of the keys in use, built once per key, config and day
+        self.shapes = Shapes()
 
     def update_tenants(self, tenants: Mapping[str, TenantSpec]) -> None:
         """Replace the tenant specs (config reload); state in the store carries over."""
         self._tenants = dict(tenants)
         self._unchecked = unchecked_tenants(self._tenants)
+        self.shapes.clear()
         if self.leases is not None:
             self.leases.reset()
 
@@ -114,7 +117,8 @@ class Admission(Reconciling):
         held = principal.background
         if ls.leaseable(self, principal, spec):
             return await ls.admit_leased(self, principal, spec, model, cost_tokens)
-        buckets, leases, quota_checks, quota_ops = ls.request_checks(principal, spec, cost_tokens, now)
+        shape = self.shapes.of(principal, spec, now)
+        buckets, leases, quota_checks, quota_ops = shape.checks(cost_tokens)
         budgets = budgeting.request_budgets(principal, spec, now)
         budgeting.refuse_unaffordable(budgets, cost_micros)
         budget_ops = [b.op(cost_micros) for b in budgets]
@@ -149,10 +153,7 @@ class Admission(Reconciling):
             cost_tokens,
             now,
             lease_id,
-            token_buckets=[b for b in buckets if b.unit == "tokens"],
-            token_quotas=[op for op, c in zip(quota_ops, quota_checks, strict=True) if c.unit == "tokens"],
-            request_quotas=[op for op, c in zip(quota_ops, quota_checks, strict=True) if c.unit == "requests"],
-            lease_keys=[c.op.key for c in leases],
+            shape,
             headers=headers,
             degraded=degraded,
             cost_micros=cost_micros,
@@ -180,10 +181,9 @@ class Admission(Reconciling):
         if principal.tenant not in self._unchecked or principal.limits is not None or principal.budget is not None:
             spec = self._tenants[principal.tenant]
             return ls.admit_local(self, principal, spec, model, cost_tokens) if ls.leaseable(self, principal, spec) else None
-        r = self._granted(
-            principal, model, cost_tokens, self._clock(), f"{self.instance}.{random_hex(12)}",
-            cost_micros=cost_micros,
-        )  # fmt: skip
+        now = self._clock()
+        shape = self.shapes.of(principal, self._tenants[principal.tenant], now)
+        r = self._granted(principal, model, cost_tokens, now, f"{self.instance}.{random_hex(12)}", shape, cost_micros=cost_micros)  # fmt: skip
         # nothing to check, only usage to record: with leases it goes with the next batch too
         r.leased = self.leases is not None and principal.background is None
         return r
@@ -195,11 +195,8 @@ class Admission(Reconciling):
         cost_tokens: int,
         now: float,
         lease_id: str,
+        shape: Shape,
         *,
-        token_buckets: list[rl.RateCheck] | None = None,
-        token_quotas: list[CounterOp] | None = None,
-        request_quotas: list[CounterOp] | None = None,
-        lease_keys: list[str] | None = None,
         headers: dict[str, str] | None = None,
         degraded: bool = False,
         cost_micros: int = 0,
@@ -217,12 +214,12 @@ class Admission(Reconciling):
             model=model,
             cost_tokens=cost_tokens,
             admitted_at=now,
-            day=q.day_name(now),
-            month=q.month_name(now),
-            token_buckets=token_buckets or [],
-            token_quotas=token_quotas or [],
-            request_quotas=request_quotas or [],
-            lease_keys=lease_keys or [],
+            day=shape.day,
+            month=shape.month,
+            token_buckets=shape.token_buckets,
+            token_quotas=shape.token_quotas,
+            request_quotas=shape.request_quotas,
+            lease_keys=shape.lease_keys,
             headers=headers or {},
             degraded=degraded,
             renewed_at=now,
