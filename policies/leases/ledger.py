@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from policies.stores.base import BucketOp, CounterOp, UsageDelta
 
 
@@ -21,9 +19,12 @@ class Ledger:
     def __init__(self, instance: str) -> None:
         self._instance = instance
         self._batches = 0
-        self._buckets: dict[str, BucketOp] = {}
-        self._counters: dict[str, CounterOp] = {}
-        self._usage: dict[UsageDelta, UsageDelta] = {}
+        #: key -> [capacity, rate_per_s, cost] of a bucket correction
+        self._buckets: dict[str, list] = {}
+        #: key -> [cost, expires_at] of a counter correction
+        self._counters: dict[str, list] = {}
+        #: (tenant, model, period, key_id, deployment) -> [requests, tokens, cost_micros]
+        self._usage: dict[tuple[str, str, str, str | None, str], list[int]] = {}
         #: requests settled into the ledger since the last drain
         self.pending = 0
 
@@ -31,21 +32,27 @@ class Ledger:
         """Sum one request's settle into the next batch (limits are never checked at settle)."""
         self.pending += 1
         for b in buckets:
-            old = self._buckets.get(b.key)
-            self._buckets[b.key] = b if old is None else BucketOp(b.key, b.capacity, b.rate_per_s, old.cost + b.cost)
+            sums = self._buckets.get(b.key)
+            if sums is None:
+                self._buckets[b.key] = [b.capacity, b.rate_per_s, b.cost]
+            else:
+                sums[2] += b.cost
         for c in counters:
-            old_c = self._counters.get(c.key)
-            cost = c.cost if old_c is None else old_c.cost + c.cost
-            self._counters[c.key] = CounterOp(c.key, None, cost, max(c.expires_at, old_c.expires_at if old_c else 0.0))
+            sums = self._counters.get(c.key)
+            if sums is None:
+                self._counters[c.key] = [c.cost, c.expires_at]
+            else:
+                sums[0] += c.cost
+                sums[1] = max(sums[1], c.expires_at)
         for u in usage:
-            row = msgspec.structs.replace(u, requests=0, tokens=0, cost_micros=0)
-            old_u = self._usage.get(row)
-            self._usage[row] = u if old_u is None else msgspec.structs.replace(
-                u,
-                requests=old_u.requests + u.requests,
-                tokens=old_u.tokens + u.tokens,
-                cost_micros=old_u.cost_micros + u.cost_micros,
-            )
+            key = (u.tenant, u.model, u.period, u.key_id, u.deployment)
+            row = self._usage.get(key)
+            if row is None:
+                self._usage[key] = [u.requests, u.tokens, u.cost_micros]
+            else:
+                row[0] += u.requests
+                row[1] += u.tokens
+                row[2] += u.cost_micros
 
     def drain(self, now: float) -> dict[str, Any] | None:
         """The store settle of everything added since the last drain (None: nothing), emptied here."""
@@ -56,10 +63,13 @@ class Ledger:
         settle = dict(
             settle_id=batch_id,
             lease_id=batch_id,
-            buckets=[b for b in self._buckets.values() if b.cost],
+            buckets=[BucketOp(k, capacity, rate, cost) for k, (capacity, rate, cost) in self._buckets.items() if cost],
             release=[],
-            counters=[c for c in self._counters.values() if c.cost],
-            usage=list(self._usage.values()),
+            counters=[CounterOp(k, None, cost, expires) for k, (cost, expires) in self._counters.items() if cost],
+            usage=[
+                UsageDelta(tenant, model, period, requests, tokens, micros, key_id, deployment)
+                for (tenant, model, period, key_id, deployment), (requests, tokens, micros) in self._usage.items()
+            ],
             now=now,
         )
         self._buckets, self._counters, self._usage, self.pending = {}, {}, {}, 0
