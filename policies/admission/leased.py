@@ -9,7 +9,6 @@ large share of a small budget, and the threshold alerts read the store's spend a
 from __future__ import annotations
 
 from collections.abc import Callable
-from secrets import token_hex
 from typing import Any, Protocol
 
 from policies import ratelimit as rl
@@ -27,11 +26,12 @@ class Admission(Protocol):
     """What the lease strategy uses of `policies.admission.service.Admission` (named here, not
     imported: the service imports this module)."""
 
-    instance: str
     leases: LeasePath | None
     stats: dict[str, int]
     shapes: Shapes
     _clock: Callable[[], float]
+
+    def reservation_id(self) -> str: ...
 
     def _granted(self, principal: Principal, model: str, cost_tokens: int, now: float, lease_id: str, shape: Shape, **kw: Any) -> Reservation: ...  # noqa: E501
 
@@ -102,7 +102,7 @@ def _reservation(
         model,
         cost_tokens,
         now,
-        f"{adm.instance}.{token_hex(12)}",
+        adm.reservation_id(),
         shape,
         headers=headers,
     )

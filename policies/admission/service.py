@@ -9,9 +9,9 @@ errors of a refusal in `refusals.py`); `recover` gives back what dead processes 
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from collections.abc import Callable, Mapping
-from secrets import token_hex as random_hex
 
 import structlog
 
@@ -68,6 +68,10 @@ class Admission(Reconciling):
     ) -> None:
         #: this process, as its reservations' journals and its heartbeat name it
         self.instance = instance or secrets.token_hex(8)
+        # reservation ids: this Admission's own random prefix and a count (unique across processes and
+        # restarts, whatever `instance` is; a system call for random bytes on every request was not)
+        self._id_prefix = f"{self.instance}.{secrets.token_hex(6)}."
+        self._ids = itertools.count()
         self._store = store
         self._tenants = dict(tenants)
         #: tenants with no limit, key limit or quota: admitted at once (`admit_at_once`)
@@ -123,7 +127,7 @@ class Admission(Reconciling):
         budgeting.refuse_unaffordable(budgets, cost_micros)
         budget_ops = [b.op(cost_micros) for b in budgets]
         counters = quota_ops + budget_ops
-        lease_id = f"{self.instance}.{random_hex(12)}"
+        lease_id = self.reservation_id()
         # what to give back should this process die before settling (see `recover`)
         journal = Journal(self.instance, [c.op.key for c in leases], counters) if leases or counters else None
         kwargs = dict(
@@ -183,10 +187,14 @@ class Admission(Reconciling):
             return ls.admit_local(self, principal, spec, model, cost_tokens) if ls.leaseable(self, principal, spec) else None
         now = self._clock()
         shape = self.shapes.of(principal, self._tenants[principal.tenant], now)
-        r = self._granted(principal, model, cost_tokens, now, f"{self.instance}.{random_hex(12)}", shape, cost_micros=cost_micros)  # fmt: skip
+        r = self._granted(principal, model, cost_tokens, now, self.reservation_id(), shape, cost_micros=cost_micros)  # fmt: skip
         # nothing to check, only usage to record: with leases it goes with the next batch too
         r.leased = self.leases is not None and principal.background is None
         return r
+
+    def reservation_id(self) -> str:
+        """A new reservation id (the store's settle id of the request)."""
+        return f"{self._id_prefix}{next(self._ids)}"
 
     def _granted(
         self,

@@ -73,3 +73,21 @@ def test_a_reload_that_adds_or_removes_a_limit_changes_the_path(clock) -> None:
     assert gate.admit_at_once(ACME, "m", 1) is None  # now it has a limit to check
     gate.update_tenants({"acme": TenantSpec()})
     assert gate.admit_at_once(ACME, "m", 1) is not None
+
+
+async def test_reservation_ids_never_repeat_across_restarts_of_one_instance_name(clock) -> None:
+    """A reservation id is the store's settle id: one that came back after a restart would have its
+    settle taken for one already applied, and the request's usage lost."""
+    from policies.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    before = admission(store, clock, instance="edge-1")
+    after = admission(store, clock, instance="edge-1")  # the same process name, started again
+    first = [(await before.admit(ACME, "m", 1)).id for _ in range(3)]
+    second = [(await after.admit(ACME, "m", 1)).id for _ in range(3)]
+    assert len(set(first + second)) == 6 and all(i.startswith("edge-1.") for i in first + second)
+    for gate, ids in ((before, first), (after, second)):
+        for _ in ids:
+            await gate.reconcile(await gate.admit(ACME, "m", 1), 1)
+    rows = [r for r in await store.usage("acme") if len(r.period) == 10]
+    assert rows[0].requests == 6
