@@ -156,14 +156,8 @@ class SliceBook:
         """A bucket as the client would see it after this request: the store's level drained to now,
         less the units this process holds and has not admitted (x-ratelimit-* headers)."""
         ks = self.keys[key]
-        rate = op.rate_per_s
-        # token_bucket's drain, remaining and reset_s, written out: every admitted request asks per bucket
-        level = ks.level - max(0.0, now - ks.ts) * rate
-        level = max(0.0, level) - ks.left if level > 0.0 else -ks.left
-        if level < 0.0:
-            level = 0.0
-        remaining = float(max(0, math.floor(op.capacity - level + token_bucket.BUCKET_EPSILON)))
-        return BucketView(remaining, level / rate if rate > 0 else 0.0)
+        level = max(0.0, token_bucket.drain(ks.level, ks.ts, op.rate_per_s, now) - ks.left)
+        return BucketView(token_bucket.remaining(level, op.capacity), token_bucket.reset_s(level, op.rate_per_s))
 
     def take_all(self) -> list[Grant]:
         """Every open grant, forgotten here with each key's units left put on one of them (to be
