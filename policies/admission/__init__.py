@@ -9,8 +9,10 @@ Background requests (batch jobs' lines, `Principal.background`) are admitted aga
 never fail open, and their settlement is handed to their `HeldSettle`; `commit` writes it later
 together with the line's done mark, in one atomic store step (gateway/batches/job.py).
 
-The package: `service` (the `Admission` class), `reservation` (what an admitted request holds),
-`settles` (the store settles it writes), `refusals` (the errors of a refused request).
+The package: `service` (the `Admission` class), `shapes` (the checks of a key's requests, built once
+per key, config and day), `leased` (the lease strategy's admission), `reconciling` (settling a
+reservation), `reservation` (what an admitted request holds), `settles` (the store settles it
+writes), `budgeting` (budgets in money), `refusals` (the errors of a refused request).
 """
 
 from __future__ import annotations

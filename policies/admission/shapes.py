@@ -1,7 +1,8 @@
 """Check shapes: what every request of one API key is checked against, built once per key, tenant
 config and UTC day rather than on every request.
 
-A key's requests take the same rate limits (the tenant's and the key's), concurrency limits and
+A key's requests (an API key's, or a JWT subject's; a batch job's lines apart, as they take quotas
+only) take the same rate limits (the tenant's and the key's), concurrency limits and
 quotas, under the same store keys, all day; only the tokens a request reserves vary. A `Shape` holds
 the cost-free part and `Shape.checks(cost_tokens)` fills in the tokens; `Shapes` keeps the shapes of
 the keys in use and builds a new one when the tenant's spec, the key's own limits or the UTC day
@@ -24,7 +25,8 @@ _MAX_SHAPES = 10_000
 
 
 class Checks(NamedTuple):
-    """The rate limits and quotas one request is checked against."""
+    """The rate limits and quotas one request is checked against. Its lists may be the shape's own
+    (shared by every request of the key): read them, never modify them."""
 
     buckets: list[rl.RateCheck]
     leases: list[rl.ConcurrencyCheck]
@@ -62,10 +64,9 @@ class Shape:
         self._token_quotas_at = [i for i, c in enumerate(self.quota_checks) if c.unit == "tokens"]
         limits = [self._buckets[i].op.capacity for i in self._token_buckets_at]
         limits += [float(self.quota_checks[i].limit) for i in self._token_quotas_at]
-        #: the most tokens a request may reserve and still fit some day (-1: not even a token-free one)
+        #: the most tokens a request may reserve and still fit some day (its one unit on a requests
+        #: bucket always fits: limits are positive, policies/types.py)
         self._max_tokens = min(limits, default=float("inf"))
-        if any(b.op.cost > b.op.capacity for b in self._buckets):
-            self._max_tokens = -1.0
         # what a reservation keeps of the checks for its settle (the ops' keys and expiries)
         self.token_buckets = [self._buckets[i] for i in self._token_buckets_at]
         self.token_quotas = [self._quota_ops[i] for i in self._token_quotas_at]

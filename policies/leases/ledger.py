@@ -8,6 +8,7 @@ holds one row per bucket, counter and usage key, whatever the number of requests
 
 from __future__ import annotations
 
+from secrets import token_hex
 from typing import Any
 
 from policies.stores.base import BucketOp, CounterOp, UsageDelta
@@ -17,7 +18,10 @@ class Ledger:
     """Corrections and usage not yet written to the store."""
 
     def __init__(self, instance: str) -> None:
-        self._instance = instance
+        # a batch's settle id: a prefix drawn at each start and a count, so a process started again
+        # under the same instance name never sends an id the store has applied already (it would
+        # take the new batch for that one and drop it)
+        self._prefix = f"{instance}.batch.{token_hex(6)}."
         self._batches = 0
         #: key -> [capacity, rate_per_s, cost] of a bucket correction
         self._buckets: dict[str, list] = {}
@@ -59,7 +63,7 @@ class Ledger:
         if not (self._buckets or self._counters or self._usage):
             return None
         self._batches += 1
-        batch_id = f"{self._instance}.batch.{self._batches}"
+        batch_id = f"{self._prefix}{self._batches}"
         settle = dict(
             settle_id=batch_id,
             lease_id=batch_id,

@@ -92,6 +92,9 @@ class LeasePath(Ticking, PartitionTolerance):
         #: one top-up at a time: requests that missed together wait for the first one's slices
         self._topping = asyncio.Lock()
         self._closed = False
+        #: a reload came: the slices held go back before the next admission, under `_topping` (a
+        #: top-up in flight computed its costs from them and must find them there)
+        self._stale = False
         #: requests admitted from memory, top-ups taken, requests admitted beyond the slices while cut off
         self.stats = {"local": 0, "topups": 0, "partition": 0}
 
@@ -103,7 +106,7 @@ class LeasePath(Ticking, PartitionTolerance):
         """Admit from the slices and slots held, without a store call; None when they do not cover it."""
         needs = [(b.op.key, b.op.cost, b.op.capacity) for b in buckets]
         needs += [(c.key, float(c.cost), self.limit(c)) for c in counters]
-        if not self.book.fits(needs):
+        if self._stale or not self.book.fits(needs):
             return None
         taken: list[SlotPool] = []
         for cc in conc:
@@ -132,6 +135,7 @@ class LeasePath(Ticking, PartitionTolerance):
         """
         self._ensure_ticking()
         async with self._topping:
+            self.drop_stale()
             views = self.admit_local(buckets, conc, counters, now)
             if views is not None:  # a top-up that ran meanwhile covered this request too
                 return AcquireResult(True, views, [], []), views
@@ -305,13 +309,12 @@ class LeasePath(Ticking, PartitionTolerance):
                 ks.store_left = ks.limit - value
 
     def _reset_if_changed(self, op: BucketOp | CounterOp) -> None:
-        """A limit changed (a reload, a key's own limits): the slices taken under the old one go back,
-        with every other slice held (a grant's units of several keys go back in one settle: rare)."""
+        """A limit changed (a key's own limits edited): the units taken under the old one go back with
+        the next tick; the other keys' slices are untouched."""
         limit = op.capacity if isinstance(op, BucketOp) else self.limit(op)
         ks = self.book.keys.get(op.key)
         if ks is not None and ks.limit != limit:
-            self._closing += self.book.take_all()
-            del self.book.keys[op.key]
+            self.book.forget(op.key)
 
     def pool(self, cc: rl.ConcurrencyCheck) -> SlotPool:
         pool = self.slots.get(cc.op.key)

@@ -28,15 +28,24 @@ class Grant:
     so what the store gets back per key is exactly what this process held and had not admitted.
     """
 
-    __slots__ = ("id", "buckets", "counters", "back")
+    __slots__ = ("id", "buckets", "counters", "refunded", "back")
 
     def __init__(self, grant_id: str) -> None:
         self.id = grant_id
         #: the ops that took the units (cost: units taken), keyed by store key
         self.buckets: dict[str, BucketOp] = {}
         self.counters: dict[str, CounterOp] = {}
+        #: key -> units requests refunded into this grant's slices (beside what it took)
+        self.refunded: dict[str, float] = {}
         #: key -> units its settle gives back (set when the book lets the grant go)
         self.back: dict[str, float] = {}
+
+    def holds_at_most(self, key: str) -> float:
+        """The units of `key` this grant brought: what it took from the store (none for a refund's
+        own grant) and what requests refunded into it."""
+        op = self.buckets.get(key) or self.counters.get(key)
+        took = max(0.0, float(op.cost)) if op is not None else 0.0
+        return took + self.refunded.get(key, 0.0)
 
     def give_back(self) -> tuple[list[BucketOp], list[CounterOp]]:
         """The settle ops that return the units put on this grant when it was let go."""
@@ -126,6 +135,8 @@ class SliceBook:
                 grant.counters[key] = op
             self.open[grant.id] = grant
             ks.grants.append(grant)
+        newest = ks.grants[-1]
+        newest.refunded[key] = newest.refunded.get(key, 0.0) + units
         ks.left += units
         return True
 
@@ -160,15 +171,21 @@ class SliceBook:
         return BucketView(token_bucket.remaining(level, op.capacity), token_bucket.reset_s(level, op.rate_per_s))
 
     def take_all(self) -> list[Grant]:
-        """Every open grant, forgotten here with each key's units left put on one of them (to be
-        given back): at a tick, a reload, a shutdown, a limit changed."""
+        """Every open grant, forgotten here with each key's units left put on their settles (to be
+        given back): at a tick, a reload, a shutdown."""
         for key, ks in self.keys.items():
-            if ks.grants and ks.left > 0:
-                ks.grants[-1].back[key] = ks.left
+            _spread_back(key, ks)
             ks.grants = []
             ks.left = 0.0
         grants, self.open = list(self.open.values()), {}
         return grants
+
+    def forget(self, key: str) -> None:
+        """Stop admitting from `key`'s slices (its limit changed): its units left go on its grants'
+        settles, given back with the next `take_all`; the other keys' slices stay as they are."""
+        ks = self.keys.pop(key, None)
+        if ks is not None:
+            _spread_back(key, ks)
 
     def tick(self, elapsed: float, now: float) -> list[str]:
         """Update each key's observed rate; forget idle keys. Returns the keys used since the last tick."""
@@ -181,3 +198,21 @@ class SliceBook:
             if not ks.grants and now - ks.seen > _IDLE_FORGET_S:
                 del self.keys[key]
         return active
+
+
+def _spread_back(key: str, ks: KeyState) -> None:
+    """Put the units of `key` held and not admitted on its grants' settles: newest grant first, each
+    at most what it brought, so each settle gives back its own grant's share as if requests had been
+    admitted from the oldest grant first (should a tick's settles be applied only in part and the
+    process then die, the crash recovery of the others' journals gives back no unit twice)."""
+    left = ks.left
+    if left <= 0 or not ks.grants:
+        return
+    for g in reversed(ks.grants):
+        share = min(left, g.holds_at_most(key))
+        if share > 0:
+            g.back[key] = g.back.get(key, 0.0) + share
+            left -= share
+    if left > token_bucket.BUCKET_EPSILON:  # never more than the grants brought; kept, not lost, if so
+        newest = ks.grants[-1]
+        newest.back[key] = newest.back.get(key, 0.0) + left

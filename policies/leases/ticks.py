@@ -50,6 +50,7 @@ class Ticking:
         tick only asks whether it is back, outside that lock, so that requests never wait on it."""
         now = self._clock()
         async with self._topping:
+            self.drop_stale()
             active = self.book.tick(now - self._last_tick, now)
             self._last_tick = now
             # what keys no longer in use leave behind goes, so memory follows the keys in use
@@ -144,8 +145,15 @@ class Ticking:
         self._closed = False  # a request after this (a drain's last ones) starts ticking again
 
     def reset(self) -> None:
-        """A reload: the slices taken under the old limits go back at the next tick."""
-        self._closing += self.book.take_all()
+        """A reload: the slices taken under the old limits go back at the next tick, and none is
+        admitted from meanwhile (they leave the book at the next admission or tick, under the lock)."""
+        self._stale = True
+
+    def drop_stale(self) -> None:
+        """After a reload, with `_topping` held: the slices held leave the book, to go back at the tick."""
+        if self._stale:
+            self._stale = False
+            self._closing += self.book.take_all()
 
     def _ensure_ticking(self) -> None:
         if self._task is None and not self._closed:
