@@ -42,7 +42,8 @@ class Ticking:
 
     async def flush(self, *, retake: bool = True) -> None:
         """One tick: give every slice's unused units back, write the ledger's batch, release idle slots,
-        renew held ones; then take fresh slices for the keys used since the last tick.
+        take fresh slices for the keys used since the last tick (in the same hold of the top-up lock,
+        when the store answers), renew held slots.
 
         The slices are given back between two top-ups, never during one: a top-up computed its costs
         from the slices held and must find them there, and must see the store with them given back
@@ -50,23 +51,11 @@ class Ticking:
         tick only asks whether it is back, outside that lock, so that requests never wait on it."""
         now = self._clock()
         async with self._topping:
-            self.drop_stale()
-            active = self.book.tick(now - self._last_tick, now)
-            self._last_tick = now
-            # what keys no longer in use leave behind goes, so memory follows the keys in use
-            self._templates = {k: op for k, op in self._templates.items() if k in self.book.keys}
-            self.slots = {k: p for k, p in self.slots.items() if p.held or p.busy or p.extra}
-            for g in self.book.take_all() + self._closing:
-                buckets, counters = g.give_back()
-                self.pending.append(settle_args(g.id, buckets=buckets, counters=counters, now=now))
-            self._closing = []
-            batch = self.ledger.drain(now)
-            if batch is not None:
-                self.pending.append(batch)
-            for key, pool in self.slots.items():
-                for sid in pool.surplus(now, self.settings.slot_idle_s):
-                    self.pending.append(settle_args(sid, release=[key], now=now))
+            active = self._close_tick(now)
             applied = self.down_since is None and await self._apply_pending(now)
+            retook = applied and retake and bool(active)
+            if retook:  # before the lock goes: requests waiting on it find fresh slices, no top-up each
+                await self._retake(active, now)
         if self.down_since is not None:
             self._show_pending()  # the settles this tick added wait for the store with the others
             await self._store.ping()  # StoreUnavailable: still cut off
@@ -81,8 +70,29 @@ class Ticking:
             for key, pool in self.slots.items():
                 for sid in pool.held:
                     await self._store.renew(lease_id=sid, keys=[key], ttl_s=self._lease_ttl_s, now=now)
-        if retake and active:
+        if retake and active and not retook:
             await self._retake(active, now)
+
+    def _close_tick(self, now: float) -> list[str]:
+        """With `_topping` held: every slice leaves the book, and its give-back, the ledger's batch and
+        the idle slots' releases join the pending settles. Returns the keys used since the last tick."""
+        self.drop_stale()
+        active = self.book.tick(now - self._last_tick, now)
+        self._last_tick = now
+        # what keys no longer in use leave behind goes, so memory follows the keys in use
+        self._templates = {k: op for k, op in self._templates.items() if k in self.book.keys}
+        self.slots = {k: p for k, p in self.slots.items() if p.held or p.busy or p.extra}
+        for g in self.book.take_all() + self._closing:
+            buckets, counters = g.give_back()
+            self.pending.append(settle_args(g.id, buckets=buckets, counters=counters, now=now))
+        self._closing = []
+        batch = self.ledger.drain(now)
+        if batch is not None:
+            self.pending.append(batch)
+        for key, pool in self.slots.items():
+            for sid in pool.surplus(now, self.settings.slot_idle_s):
+                self.pending.append(settle_args(sid, release=[key], now=now))
+        return active
 
     async def _apply_pending(self, now: float) -> bool:
         """Apply the pending settles (each at most once, by its id); False while the store is cut off."""
