@@ -366,6 +366,9 @@ class TorchLLMBackend:
                     raise failure(self.name, out.finish_reason, out.error)
                 completion += len(out.token_ids)
                 done = out.finish_reason is not None
+                usage = None
+                if done:  # the prompt, of which the prefix cache served `cached_prompt_tokens`
+                    usage = Usage(prompt_tokens=len(ids), completion_tokens=completion, cached_prompt_tokens=out.cached_prompt_tokens)  # fmt: skip
                 event = TokenEvent(
                     request_id=request.request_id,
                     text=out.text,
@@ -373,7 +376,7 @@ class TorchLLMBackend:
                     logprobs=out.logprobs,
                     token_logprobs=token_logprobs(out, self._tokenizer) if sampling.logprobs else None,
                     finish_reason=out.finish_reason,
-                    usage=_usage(len(ids), completion, out.cached_prompt_tokens) if done else None,
+                    usage=usage,
                 )
                 yield calls.rewrite(event) if calls else event
                 if done:
@@ -393,8 +396,3 @@ class TorchLLMBackend:
         if self._parts is None or self._parts.tokenizer is None:
             raise BackendUnavailable(f"deployment {self.name!r} is not loaded")
         return self._parts.tokenizer
-
-
-def _usage(prompt: int, completion: int, cached: int) -> Usage:
-    """A finished request's usage: its prompt, of which `cached` tokens the prefix cache served."""
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=cached)

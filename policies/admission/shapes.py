@@ -84,9 +84,9 @@ class Shape:
     def checks(self, cost_tokens: int) -> Checks:
         """The checks of a request reserving `cost_tokens`; NeverAdmitted when no wait can admit it."""
         buckets, quota_ops = self._buckets, self._quota_ops
-        if cost_tokens > self._max_tokens:
-            buckets = [b.costing(cost_tokens) if b.unit == "tokens" else b for b in buckets]
-            refuse_never_fitting(buckets, self.quota_checks, cost_tokens, self.tenant)
+        if cost_tokens > self._max_tokens:  # more than some token limit holds: this raises
+            costed = [b.costing(cost_tokens) if b.unit == "tokens" else b for b in buckets]
+            refuse_never_fitting(costed, self.quota_checks, cost_tokens, self.tenant)
         if cost_tokens and (self._token_buckets_at or self._token_quotas_at):
             buckets = list(buckets)
             for i in self._token_buckets_at:

@@ -24,8 +24,9 @@ class Grant:
 
     Units are counted per key, not per grant (`KeyState.left`): a request takes its units from the
     key, whichever grant brought them. When the book lets its grants go (a tick, a reload), each
-    key's units left are put on one of its grants (`back`); every grant's settle drops its journal,
-    so what the store gets back per key is exactly what this process held and had not admitted.
+    key's units left are spread over its grants (`back`, `_spread_back`); every grant's settle drops
+    its journal, so what the store gets back per key is exactly what this process held and had not
+    admitted.
     """
 
     __slots__ = ("id", "buckets", "counters", "refunded", "back")
@@ -204,15 +205,13 @@ def _spread_back(key: str, ks: KeyState) -> None:
     """Put the units of `key` held and not admitted on its grants' settles: newest grant first, each
     at most what it brought, so each settle gives back its own grant's share as if requests had been
     admitted from the oldest grant first (should a tick's settles be applied only in part and the
-    process then die, the crash recovery of the others' journals gives back no unit twice)."""
+    process then die, the crash recovery of the others' journals gives back no unit twice). The
+    grants brought at least what is left: `left` is what they took and refunds added, less what
+    requests consumed."""
     left = ks.left
-    if left <= 0 or not ks.grants:
-        return
     for g in reversed(ks.grants):
+        if left <= 0:
+            break
         share = min(left, g.holds_at_most(key))
-        if share > 0:
-            g.back[key] = g.back.get(key, 0.0) + share
-            left -= share
-    if left > token_bucket.BUCKET_EPSILON:  # never more than the grants brought; kept, not lost, if so
-        newest = ks.grants[-1]
-        newest.back[key] = newest.back.get(key, 0.0) + left
+        g.back[key] = g.back.get(key, 0.0) + share
+        left -= share

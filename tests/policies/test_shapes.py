@@ -82,8 +82,10 @@ def test_slices_counted_per_key_give_back_exactly_what_is_held() -> None:
     rpm = BucketOp("rl:a:rpm", 100.0, 100 / 60, 0.0)
     day = CounterOp("q:a:d", 1000, 0, 9e9)
     first, second = Grant("g1"), Grant("g2")
-    first.buckets[rpm.key], first.counters[day.key] = rpm, day
-    second.buckets[rpm.key] = rpm
+    # as `LeasePath._take` records them: each op costing what its grant took
+    first.buckets[rpm.key] = msgspec.structs.replace(rpm, cost=10.0)
+    first.counters[day.key] = msgspec.structs.replace(day, cost=20)
+    second.buckets[rpm.key] = msgspec.structs.replace(rpm, cost=5.0)
     book.add(first, rpm.key, 10.0, 100.0, 0.0)
     book.add(first, day.key, 20.0, 1000.0, 0.0)
     book.add(second, rpm.key, 5.0, 100.0, 0.0)
