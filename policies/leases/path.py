@@ -265,7 +265,8 @@ class LeasePath(Ticking, PartitionTolerance):
                 self._templates[op.key] = op
         if not any(op.cost for op in [*b_ops, *c_ops]):
             return await self._store.acquire(
-                lease_id=f"{self._instance}.peek", lease_ttl_s=0.0, buckets=b_ops, leases=[], counters=c_ops, now=now
+                lease_id=f"{self._instance}.peek", lease_ttl_s=0.0, buckets=b_ops, leases=[], counters=c_ops, now=now,
+                urgent=True,
             ), None  # fmt: skip
         grant = Grant(f"{self._instance}.slice.{token_hex(8)}")
         result = await self._acquire(grant.id, b_ops, [], c_ops, now)
@@ -285,12 +286,13 @@ class LeasePath(Ticking, PartitionTolerance):
         self, lease_id: str, b_ops: list[BucketOp], leases: list[LeaseOp], c_ops: list[CounterOp], now: float
     ) -> AcquireResult:
         """One journaled acquire of slices or a slot. One whose answer was lost (a timeout in a cut)
-        may have been applied: its id is kept, and `_reclaim_unsure` gives it back once the store answers."""
+        may have been applied: its id is kept, and `_reclaim_unsure` gives it back once the store answers.
+        Urgent, as every store call of the lease path: its caller holds the top-up lock."""
         journal = Journal(self._instance, [op.key for op in leases], [c for c in c_ops if c.cost], [b for b in b_ops if b.cost])
         try:
             return await self._store.acquire(
                 lease_id=lease_id, lease_ttl_s=self._lease_ttl_s, buckets=b_ops, leases=leases, counters=c_ops,
-                now=now, journal=journal,
+                now=now, journal=journal, urgent=True,
             )  # fmt: skip
         except (StoreUnavailable, asyncio.CancelledError):  # answer lost, or cut short by a shutdown
             self.unsure.add(lease_id)

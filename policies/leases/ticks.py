@@ -104,7 +104,10 @@ class Ticking:
         # kept in `pending` until answered: a tick cancelled meanwhile (a shutdown) leaves them for
         # `close` to apply again, which is harmless (each at most once, by its id)
         todo = list(self.pending)
-        answers = await asyncio.gather(*(self._store.settle(**s) for s in todo), return_exceptions=True)
+        try:
+            answers = await self._store.settle_many(todo, urgent=True)
+        except StoreUnavailable as exc:  # none of them reached the store
+            answers = [exc] * len(todo)
         done = {id(s) for s, a in zip(todo, answers, strict=True) if not isinstance(a, BaseException)}
         self.pending = [s for s in self.pending if id(s) not in done]
         self._show_pending()

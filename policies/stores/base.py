@@ -9,8 +9,9 @@ transaction, one Redis Lua script), so limits hold across replicas sharing the s
 from __future__ import annotations
 
 import abc
+import asyncio
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -145,11 +146,14 @@ class StateStore(abc.ABC):
         counters: list[CounterOp],
         now: float,
         journal: Journal | None = None,
+        urgent: bool = False,
     ) -> AcquireResult:
         """Apply every op, or none of them if any one refuses. Expired leases are dropped first.
 
         With `journal`, an admission that passes also records it under `lease_id` (same atomic step);
-        the settle of that id removes it.
+        the settle of that id removes it. `urgent`: the caller holds other requests waiting (the
+        lease path's top-up lock), so the store answers it as soon as it can rather than gathering
+        it with others (SQLite commits it at once on the event loop; the others have no gathering).
         """
 
     @abc.abstractmethod
@@ -174,6 +178,14 @@ class StateStore(abc.ABC):
         Returns:
             False when this settle_id was already applied, or a mark refused it (nothing is done).
         """
+
+    async def settle_many(self, settles: list[dict[str, Any]], *, urgent: bool = False) -> list[bool | BaseException]:
+        """Several settles (each one `settle`'s keyword arguments), each applied or refused on its
+        own: each one's answer, or the error it met, in order. `urgent` as for `acquire`.
+
+        Sent together (Redis pipelines them in one round trip); SQLite applies them in one
+        transaction, each in its own savepoint, and when urgent commits them at once on the loop."""
+        return await asyncio.gather(*(self.settle(**s) for s in settles), return_exceptions=True)
 
     @abc.abstractmethod
     async def heartbeat(self, instance: str, expires_at: float) -> None:

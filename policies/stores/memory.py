@@ -129,6 +129,7 @@ class MemoryStore(StateStore):
         counters: list[CounterOp],
         now: float,
         journal: Journal | None = None,
+        urgent: bool = False,  # answered at once always
     ) -> AcquireResult:
         self._gc(now)
         return _engine.acquire(

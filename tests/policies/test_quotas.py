@@ -93,3 +93,15 @@ async def test_settle_is_applied_once_per_id_even_from_another_replica(replicas,
     assert await one.settle(settle_id="s1", **kw) is True
     assert await two.settle(settle_id="s1", **kw) is False
     assert await one.usage() == [UsageRow(tenant="acme", model="m", period="2026-11", requests=1, tokens=7)]
+
+
+@pytest.mark.parametrize("urgent", [False, True])
+async def test_settle_many_answers_each_settle_on_its_own(store, clock, urgent) -> None:
+    """The lease ticks' batch of settles: each applied once, a repeated id refused, in order."""
+    kw = dict(lease_id="x", buckets=[], release=[], counters=[], now=clock())
+    one = dict(settle_id="s1", usage=[UsageDelta("acme", "m", "2026-11", 1, 7)], **kw)
+    two = dict(settle_id="s2", usage=[UsageDelta("acme", "m", "2026-11", 2, 5)], **kw)
+    assert await store.settle_many([one, one, two], urgent=urgent) == [True, False, True]
+    assert await store.settle_many([two], urgent=urgent) == [False]
+    assert await store.usage() == [UsageRow(tenant="acme", model="m", period="2026-11", requests=3, tokens=12)]
+

@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from policies.errors import RateLimited
-from policies.stores import open_store
+from policies.stores import UsageDelta, open_store
+from policies.stores.base import BucketOp
 from policies.types import Limits, Quotas
 from tests.policies.helpers import ACME, admission
 
@@ -105,6 +106,68 @@ async def test_a_group_waits_on_the_thread_while_another_process_holds_the_lock(
         await gate.reconcile(reservation, 10)  # the lock is free again: back on the loop
         assert store.loop_groups == 1
         assert [r.tokens for r in await store.usage("acme") if len(r.period) == 10] == [10]
+    finally:
+        other.close()
+        await store.close()
+
+
+def _acquire_a_token(store, lease_id: str, now: float):  # type: ignore[no-untyped-def]
+    return store.acquire(lease_id=lease_id, lease_ttl_s=30.0, buckets=[BucketOp("t:acme:rpm", 10.0, 1.0, 1.0)],
+                         leases=[], counters=[], now=now, urgent=True)  # fmt: skip
+
+
+async def test_an_urgent_operation_commits_in_its_callers_own_step(tmp_path, clock, monkeypatch) -> None:
+    """The lease path's calls (their caller holds the top-up lock): no wait for a group, even on a
+    loop so busy that any other operation goes to the thread."""
+    monkeypatch.setattr("policies.stores.sqlite.group_commit._LOOP_BUSY_S", 0.0)
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        threads = _spy_threads(store)
+        call = _acquire_a_token(store, "slice-1", clock())
+        with pytest.raises(StopIteration) as answered:  # done at its first step: it never suspended
+            call.send(None)
+        assert answered.value.value.ok
+        settles = [dict(settle_id=f"s{i}", lease_id="slice-1", buckets=[], release=[], counters=[],
+                        usage=[UsageDelta("acme", "m", "2026-11", 1, 1)], now=clock()) for i in range(3)]  # fmt: skip
+        batch = store.settle_many(settles, urgent=True)
+        with pytest.raises(StopIteration) as answered:
+            batch.send(None)
+        assert answered.value.value == [True, True, True]
+        assert threads == {threading.current_thread().name}
+        assert (store.groups, store.loop_groups) == (2, 2)  # the three settles in one transaction
+        await store._tx(_write("later"))  # not urgent: this busy loop sends it to the thread
+        assert store.loop_groups == 2 and len(threads) == 2
+    finally:
+        await store.close()
+
+
+async def test_an_urgent_operation_keeps_its_place_behind_a_queued_group(tmp_path, clock) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        first = asyncio.create_task(store._tx(_write("first")))
+        await asyncio.sleep(0)  # queued, its drain scheduled
+        assert (await _acquire_a_token(store, "slice-1", clock())).ok
+        await first
+        assert (store.groups, store.grouped_ops) == (1, 2)  # it joined the queued group
+    finally:
+        await store.close()
+
+
+async def test_an_urgent_operation_waits_on_the_thread_while_another_process_holds_the_lock(
+    tmp_path, clock
+) -> None:
+    path = tmp_path / "state.db"
+    store = await open_store(f"sqlite:///{path}")
+    other = sqlite3.connect(path, isolation_level=None)  # stands for a second gateway process
+    try:
+        threads = _spy_threads(store)
+        other.execute("BEGIN IMMEDIATE")
+        call = asyncio.create_task(_acquire_a_token(store, "slice-1", clock()))
+        await asyncio.sleep(0.05)  # the loop runs on while it waits
+        assert not call.done()
+        other.execute("COMMIT")
+        assert (await asyncio.wait_for(call, 5)).ok
+        assert store.loop_groups == 0 and threading.current_thread().name not in threads
     finally:
         other.close()
         await store.close()

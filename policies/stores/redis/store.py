@@ -77,6 +77,7 @@ class RedisStore(ScriptPipeline, StateStore):
         counters: list[CounterOp],
         now: float,
         journal: Journal | None = None,
+        urgent: bool = False,  # sent at once always (pipelined)
     ) -> AcquireResult:
         keys = [self._p + b.key for b in buckets] + [self._p + x.key for x in leases]
         keys += [self._p + c.key for c in counters] + [self._p + "journal"]

@@ -3,8 +3,11 @@ as SQL on one file, each run through the store's group commit (`group_commit.py`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 from policies.pricing import usd
@@ -67,6 +70,7 @@ class SqliteStore(GroupCommit, StateStore):
         counters: list[CounterOp],
         now: float,
         journal: Journal | None = None,
+        urgent: bool = False,
     ) -> AcquireResult:
         return await self._tx(
             lambda c: _engine.acquire(
@@ -78,7 +82,8 @@ class SqliteStore(GroupCommit, StateStore):
                 counters=counters,
                 now=now,
                 journal=journal,
-            )
+            ),
+            urgent=urgent,
         )
 
     async def heartbeat(self, instance: str, expires_at: float) -> None:
@@ -109,26 +114,31 @@ class SqliteStore(GroupCommit, StateStore):
         now: float,
         marks: list[Mark] | None = None,
     ) -> bool:
+        settle = dict(settle_id=settle_id, lease_id=lease_id, buckets=buckets, release=release,
+                      counters=counters, usage=usage, now=now, marks=marks)  # fmt: skip
+        return await self._tx(self._settle_work(settle))
+
+    async def settle_many(self, settles: list[dict[str, Any]], *, urgent: bool = False) -> list[bool | BaseException]:
+        work = [self._settle_work(s) for s in settles]
+        if urgent:
+            answered = self._commit_now_all(work)
+            if answered is not None:
+                return [value for _, value in answered]  # type: ignore[misc]
+        return await asyncio.gather(*(self._tx(fn) for fn in work), return_exceptions=True)
+
+    def _settle_work(self, settle: dict[str, Any]) -> Callable[[sqlite3.Connection], bool]:
+        """One settle (`settle`'s keyword arguments) as the work of a transaction."""
         self._ops += 1
         gc = self._ops % 1024 == 0
+        now = settle["now"]
 
         def run(c: sqlite3.Connection) -> bool:
             if gc:  # forget old settle ids and counters of past periods now and then
                 c.execute("DELETE FROM settled WHERE at < ?", (now - SETTLE_MEMORY_S,))
                 c.execute("DELETE FROM counters WHERE expires_at < ?", (now,))
-            return _engine.settle(
-                SqliteTxn(c),
-                settle_id=settle_id,
-                lease_id=lease_id,
-                buckets=buckets,
-                release=release,
-                counters=counters,
-                usage=usage,
-                now=now,
-                marks=marks,
-            )
+            return _engine.settle(SqliteTxn(c), **settle)
 
-        return await self._tx(run)
+        return run
 
     async def renew(self, *, lease_id: str, keys: list[str], ttl_s: float, now: float) -> None:
         expires_at = now + ttl_s
