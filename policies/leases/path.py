@@ -6,9 +6,10 @@ goes to a ledger written every `flush_s` (`ledger.py`). A request the slices can
 top-up: one acquire of every op of the request, each costing what this process lacks (what it needs
 less what it holds, grown to a slice's size when the store has room): the same yes or no, Retry-After
 included, that a per-request acquire would answer, because the store counts the units held here as
-used. Every tick gives every slice's unused units back and takes fresh slices for the keys in use, so
-the store's journal of a slice never holds units already admitted: the crash recovery of a dead
-process gives back exactly what it had not admitted (docs/state.md).
+used. Every tick takes fresh slices for the keys in use (while requests admit from the old ones) and
+gives every older slice's unused units back, so the store's journal of a slice never holds units
+admitted before the last tick: the crash recovery of a dead process gives back what it had not
+admitted by then (docs/state.md).
 """
 
 from __future__ import annotations
@@ -259,7 +260,17 @@ class LeasePath(Ticking, PartitionTolerance):
         return b_ops, c_ops
 
     async def _take(self, b_ops: list[BucketOp], c_ops: list[CounterOp], now: float) -> tuple[AcquireResult, Grant | None]:
-        """One store acquire of a grant's slices (journaled: a dead process's slices go back)."""
+        """One store acquire of a grant's slices (journaled: a dead process's slices go back), held
+        in the book at once."""
+        result, grant = await self._take_unheld(b_ops, c_ops, now)
+        if grant is not None:
+            self._hold(grant, b_ops, c_ops, now)
+        return result, grant
+
+    async def _take_unheld(
+        self, b_ops: list[BucketOp], c_ops: list[CounterOp], now: float
+    ) -> tuple[AcquireResult, Grant | None]:
+        """The store acquire of `_take`; the grant is not in the book yet (`_hold` puts it there)."""
         for op in [*b_ops, *c_ops]:
             if op.cost:
                 self._templates[op.key] = op
@@ -275,12 +286,19 @@ class LeasePath(Ticking, PartitionTolerance):
         for op in b_ops:
             if op.cost:
                 grant.buckets[op.key] = op
-                self.book.add(grant, op.key, op.cost, op.capacity, now)
         for c in c_ops:
             if c.cost:
                 grant.counters[c.key] = c
-                self.book.add(grant, c.key, float(c.cost), self.limit(c), now)
         return result, grant
+
+    def _hold(self, grant: Grant, b_ops: list[BucketOp], c_ops: list[CounterOp], now: float) -> None:
+        """Admit from a grant's slices (what its acquire's ops took) from now on."""
+        for op in b_ops:
+            if op.cost:
+                self.book.add(grant, op.key, op.cost, op.capacity, now)
+        for c in c_ops:
+            if c.cost:
+                self.book.add(grant, c.key, float(c.cost), self.limit(c), now)
 
     async def _acquire(
         self, lease_id: str, b_ops: list[BucketOp], leases: list[LeaseOp], c_ops: list[CounterOp], now: float

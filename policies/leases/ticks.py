@@ -12,7 +12,8 @@ import structlog
 
 from policies.errors import StoreUnavailable
 from policies.leases.metrics import LEASE_SETTLES_PENDING
-from policies.stores.base import BucketOp, CounterOp
+from policies.leases.slices import Grant
+from policies.stores.base import AcquireResult, BucketOp, CounterOp
 
 log = structlog.get_logger(__name__)
 
@@ -41,20 +42,30 @@ class Ticking:
         self.ledger.add(buckets, counters, settle["usage"])
 
     async def flush(self, *, retake: bool = True) -> None:
-        """One tick: give every slice's unused units back, write the ledger's batch, release idle slots,
-        take fresh slices for the keys used since the last tick (in the same hold of the top-up lock,
-        when the store answers), renew held slots.
+        """One tick: take fresh slices for the keys used since the last tick, give every older slice's
+        unused units back, write the ledger's batch, release idle slots, renew held slots.
 
-        The slices are given back between two top-ups, never during one: a top-up computed its costs
-        from the slices held and must find them there, and must see the store with them given back
-        (else it would refuse what a per-request acquire admits). While the store is cut off, the
-        tick only asks whether it is back, outside that lock, so that requests never wait on it."""
+        Fresh slices first, while requests go on admitting from the old ones, so the book is never
+        empty and no request waits for the tick (the store must have room for both for a moment; when
+        it has not, the old ones go back first and the fresh ones are taken after, in the same hold
+        of the top-up lock, so requests waiting on it find them). Slices are given back between two
+        top-ups, never during one: a top-up computed its costs from the slices held and must find them
+        there, and must see the store with them given back (else it would refuse what a per-request
+        acquire admits). While the store is cut off, the tick only asks whether it is back, outside
+        that lock, so that requests never wait on it."""
         now = self._clock()
         async with self._topping:
-            active = self._close_tick(now)
+            self.drop_stale()
+            active = self.book.tick(now - self._last_tick, now)
+            self._last_tick = now
+            fresh = await self._take_fresh(active, now) if retake and active and self.down_since is None else None
+            going_back = self._close_tick(now)
+            if fresh is not None:
+                self._hold_fresh(*fresh, going_back, now)
             applied = self.down_since is None and await self._apply_pending(now)
-            retook = applied and retake and bool(active)
-            if retook:  # before the lock goes: requests waiting on it find fresh slices, no top-up each
+            retook = fresh is not None or (applied and retake and bool(active))
+            if retook and fresh is None:  # before the lock goes: requests waiting on it find fresh slices
+                self._count_back(going_back)
                 await self._retake(active, now)
         if self.down_since is not None:
             self._show_pending()  # the settles this tick added wait for the store with the others
@@ -73,18 +84,18 @@ class Ticking:
         if retake and active and not retook:
             await self._retake(active, now)
 
-    def _close_tick(self, now: float) -> list[str]:
+    def _close_tick(self, now: float) -> dict[str, float]:
         """With `_topping` held: every slice leaves the book, and its give-back, the ledger's batch and
-        the idle slots' releases join the pending settles. Returns the keys used since the last tick."""
-        self.drop_stale()
-        active = self.book.tick(now - self._last_tick, now)
-        self._last_tick = now
+        the idle slots' releases join the pending settles. Returns the units going back per key."""
+        going_back: dict[str, float] = {}
         # what keys no longer in use leave behind goes, so memory follows the keys in use
         self._templates = {k: op for k, op in self._templates.items() if k in self.book.keys}
         self.slots = {k: p for k, p in self.slots.items() if p.held or p.busy or p.extra}
         for g in self.book.take_all() + self._closing:
             buckets, counters = g.give_back()
             self.pending.append(settle_args(g.id, buckets=buckets, counters=counters, now=now))
+            for key, units in g.back.items():
+                going_back[key] = going_back.get(key, 0.0) + units
         self._closing = []
         batch = self.ledger.drain(now)
         if batch is not None:
@@ -92,7 +103,7 @@ class Ticking:
         for key, pool in self.slots.items():
             for sid in pool.surplus(now, self.settings.slot_idle_s):
                 self.pending.append(settle_args(sid, release=[key], now=now))
-        return active
+        return going_back
 
     async def _apply_pending(self, now: float) -> bool:
         """Apply the pending settles (each at most once, by its id); False while the store is cut off."""
@@ -128,14 +139,54 @@ class Ticking:
         LEASE_SETTLES_PENDING.inc(len(self.pending) - self.pending_shown)
         self.pending_shown = len(self.pending)
 
-    async def _retake(self, keys: list[str], now: float) -> None:
-        """Fresh slices for the keys in use, in one acquire (none when the store has too little)."""
+    def _fresh_ops(self, keys: list[str], now: float) -> tuple[list[BucketOp], list[CounterOp]]:
+        """A slice's worth of each key in use, as it was last taken (none for a key contended now)."""
         ops = [self._templates[k] for k in keys if k in self._templates]
         b_ops = [BucketOp(o.key, o.capacity, o.rate_per_s, float(self.book.size(o.key, 0, o.capacity, now)))
                  for o in ops if isinstance(o, BucketOp)]  # fmt: skip
         c_ops = [CounterOp(o.key, o.limit, self.book.size(o.key, 0, self.limit(o), now), o.expires_at)
                  for o in ops if isinstance(o, CounterOp)]  # fmt: skip
-        b_ops, c_ops = [b for b in b_ops if b.cost], [c for c in c_ops if c.cost]
+        return [b for b in b_ops if b.cost], [c for c in c_ops if c.cost]
+
+    async def _take_fresh(self, keys: list[str], now: float) -> tuple[AcquireResult, Grant, list[BucketOp], list[CounterOp]] | None:
+        """With the old slices still held: fresh ones for the keys in use, not yet in the book. None
+        when the store has no room for both (or does not answer): the tick then gives back first."""
+        if self._stale:
+            return None
+        b_ops, c_ops = self._fresh_ops(keys, now)
+        if not (b_ops or c_ops):
+            return None
+        try:
+            result, grant = await self._take_unheld(b_ops, c_ops, now)
+        except StoreUnavailable:
+            return None
+        return (result, grant, b_ops, c_ops) if grant is not None else None
+
+    def _hold_fresh(
+        self, result: AcquireResult, grant: Grant, b_ops: list[BucketOp], c_ops: list[CounterOp],
+        going_back: dict[str, float], now: float,
+    ) -> None:  # fmt: skip
+        """After `_close_tick`: admit from the fresh slices. The store's answer counted the old slices
+        too, which are on their way back (`going_back`, units per key): what each key's headers and
+        next slice sizes read from that answer is corrected by them."""
+        self._hold(grant, b_ops, c_ops, now)
+        self._observe(result, b_ops, c_ops, now)
+        self._count_back(going_back)
+
+    def _count_back(self, going_back: dict[str, float]) -> None:
+        """What the store was last seen to have (headers, slice sizes) plus the units a tick gives back."""
+        for key, back in going_back.items():
+            ks = self.book.keys.get(key)
+            if ks is None or not back:
+                continue
+            if key in self._templates and isinstance(self._templates[key], BucketOp):
+                ks.level = max(0.0, ks.level - back)
+            if ks.store_left is not None:
+                ks.store_left += back
+
+    async def _retake(self, keys: list[str], now: float) -> None:
+        """Fresh slices for the keys in use, in one acquire (none when the store has too little)."""
+        b_ops, c_ops = self._fresh_ops(keys, now)
         if not (b_ops or c_ops):
             return
         with contextlib.suppress(StoreUnavailable):
