@@ -142,25 +142,33 @@ class Ticking:
     def _fresh_ops(self, keys: list[str], now: float) -> tuple[list[BucketOp], list[CounterOp]]:
         """A slice's worth of each key in use, as it was last taken (none for a key contended now)."""
         ops = [self._templates[k] for k in keys if k in self._templates]
-        b_ops = [BucketOp(o.key, o.capacity, o.rate_per_s, float(self.book.size(o.key, 0, o.capacity, now)))
+        b_ops = [BucketOp(o.key, o.capacity, o.rate_per_s, float(self.book.size(o.key, 0, o.capacity, now, held=0.0)))
                  for o in ops if isinstance(o, BucketOp)]  # fmt: skip
-        c_ops = [CounterOp(o.key, o.limit, self.book.size(o.key, 0, self.limit(o), now), o.expires_at)
+        c_ops = [CounterOp(o.key, o.limit, self.book.size(o.key, 0, self.limit(o), now, held=0.0), o.expires_at)
                  for o in ops if isinstance(o, CounterOp)]  # fmt: skip
         return [b for b in b_ops if b.cost], [c for c in c_ops if c.cost]
 
     async def _take_fresh(self, keys: list[str], now: float) -> tuple[AcquireResult, Grant, list[BucketOp], list[CounterOp]] | None:
         """With the old slices still held: fresh ones for the keys in use, not yet in the book. None
-        when the store has no room for both (or does not answer): the tick then gives back first."""
-        if self._stale:
-            return None
+        when the store has no room for both: the tick then gives back first. A store that does not
+        answer is cut off from now on (the tick asks whether it is back outside the top-up lock,
+        rather than waiting for it again under it); any other failure leaves the tick to go on as
+        when there was no room, so the batch and the give-backs are still written."""
         b_ops, c_ops = self._fresh_ops(keys, now)
         if not (b_ops or c_ops):
             return None
         try:
             result, grant = await self._take_unheld(b_ops, c_ops, now)
         except StoreUnavailable:
+            self.down_since = now
             return None
-        return (result, grant, b_ops, c_ops) if grant is not None else None
+        except Exception:  # noqa: BLE001 - the rest of the tick must still run
+            log.exception("lease_fresh_slices_failed")
+            return None
+        if grant is None:  # what the store has left, for the sizes of the slices taken after the give-back
+            self._observe(result, b_ops, c_ops, now)
+            return None
+        return result, grant, b_ops, c_ops
 
     def _hold_fresh(
         self, result: AcquireResult, grant: Grant, b_ops: list[BucketOp], c_ops: list[CounterOp],

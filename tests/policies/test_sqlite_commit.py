@@ -141,6 +141,22 @@ async def test_an_urgent_operation_commits_in_its_callers_own_step(tmp_path, clo
         await store.close()
 
 
+async def test_an_urgent_backlog_of_settles_goes_to_the_thread(tmp_path, clock, monkeypatch) -> None:
+    """After an outage a tick may carry many batches: committed on the loop they would stall it."""
+    monkeypatch.setattr("policies.stores.sqlite.store._URGENT_SETTLES_AT_MOST", 4)
+    store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        threads = _spy_threads(store)
+        settles = [dict(settle_id=f"s{i}", lease_id="x", buckets=[], release=[], counters=[],
+                        usage=[UsageDelta("acme", "m", "2026-11", 1, 1)], now=clock()) for i in range(5)]  # fmt: skip
+        assert await store.settle_many(settles, urgent=True) == [True] * 5
+        assert store.loop_groups == 0 and threading.current_thread().name not in threads
+        assert await store.settle_many(settles[:4], urgent=True) == [False] * 4  # on the loop, applied once
+        assert store.loop_groups == 1
+    finally:
+        await store.close()
+
+
 async def test_an_urgent_operation_keeps_its_place_behind_a_queued_group(tmp_path, clock) -> None:
     store = await open_store(f"sqlite:///{tmp_path / 'state.db'}")
     try:

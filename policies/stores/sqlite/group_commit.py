@@ -195,13 +195,15 @@ class GroupCommit:
             self._draining = True  # the loop's connection is ours until this commit is done
         outcomes = self._commit_on(conn, group)
         if not isinstance(outcomes, list):  # the lock is held elsewhere: queue, as any operation
+            stranded: list = []
             with self._queue_lock:
                 self._draining = bool(self._queued)
                 if self._queued:  # queued from another thread meanwhile: the thread drains it
                     try:
                         self._executor.submit(self._drain)
                     except RuntimeError:  # closed meanwhile: nothing will commit any more
-                        self._draining = False
+                        stranded, self._queued, self._draining = self._queued, [], False
+            self._answer(stranded, [(False, StoreUnavailable(f"sqlite {self.path}: closed"))] * len(stranded))
             return None
         self._committed_on_loop(asyncio.get_running_loop())
         return outcomes

@@ -30,6 +30,10 @@ from policies.stores.sqlite.schema import KEY_COLUMNS, key_from_row
 from policies.stores.sqlite.txn import SqliteTxn
 from policies.types import KeyRecord, KeyUsageRow, UsageRow
 
+#: an urgent `settle_many` larger than this (a backlog after an outage) goes to the store's thread:
+#: committed on the event loop, it would stall every request for as long as it takes
+_URGENT_SETTLES_AT_MOST = 64
+
 
 class SqliteStore(GroupCommit, StateStore):
     """State in one SQLite file (WAL), used through a single dedicated thread."""
@@ -120,7 +124,7 @@ class SqliteStore(GroupCommit, StateStore):
 
     async def settle_many(self, settles: list[dict[str, Any]], *, urgent: bool = False) -> list[bool | BaseException]:
         work = [self._settle_work(s) for s in settles]
-        if urgent:
+        if urgent and len(work) <= _URGENT_SETTLES_AT_MOST:
             answered = self._commit_now_all(work)
             if answered is not None:
                 return [value for _, value in answered]  # type: ignore[misc]
