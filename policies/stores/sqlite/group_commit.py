@@ -20,13 +20,11 @@ next group. When another process holds the write lock (two workers or replicas o
 loop's connection is refused at once and the group goes to the thread too, whose connection waits
 up to the busy timeout: the loop never blocks on a lock. The loop's connection never checkpoints
 the WAL on commit (a checkpoint writes the database file and syncs); the thread runs a passive
-checkpoint after every `_CHECKPOINT_EVERY` groups committed on the loop. An urgent operation (the
-lease path's: its caller holds the top-up lock, which other requests wait on) does not wait for a
-group at all: when nothing is queued or committing it commits at once on the loop's connection, in
-its caller's own step. On a busy loop a group waits a few milliseconds for the loop to reach it, then
-for the thread to get the GIL, then for the loop to hear the answer; a lease tick spent about 9 ms so
-at 16 requests in flight, with every request that needed a top-up waiting on it. `?synchronous=full`
-(an fsync per commit) and `?commit=thread` keep every group on the thread. `bench/bench_policy_proxy.py`
+checkpoint after every `_CHECKPOINT_EVERY` groups committed on the loop. An urgent operation (its
+caller holds others waiting: the lease path's top-up lock) commits at once on the loop's connection
+when nothing is queued or committing, with no wait for a group (docs/state.md: on a busy loop a
+queued group took a lease tick about 9 ms). `?synchronous=full` (an fsync per commit) and
+`?commit=thread` keep every group on the thread. `bench/bench_policy_proxy.py`
 measures the default against `?commit=thread`.
 """
 
