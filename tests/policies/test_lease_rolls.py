@@ -194,3 +194,33 @@ async def test_an_error_on_the_fresh_acquire_still_writes_the_batch(clock) -> No
     assert sum(r.requests for r in await store.usage() if len(r.period) == 10) == 4
     await adm.close()
 
+
+
+async def test_two_replicas_rolling_while_admitting_take_exactly_the_limit(replicas, clock) -> None:
+    """On every store: ticks roll while requests are admitted beside them, on two replicas."""
+    tenants = {"acme": TenantSpec(limits=Limits(tokens_per_minute=1000))}
+    settings = LeaseSettings(max_share=0.2, flush_s=1000)
+    one = Admission(await replicas(), tenants, clock, leases=settings)
+    two = Admission(await replicas(), tenants, clock, leases=settings)
+    admitted = 0
+
+    async def take(adm: Admission, tokens: int) -> None:
+        nonlocal admitted
+        with contextlib.suppress(RateLimited):
+            await adm.reconcile(await adm.admit(ACME, "m", tokens), tokens)
+            admitted += tokens
+
+    for _ in range(40):
+        await asyncio.gather(one.leases.flush(), two.leases.flush(), *(take((one, two)[i % 2], 7) for i in range(6)))
+    for adm in (one, two):
+        await adm.leases.flush(retake=False)
+    last = Admission(await replicas(), tenants, clock)
+    while True:
+        try:
+            await last.reconcile(await last.admit(ACME, "m", 1), 1)
+        except RateLimited:
+            break
+        admitted += 1
+    assert admitted == 1000
+    for adm in (one, two):
+        await adm.close()
