@@ -52,7 +52,7 @@ RESULTS = ROOT / "bench" / "results"
 POLICY_SERVERS = ("fleetgate_sqlite", "fleetgate_sqlite_thread", "fleetgate_redis", "fleetgate_no_policy")
 FIGURES: list[tuple[str, str, str, str, bool]] = [
     *[("policy_proxy", s, c, m, m == "rps") for s in POLICY_SERVERS for c in ("c1", "c16")
-      for m in ("rps", "p50_ms", "added_p50_ms", "cpu_ms_per_req")],
+      for m in ("rps", "p50_ms", "p99_ms", "added_p50_ms", "cpu_ms_per_req")],
     *[("tensor_peers", "fleetgate", c, m, m == "rps") for c in ("c1", "c32") for m in ("rps", "p50_ms", "p99_ms")],
 ]  # fmt: skip
 #: the same points for what runs beside fleetgate: they show how far the machine moved between runs
