@@ -63,10 +63,11 @@ class Ticking:
             if fresh is not None:
                 self._hold_fresh(*fresh, going_back, now)
             applied = self.down_since is None and await self._apply_pending(now)
-            retook = fresh is not None or (applied and retake and bool(active))
-            if retook and fresh is None:  # before the lock goes: requests waiting on it find fresh slices
-                self._count_back(going_back)
+            retook = fresh is not None
+            if not retook and applied and retake and active:  # no room for both: after the give-back,
+                self._count_back(going_back)  # before the lock goes (requests waiting find the slices)
                 await self._retake(active, now)
+                retook = True
         if self.down_since is not None:
             self._show_pending()  # the settles this tick added wait for the store with the others
             await self._store.ping()  # StoreUnavailable: still cut off
@@ -182,13 +183,13 @@ class Ticking:
         self._count_back(going_back)
 
     def _count_back(self, going_back: dict[str, float]) -> None:
-        """What the store was last seen to have (headers, slice sizes) plus the units a tick gives back."""
+        """What the store was last seen to have (headers, slice sizes) plus the units a tick gives back
+        (`level` is read for buckets only: a counter's stays 0)."""
         for key, back in going_back.items():
             ks = self.book.keys.get(key)
-            if ks is None or not back:
+            if ks is None:
                 continue
-            if key in self._templates and isinstance(self._templates[key], BucketOp):
-                ks.level = max(0.0, ks.level - back)
+            ks.level = max(0.0, ks.level - back)
             if ks.store_left is not None:
                 ks.store_left += back
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from policies.admission import Admission
+from policies.errors import RateLimited
 from policies.principal import Principal
 from policies.stores import StateStore
 from policies.types import Limits, Quotas, TenantSpec
@@ -22,3 +23,23 @@ def admission(
 ) -> Admission:
     spec = TenantSpec(limits=limits or Limits(), quotas=quotas or Quotas(), key_limits=key_limits)
     return Admission(store, {"acme": spec}, clock, **kwargs)
+
+
+async def what_another_replica_takes(
+    store: StateStore,
+    tenants: dict[str, TenantSpec],
+    clock,  # noqa: ANN001 - FakeClock
+    *,
+    tokens: int = 0,
+) -> int:
+    """Admit ACME's requests of `tokens` each (their units, or 1 a request when 0) through another
+    replica asking the store per request, until refused: what the limit still held."""
+    other = Admission(store, tenants, clock)
+    taken = 0
+    while True:
+        try:
+            await other.reconcile(await other.admit(ACME, "m", tokens), tokens)
+        except RateLimited:
+            return taken
+        taken += tokens or 1
+

@@ -14,7 +14,7 @@ from policies.errors import RateLimited, StoreUnavailable
 from policies.leases import LeaseSettings
 from policies.stores.memory import MemoryStore
 from policies.types import Limits, TenantSpec
-from tests.policies.helpers import ACME
+from tests.policies.helpers import ACME, what_another_replica_takes
 
 TENANTS = {"acme": TenantSpec(limits=Limits(requests_per_minute=100))}
 #: ticks only when a test asks (`leases.flush()`); slices of at most 30 of the 100
@@ -44,18 +44,6 @@ class _Gated(MemoryStore):
         return await super().settle(**kwargs)
 
 
-async def _the_rest(store: MemoryStore, clock) -> int:  # noqa: ANN001
-    """What another replica, asking per request, is still admitted."""
-    other = Admission(store, TENANTS, clock)
-    admitted = 0
-    while True:
-        try:
-            await other.reconcile(await other.admit(ACME, "m", 0), 0)
-        except RateLimited:
-            return admitted
-        admitted += 1
-
-
 async def test_requests_admit_from_the_old_slices_while_the_tick_takes_fresh_ones(clock) -> None:
     store = _Gated()
     adm = Admission(store, TENANTS, clock, leases=QUIET)
@@ -83,7 +71,7 @@ async def test_requests_admit_from_the_old_slices_while_the_tick_takes_fresh_one
     assert store.calls[0] == "acquire ok" and set(store.calls[1:]) == {"settle"}  # fresh, then the old back
     assert adm.leases.book.keys["rl:t:acme:rpm"].left > 0  # the fresh slices
     await adm.leases.flush(retake=False)  # everything held goes back
-    assert admitted + await _the_rest(store, clock) == 100
+    assert admitted + await what_another_replica_takes(store, TENANTS, clock) == 100
     await adm.close()
 
 
@@ -98,7 +86,7 @@ async def test_a_store_without_room_for_both_gets_the_old_slices_back_first(cloc
         await adm.leases.flush()
     await adm.reconcile(await adm.admit(ACME, "m", 0), 0)
     admitted += 1
-    admitted += await _the_rest(store, clock)  # another replica leaves nothing beside the slices held
+    admitted += await what_another_replica_takes(store, TENANTS, clock)  # another replica leaves nothing beside the slices held
     store.calls.clear()
     await adm.leases.flush()
     # refused with the old slices held; they go back (with the batch); then fresh ones fit
@@ -111,7 +99,7 @@ async def test_a_store_without_room_for_both_gets_the_old_slices_back_first(cloc
             break
         admitted += 1
     await adm.leases.flush(retake=False)
-    assert admitted + await _the_rest(store, clock) == 100
+    assert admitted + await what_another_replica_takes(store, TENANTS, clock) == 100
     await adm.close()
 
 
@@ -214,13 +202,7 @@ async def test_two_replicas_rolling_while_admitting_take_exactly_the_limit(repli
         await asyncio.gather(one.leases.flush(), two.leases.flush(), *(take((one, two)[i % 2], 7) for i in range(6)))
     for adm in (one, two):
         await adm.leases.flush(retake=False)
-    last = Admission(await replicas(), tenants, clock)
-    while True:
-        try:
-            await last.reconcile(await last.admit(ACME, "m", 1), 1)
-        except RateLimited:
-            break
-        admitted += 1
+    admitted += await what_another_replica_takes(await replicas(), tenants, clock, tokens=1)
     assert admitted == 1000
     for adm in (one, two):
         await adm.close()

@@ -165,18 +165,22 @@ class GroupCommit:
         if conn is not None and len(group) == 1 and time.perf_counter() - self._scheduled_at <= _LOOP_BUSY_S:
             outcomes = self._commit_on(conn, [fn for fn, _, _ in group])
         if not isinstance(outcomes, list):  # overlap, a busy loop, the lock held elsewhere, or closed
-            with self._queue_lock:
-                self._queued[:0] = group  # first in line on the thread, which waits for the lock
-                try:
-                    self._executor.submit(self._drain)
-                    return
-                except RuntimeError:  # the executor is shut down: the store was closed
-                    group, self._queued, self._draining = self._queued, [], False
-            self._answer(group, [(False, StoreUnavailable(f"sqlite {self.path}: closed"))] * len(group))
+            self._to_thread(group)
             return
         here = asyncio.get_running_loop()
         self._answer(group, outcomes, here)
         self._committed_on_loop(here)
+
+    def _to_thread(self, group: list) -> None:
+        """`group` first in line on the store's thread (it waits for the lock); closed: all answered."""
+        with self._queue_lock:
+            self._queued[:0] = group
+            try:
+                self._executor.submit(self._drain)
+                return
+            except RuntimeError:  # the executor is shut down: the store was closed
+                group, self._queued, self._draining = self._queued, [], False
+        self._answer(group, [(False, StoreUnavailable(f"sqlite {self.path}: closed"))] * len(group))
 
     def _commit_now_all(
         self, group: list[Callable[[sqlite3.Connection], object]]
@@ -193,15 +197,11 @@ class GroupCommit:
             self._draining = True  # the loop's connection is ours until this commit is done
         outcomes = self._commit_on(conn, group)
         if not isinstance(outcomes, list):  # the lock is held elsewhere: queue, as any operation
-            stranded: list = []
             with self._queue_lock:
-                self._draining = bool(self._queued)
-                if self._queued:  # queued from another thread meanwhile: the thread drains it
-                    try:
-                        self._executor.submit(self._drain)
-                    except RuntimeError:  # closed meanwhile: nothing will commit any more
-                        stranded, self._queued, self._draining = self._queued, [], False
-            self._answer(stranded, [(False, StoreUnavailable(f"sqlite {self.path}: closed"))] * len(stranded))
+                waiting = bool(self._queued)  # queued from another thread meanwhile
+                self._draining = waiting
+            if waiting:
+                self._to_thread([])
             return None
         self._committed_on_loop(asyncio.get_running_loop())
         return outcomes
