@@ -119,11 +119,11 @@ class Admission(Reconciling):
         spec = self._tenants[principal.tenant]  # admit_at_once refused a tenant not configured
         now = self._clock()
         held = principal.background
-        if ls.leaseable(self, principal, spec):
-            return await ls.admit_leased(self, principal, spec, model, cost_tokens)
+        if ls.leaseable(self, principal):
+            return await ls.admit_leased(self, principal, spec, model, cost_tokens, cost_micros)
         shape = self.shapes.of(principal, spec, now)
         buckets, leases, quota_checks, quota_ops = shape.checks(cost_tokens)
-        budgets = budgeting.request_budgets(principal, spec, now)
+        budgets = shape.budgets
         budgeting.refuse_unaffordable(budgets, cost_micros)
         budget_ops = [b.op(cost_micros) for b in budgets]
         counters = quota_ops + budget_ops
@@ -184,7 +184,7 @@ class Admission(Reconciling):
             raise ValueError(f"cost_micros must be a non-negative int, got {cost_micros!r}")
         if principal.tenant not in self._unchecked or principal.limits is not None or principal.budget is not None:
             spec = self._tenants[principal.tenant]
-            return ls.admit_local(self, principal, spec, model, cost_tokens) if ls.leaseable(self, principal, spec) else None
+            return ls.admit_local(self, principal, spec, model, cost_tokens, cost_micros) if ls.leaseable(self, principal) else None
         now = self._clock()
         shape = self.shapes.of(principal, self._tenants[principal.tenant], now)
         r = self._granted(principal, model, cost_tokens, now, self.reservation_id(), shape, cost_micros=cost_micros)  # fmt: skip

@@ -2,11 +2,11 @@
 config and UTC day rather than on every request.
 
 A key's requests (an API key's, or a JWT subject's; a batch job's lines apart, as they take quotas
-only) take the same rate limits (the tenant's and the key's), concurrency limits and
-quotas, under the same store keys, all day; only the tokens a request reserves vary. A `Shape` holds
+and budgets only) take the same rate limits (the tenant's and the key's), concurrency limits,
+quotas and budgets, under the same store keys, all day; only the tokens a request reserves vary. A `Shape` holds
 the cost-free part and `Shape.checks(cost_tokens)` fills in the tokens; `Shapes` keeps the shapes of
 the keys in use and builds a new one when the tenant's spec, the key's own limits or the UTC day
-change (a reload, a key edited, midnight).
+change (a reload, a key's limits or budget edited, midnight).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import NamedTuple
 
 from policies import quotas as q
 from policies import ratelimit as rl
+from policies.admission.budgeting import request_budgets
 from policies.admission.refusals import refuse_never_fitting
+from policies.budgets import BudgetCheck
 from policies.principal import Principal
 from policies.stores.base import CounterOp
 from policies.types import TenantSpec
@@ -39,13 +41,16 @@ class Shape:
     """The checks of one key's requests for one UTC day, less the tokens each request reserves."""
 
     __slots__ = (
-        "spec", "limits", "day_start", "day_end", "day", "month", "tenant", "_buckets", "leases", "quota_checks",
+        "spec", "limits", "budget", "budgets", "day_start", "day_end", "day", "month", "tenant", "_buckets", "leases", "quota_checks",
         "_quota_ops", "_token_buckets_at", "_token_quotas_at", "_max_tokens", "token_buckets", "token_quotas",
         "request_quotas", "lease_keys",
     )  # fmt: skip
 
     def __init__(self, principal: Principal, spec: TenantSpec, now: float) -> None:
         self.spec, self.limits, self.tenant = spec, principal.limits, principal.tenant
+        self.budget = principal.budget
+        #: the budgets every request of the key reserves on (its tenant's, then the key's own)
+        self.budgets: list[BudgetCheck] = request_budgets(principal, spec, now)
         periods = q.periods(now)
         self.day_start, self.day_end = periods.day_end - 86400.0, periods.day_end
         self.day, self.month = periods.day, periods.month
@@ -78,6 +83,7 @@ class Shape:
         return (
             self.spec is spec
             and (self.limits is principal.limits or self.limits == principal.limits)
+            and (self.budget is principal.budget or self.budget == principal.budget)
             and self.day_start <= now < self.day_end
         )
 

@@ -328,6 +328,19 @@ class LeasePath(Ticking, PartitionTolerance):
             if ks is not None:
                 ks.store_left = ks.limit - value
 
+    def counter_levels(self, ops: list[CounterOp]) -> list[int | None]:
+        """Each counter's level as this process sees it: the store's value at its last acquire, less
+        the units held here and not admitted, plus what it admitted beyond them while cut off. What
+        other processes hold counts as used. None: never seen in the store."""
+        levels: list[int | None] = []
+        for op in ops:
+            ks = self.book.keys.get(op.key)
+            if ks is None or ks.store_left is None:
+                levels.append(None)
+            else:
+                levels.append(round(ks.limit - ks.store_left - ks.left + self.overspent.get(op.key, 0.0)))
+        return levels
+
     def _reset_if_changed(self, op: BucketOp | CounterOp) -> None:
         """A limit changed (a key's own limits edited): the units taken under the old one go back with
         the next tick; the other keys' slices are untouched."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from policies.admission import Admission
-from policies.errors import RateLimited
+from policies.errors import RateLimited, StoreUnavailable
 from policies.principal import Principal
 from policies.stores import StateStore
 from policies.types import Limits, Quotas, TenantSpec
@@ -23,6 +23,23 @@ def admission(
 ) -> Admission:
     spec = TenantSpec(limits=limits or Limits(), quotas=quotas or Quotas(), key_limits=key_limits)
     return Admission(store, {"acme": spec}, clock, **kwargs)
+
+
+class CutStore:
+    """A store whose every call fails while `cut` (a link to Redis that went down)."""
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner, self.cut = inner, False
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        attr = getattr(self.inner, name)
+
+        async def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if self.cut:
+                raise StoreUnavailable("cut")
+            return await attr(*args, **kwargs)
+
+        return call
 
 
 async def what_another_replica_takes(

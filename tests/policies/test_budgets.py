@@ -1,5 +1,6 @@
 """Budgets in USD on every store: reserved at the worst case, settled at the real cost, exact across
-replicas, refunded for dead processes; usage rows carry the spend; keys keep their own policy."""
+replicas, refunded for dead processes; usage rows carry the spend; keys keep their own policy. The
+tests of a budget run under both admission strategies: per request and from leases' slices."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from policies.admission import Admission
 from policies.budgets import BudgetCheck, BudgetEvent
 from policies.errors import BudgetExceeded, NeverAdmitted, RateLimited
 from policies.keys import KeyService
+from policies.leases import LeaseSettings
 from policies.principal import Principal
 from policies.stores import StateStore
 from policies.types import Budget, Limits, TenantSpec, UsageRow
@@ -36,13 +38,19 @@ class Sink:
         self.events.append(event)
 
 
+@pytest.fixture(params=["per_request", "leases"])
+def strategy(request: pytest.FixtureRequest) -> LeaseSettings | None:
+    """`state.leases` of a budget test's admissions (None: per request, as before leases)."""
+    return LeaseSettings() if request.param == "leases" else None
+
+
 def budgeted(store: StateStore, clock, usd_per_day: float = 1.0, **kwargs: object) -> Admission:  # noqa: ANN001
     spec = TenantSpec(budget=Budget(usd_per_day=usd_per_day, usd_per_month=100.0))
     return Admission(store, {"acme": spec}, clock, **kwargs)
 
 
-async def test_reserved_at_the_worst_case_settled_at_the_cost(store, clock) -> None:
-    adm = budgeted(store, clock)
+async def test_reserved_at_the_worst_case_settled_at_the_cost(store, clock, strategy) -> None:
+    adm = budgeted(store, clock, leases=strategy)
     first = await adm.admit(ACME, "m", 10, cost_micros=600_000)
     # 0.6 reserved: a second worst case of 0.6 does not fit the 1.00 USD day
     with pytest.raises(BudgetExceeded) as refused:
@@ -62,9 +70,9 @@ async def test_reserved_at_the_worst_case_settled_at_the_cost(store, clock) -> N
     assert [(r.period, r.requests, r.cost_usd) for r in rows] == [("2026-11", 3, 1.0), ("2026-11-21", 3, 1.0)]
 
 
-async def test_a_failed_request_costs_what_it_used_and_a_new_day_has_a_new_budget(store, clock) -> None:
+async def test_a_failed_request_costs_what_it_used_and_a_new_day_has_a_new_budget(store, clock, strategy) -> None:
     clock.now = at(2026, 11, 21, 23, 0)
-    adm = budgeted(store, clock)
+    adm = budgeted(store, clock, leases=strategy)
     r = await adm.admit(ACME, "m", 10, cost_micros=900_000)
     await adm.reconcile(r, 0, failed=True)  # nothing used: everything back
     r = await adm.admit(ACME, "m", 10, cost_micros=1_000_000)
@@ -73,14 +81,14 @@ async def test_a_failed_request_costs_what_it_used_and_a_new_day_has_a_new_budge
     await adm.admit(ACME, "m", 10, cost_micros=1_000_000)
 
 
-async def test_a_request_that_can_never_fit_is_a_400(store, clock) -> None:
-    adm = budgeted(store, clock)
+async def test_a_request_that_can_never_fit_is_a_400(store, clock, strategy) -> None:
+    adm = budgeted(store, clock, leases=strategy)
     with pytest.raises(NeverAdmitted, match="more than the budget usd_per_day"):
         await adm.admit(ACME, "m", 10, cost_micros=1_000_001)
 
 
-async def test_a_keys_own_budget_beside_its_tenants(store, clock) -> None:
-    adm = budgeted(store, clock)
+async def test_a_keys_own_budget_beside_its_tenants(store, clock, strategy) -> None:
+    adm = budgeted(store, clock, leases=strategy)
     await adm.admit(KEY, "m", 1, cost_micros=500_000)
     with pytest.raises(BudgetExceeded, match="key 0123456789ab"):
         await adm.admit(KEY, "m", 1, cost_micros=1)
@@ -99,8 +107,8 @@ async def test_a_keys_own_limits_apply_where_its_tenant_has_none(store, clock) -
     await adm.admit(Principal("acme", "ba9876543210"), "m", 1)  # another key: untouched
 
 
-async def test_spend_is_exact_across_replicas(replicas, clock) -> None:
-    one, two = budgeted(await replicas(), clock), budgeted(await replicas(), clock)
+async def test_spend_is_exact_across_replicas(replicas, clock, strategy) -> None:
+    one, two = [budgeted(await replicas(), clock, leases=strategy) for _ in range(2)]
     price = 70_000  # 0.07 USD: 14 fit in 1.00, leaving 0.02
 
     async def one_request(adm: Admission) -> int:
@@ -113,13 +121,14 @@ async def test_spend_is_exact_across_replicas(replicas, clock) -> None:
 
     answered = sum(await asyncio.gather(*(one_request(adm) for adm in (one, two) * 15)))
     assert answered == 14
+    await two.flush()  # with leases, each process writes its answers every tick
     rows = {r.period: r for r in await one.usage("acme")}
     assert rows["2026-11-21"].cost_usd == pytest.approx(answered * price / 1e6, abs=0)
 
 
-async def test_a_dead_replicas_reservation_is_refunded(replicas, clock) -> None:
-    dead = budgeted(await replicas(), clock, instance="dead")
-    alive = budgeted(await replicas(), clock, instance="alive")
+async def test_a_dead_replicas_reservation_is_refunded(replicas, clock, strategy) -> None:
+    dead = budgeted(await replicas(), clock, instance="dead", leases=strategy)
+    alive = budgeted(await replicas(), clock, instance="alive", leases=strategy)
     await dead.admit(ACME, "m", 1, cost_micros=800_000)  # never settled: its process is killed
     with pytest.raises(BudgetExceeded):
         await alive.admit(ACME, "m", 1, cost_micros=800_000)
@@ -130,9 +139,11 @@ async def test_a_dead_replicas_reservation_is_refunded(replicas, clock) -> None:
     assert {r.period: r.cost_usd for r in await alive.usage("acme")}["2026-11-21"] == 0.8
 
 
-async def test_thresholds_are_announced_once_across_replicas(replicas, clock) -> None:
+async def test_thresholds_are_announced_once_across_replicas(replicas, clock, strategy) -> None:
     sinks = [Sink(), Sink()]
-    adms = [budgeted(await replicas(), clock, budget_thresholds=[0.5, 1.0], budget_sink=s) for s in sinks]
+    adms = [
+        budgeted(await replicas(), clock, budget_thresholds=[0.5, 1.0], budget_sink=s, leases=strategy) for s in sinks
+    ]
     for i in range(10):
         r = await adms[i % 2].admit(ACME, "m", 1, cost_micros=100_000)
         await adms[i % 2].reconcile(r, 1, cost_micros=100_000)
@@ -159,8 +170,8 @@ async def test_keys_keep_their_own_limits_and_budget(store, clock) -> None:
     assert (await keys.authenticate(plain)).budget is None
 
 
-async def test_usage_rows_sum_costs_exactly(store, clock) -> None:
-    adm = budgeted(store, clock, usd_per_day=1000.0)
+async def test_usage_rows_sum_costs_exactly(store, clock, strategy) -> None:
+    adm = budgeted(store, clock, usd_per_day=1000.0, leases=strategy)
     for cost in (1, 2, 3, 90_000_001):
         r = await adm.admit(ACME, "m", 1, cost_micros=cost)
         await adm.reconcile(r, 1, cost_micros=cost)
@@ -193,13 +204,13 @@ async def test_each_key_has_its_usage_rows_per_model_and_deployment(store, clock
     assert await adm.key_usage("other") == []
 
 
-async def test_enormous_budgets_and_key_limits_admit_and_settle(store, clock) -> None:  # noqa: ANN001
+async def test_enormous_budgets_and_key_limits_admit_and_settle(store, clock, strategy) -> None:  # noqa: ANN001
     """The largest budgets and limits the admin API and the config accept (1e300 USD, 10**30 a
     minute) are held by every store: a priced request is admitted and settled, and the spend adds."""
     huge = Budget(usd_per_day=1e300, usd_per_month=1e300)
     limits = Limits(requests_per_minute=10**30, tokens_per_minute=10**30, max_concurrency=10**30)
     key = Principal("acme", "0123456789ab", ("*",), limits=limits, budget=huge)
-    adm = Admission(store, {"acme": TenantSpec(budget=huge, key_limits=limits)}, clock)
+    adm = Admission(store, {"acme": TenantSpec(budget=huge, key_limits=limits)}, clock, leases=strategy)
     for _ in range(2):
         reservation = await adm.admit(key, "m", 10, cost_micros=10**15)
         await adm.reconcile(reservation, 10, cost_micros=10**15)
@@ -207,8 +218,8 @@ async def test_enormous_budgets_and_key_limits_admit_and_settle(store, clock) ->
     assert day.cost_usd == 2e9
 
 
-async def test_a_refusal_names_a_budget_under_a_cent_as_configured(store, clock) -> None:  # noqa: ANN001
-    adm = budgeted(store, clock, usd_per_day=0.004)
+async def test_a_refusal_names_a_budget_under_a_cent_as_configured(store, clock, strategy) -> None:  # noqa: ANN001
+    adm = budgeted(store, clock, usd_per_day=0.004, leases=strategy)
     first = await adm.admit(ACME, "m", 10, cost_micros=3_000)
     await adm.reconcile(first, 10, cost_micros=3_000)
     with pytest.raises(BudgetExceeded) as refused:

@@ -11,8 +11,7 @@ from policies.errors import StoreUnavailable
 from policies.leases import LeaseSettings, PartitionSettings
 from policies.stores import open_store
 from policies.types import Limits
-from tests.policies.helpers import ACME, admission
-from tests.policies.test_leases import _CutStore
+from tests.policies.helpers import ACME, CutStore, admission
 
 
 def _value(name: str, **labels: str) -> float:
@@ -24,7 +23,7 @@ def _pending(strategy: str) -> float:
 
 
 async def test_partition_admits_and_lease_settles_pending(clock) -> None:  # noqa: ANN001
-    store = _CutStore(await open_store("memory://"))
+    store = CutStore(await open_store("memory://"))
     part = PartitionSettings(max_overspend_fraction=0.1, max_seconds=30)
     adm = admission(store, clock, limits=Limits(requests_per_minute=100), leases=LeaseSettings(), partition=part)  # type: ignore[arg-type]
     first = await adm.admit(ACME, "m", 0)
@@ -47,7 +46,7 @@ async def test_partition_admits_and_lease_settles_pending(clock) -> None:  # noq
 
 
 async def test_per_request_settles_pending(clock) -> None:  # noqa: ANN001
-    store = _CutStore(await open_store("memory://"))
+    store = CutStore(await open_store("memory://"))
     adm = admission(store, clock, limits=Limits(requests_per_minute=100), leases=LeaseSettings(strategy="per_request"))  # type: ignore[arg-type]
     before = _pending("per_request")
     r = await adm.admit(ACME, "m", 0)

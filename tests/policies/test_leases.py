@@ -12,7 +12,7 @@ from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable
 from policies.leases import LeaseSettings, PartitionSettings
 from policies.stores.base import StateStore
 from policies.types import Limits, Quotas, TenantSpec
-from tests.policies.helpers import ACME, ACME_KEY2, admission
+from tests.policies.helpers import ACME, ACME_KEY2, CutStore, admission
 
 LEASES = LeaseSettings()
 
@@ -168,28 +168,11 @@ async def test_a_tenant_with_nothing_to_check_records_usage_with_the_batch(clock
     assert {u.period: u.requests for u in await own_store.usage("acme")}["2026-11-21"] == 1
 
 
-class _CutStore:
-    """A store whose every call fails while `cut` (a link to Redis that went down)."""
-
-    def __init__(self, inner: StateStore) -> None:
-        self.inner, self.cut = inner, False
-
-    def __getattr__(self, name: str):  # noqa: ANN204
-        attr = getattr(self.inner, name)
-
-        async def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            if self.cut:
-                raise StoreUnavailable("cut")
-            return await attr(*args, **kwargs)
-
-        return call
-
-
 async def test_partition_bound_and_exact_reconciliation(clock) -> None:
     from policies.stores import open_store
 
     inner = await open_store("memory://")
-    store = _CutStore(inner)
+    store = CutStore(inner)
     part = PartitionSettings(max_overspend_fraction=0.1, max_seconds=30)
     adm = admission(store, clock, limits=Limits(requests_per_minute=100), leases=LEASES, partition=part)  # type: ignore[arg-type]
     answered = [await adm.admit(ACME, "m", 0) for _ in range(3)]
