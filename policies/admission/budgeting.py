@@ -91,18 +91,27 @@ class BudgetWatch:
         self.thresholds = sorted(thresholds)
         self._sink = sink
         self._seen: set[tuple[str, float]] = set()
+        #: counter -> its level at this process's last admission: a level may move between two of
+        #: them (other processes' spend, read at once with leases' next acquire), and a threshold
+        #: passed so is announced by the next admission here
+        self._last: dict[str, int] = {}
         self._claims: set[asyncio.Task[None]] = set()
 
     def admitted(self, checks: list[BudgetCheck], values: list[int], cost_micros: int) -> None:
         """The counters after an admission reserved `cost_micros` on each of `checks`."""
+        if len(self._last) >= _MAX_SEEN:
+            self._last.clear()  # past periods' counters
         for check, after in zip(checks, values, strict=True):
             self._level(check, after)
-            for event in crossed(check, after - cost_micros, after, self.thresholds):
+            before = min(after - cost_micros, self._last.get(check.key, after))
+            self._last[check.key] = after
+            for event in crossed(check, before, after, self.thresholds):
                 self._announce_once(event, check)
 
     def refused(self, check: BudgetCheck, used_micros: int) -> None:
         """A budget refused a request: every threshold up to its level, and 1.0 (it refuses now)."""
         self._level(check, used_micros)
+        self._last[check.key] = used_micros
         events = crossed(check, -1, used_micros, self.thresholds)
         if 1.0 in self.thresholds and not any(e.threshold == 1.0 for e in events):
             (full,) = crossed(check, -1, check.limit_micros, [1.0])

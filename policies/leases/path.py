@@ -140,6 +140,7 @@ class LeasePath(Ticking, PartitionTolerance):
             views = self.admit_local(buckets, conc, counters, now)
             if views is not None:  # a top-up that ran meanwhile covered this request too
                 return AcquireResult(True, views, [], []), views
+            await self.give_back_closing(now)
             return await self._admit_remote(buckets, conc, counters, now)
 
     async def _admit_remote(
@@ -150,11 +151,18 @@ class LeasePath(Ticking, PartitionTolerance):
         pools = [self.pool(cc) for cc in conc]
         free = [p.take() for p in pools]
         lacking = [i for i, ok in enumerate(free) if not ok]
+        # the units held that this request will take are set aside while the store is asked: a request
+        # admitted from memory meanwhile (no lock) must not spend what the top-up counted on
+        needs = [(b.op.key, b.op.cost, b.op.capacity) for b in buckets] + [(c.key, float(c.cost), self.limit(c)) for c in counters]  # fmt: skip
+        aside = self.book.set_aside(needs)
         try:
-            if self.down_since is not None and self.partition is not None:
-                # cut off: no request waits for the store's timeout; the ticks watch for its return
-                raise StoreUnavailable("the state store is cut off")
-            result, slot_ids = await self._top_up(buckets, conc, counters, lacking, now)
+            try:
+                if self.down_since is not None and self.partition is not None:
+                    # cut off: no request waits for the store's timeout; the ticks watch for its return
+                    raise StoreUnavailable("the state store is cut off")
+                result, slot_ids = await self._top_up(buckets, conc, counters, lacking, now, aside)
+            finally:
+                self.book.put_back(needs, aside)
         except StoreUnavailable:
             _release(p for p, ok in zip(pools, free, strict=True) if ok)
             return self.admit_partitioned(buckets, conc, counters, lacking, now)
@@ -179,11 +187,13 @@ class LeasePath(Ticking, PartitionTolerance):
         counters: list[CounterOp],
         lacking: list[int],
         now: float,
+        aside: list[float],
     ) -> tuple[AcquireResult, list[str | None]]:
+        """`aside`: the units of each op (buckets', then counters') set aside for this request."""
         slot_ids = [f"{self._instance}.slot.{token_hex(8)}" for _ in lacking]
         slots = [(sid, conc[i].op) for i, sid in zip(lacking, slot_ids, strict=True)]
-        sized = self._grant_ops(buckets, counters, now, exact=False)
-        exact = self._grant_ops(buckets, counters, now, exact=True)
+        sized = self._grant_ops(buckets, counters, now, aside, exact=False)
+        exact = self._grant_ops(buckets, counters, now, aside, exact=True)
         if slots:
             (grant_result, grant), slot_results = await self._take_with_slots(sized, slots, now)
         else:  # no task to make (a memory store answers without suspending)
@@ -209,7 +219,10 @@ class LeasePath(Ticking, PartitionTolerance):
         denials = list(grant_result.denials)
         for i, r in zip(lacking, slot_results, strict=True):
             denials += [Denial("lease", i, None)] if not r.ok else []
-        counts = [v - int(self.book.state(c.key, self.limit(c)).left) for v, c in zip(grant_result.counters, counters, strict=True)]  # fmt: skip
+        # a counter's use before this request, as a per-request acquire reads it: the store's value
+        # less what this process holds and has not admitted (set aside for this request included)
+        held = [self.book.state(c.key, self.limit(c)).left + got for c, got in zip(counters, aside[len(buckets) :], strict=True)]  # fmt: skip
+        counts = [v - int(h) for v, h in zip(grant_result.counters, held, strict=True)]
         result = AcquireResult(not denials, grant_result.buckets, counts, denials)
         return result, [sid if r.ok else None for sid, r in zip(slot_ids, slot_results, strict=True)]
 
@@ -241,21 +254,24 @@ class LeasePath(Ticking, PartitionTolerance):
                 self.pending.append(settle_args(sid, release=[op.key], now=now))
 
     def _grant_ops(
-        self, buckets: list[rl.RateCheck], counters: list[CounterOp], now: float, *, exact: bool
+        self, buckets: list[rl.RateCheck], counters: list[CounterOp], now: float, aside: list[float], *, exact: bool
     ) -> tuple[list[BucketOp], list[CounterOp]]:
-        """Every op of the request, each costing what this process lacks of it (0: it holds enough)."""
+        """Every op of the request, each costing what this process lacks of it (0: what was set aside
+        for the request covers it), grown to a slice's size unless `exact`."""
         b_ops = []
-        for b in buckets:
+        for b, got in zip(buckets, aside[: len(buckets)], strict=True):
             op = b.op
+            need = op.cost - got
             left = self.book.state(op.key, op.capacity).left
-            size = op.cost if exact else self.book.size(op.key, op.cost, op.capacity, now)
-            cost = max(0.0, size - left) if left + 1e-9 < op.cost else 0.0
+            size = need if exact else self.book.size(op.key, need, op.capacity, now)
+            cost = max(0.0, size - left) if need > 1e-9 else 0.0
             b_ops.append(BucketOp(op.key, op.capacity if cost else _UNCHECKED, op.rate_per_s, cost))
         c_ops = []
-        for c in counters:
+        for c, got in zip(counters, aside[len(buckets) :], strict=True):
+            need = c.cost - got
             left = self.book.state(c.key, self.limit(c)).left
-            size = c.cost if exact else self.book.size(c.key, c.cost, self.limit(c), now)
-            cost = max(0, math.ceil(size - left)) if left < c.cost else 0
+            size = need if exact else self.book.size(c.key, need, self.limit(c), now)
+            cost = max(0, math.ceil(size - left)) if need > 0 else 0
             c_ops.append(CounterOp(c.key, c.limit if cost else None, cost, c.expires_at))
         return b_ops, c_ops
 

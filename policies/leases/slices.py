@@ -118,6 +118,26 @@ class SliceBook:
         ks.used += units
         ks.seen = now
 
+    def set_aside(self, needs: list[tuple[str, float, float]]) -> list[float]:
+        """Take off the units held what each (key, units, limit) can have of them, in order; returns
+        the units taken for each, for `put_back`. A top-up sets aside what its request will take, so
+        that no request admitted from memory while the store is asked spends units it counted on."""
+        aside = []
+        for key, units, limit in needs:
+            ks = self.keys.get(key)
+            take = min(ks.left, units) if ks is not None and ks.limit == limit and ks.left > 0 else 0.0
+            if take:
+                ks.left -= take
+            aside.append(take)
+        return aside
+
+    def put_back(self, needs: list[tuple[str, float, float]], aside: list[float]) -> None:
+        """Return what `set_aside` took (the request then takes its units with `consume`, or is refused)."""
+        for (key, _, _), units in zip(needs, aside, strict=True):
+            ks = self.keys.get(key)
+            if units and ks is not None:
+                ks.left += units
+
     def refund(self, key: str, units: float, op: BucketOp | CounterOp) -> bool:
         """Units a request reserved and did not use (`op`: its settle op), back into the slices of
         `key` held, with a grant of their own when none is open (never journaled: the store already

@@ -63,10 +63,11 @@ class Ticking:
             if fresh is not None:
                 self._hold_fresh(*fresh, going_back, now)
             applied = self.down_since is None and await self._apply_pending(now)
+            if fresh is None and applied:
+                self._count_back(going_back)
             retook = fresh is not None
             if not retook and applied and retake and active:  # no room for both: after the give-back,
-                self._count_back(going_back)  # before the lock goes (requests waiting find the slices)
-                await self._retake(active, now)
+                await self._retake(active, now)  # before the lock goes (requests waiting find the slices)
                 retook = True
         if self.down_since is not None:
             self._show_pending()  # the settles this tick added wait for the store with the others
@@ -88,15 +89,10 @@ class Ticking:
     def _close_tick(self, now: float) -> dict[str, float]:
         """With `_topping` held: every slice leaves the book, and its give-back, the ledger's batch and
         the idle slots' releases join the pending settles. Returns the units going back per key."""
-        going_back: dict[str, float] = {}
         # what keys no longer in use leave behind goes, so memory follows the keys in use
         self._templates = {k: op for k, op in self._templates.items() if k in self.book.keys}
         self.slots = {k: p for k, p in self.slots.items() if p.held or p.busy or p.extra}
-        for g in self.book.take_all() + self._closing:
-            buckets, counters = g.give_back()
-            self.pending.append(settle_args(g.id, buckets=buckets, counters=counters, now=now))
-            for key, units in g.back.items():
-                going_back[key] = going_back.get(key, 0.0) + units
+        going_back = self._give_back(self.book.take_all() + self._closing, now)
         self._closing = []
         batch = self.ledger.drain(now)
         if batch is not None:
@@ -106,11 +102,32 @@ class Ticking:
                 self.pending.append(settle_args(sid, release=[key], now=now))
         return going_back
 
+    def _give_back(self, grants: list[Grant], now: float) -> dict[str, float]:
+        """Put the settles giving back `grants`' unused units with the pending ones; the units per key."""
+        going_back: dict[str, float] = {}
+        for g in grants:
+            buckets, counters = g.give_back()
+            self.pending.append(settle_args(g.id, buckets=buckets, counters=counters, now=now))
+            for key, units in g.back.items():
+                going_back[key] = going_back.get(key, 0.0) + units
+        return going_back
+
+    async def give_back_closing(self, now: float) -> None:
+        """With `_topping` held, before a top-up: the slices a reload detached go back now, so that
+        the top-up finds the store without this process's own stale units (a refusal they alone
+        caused would send its caller away until the period ends). A store that does not answer
+        leaves them pending, as at a tick."""
+        if self._closing and self.down_since is None:
+            going_back = self._give_back(self._closing, now)
+            self._closing = []
+            if await self._apply_pending(now):
+                self._count_back(going_back)
+
     async def _apply_pending(self, now: float) -> bool:
         """Apply the pending settles (each at most once, by its id); False while the store is cut off."""
         if not self.pending:
             self.down_since = None
-            self.overspent.clear()
+            self._charged_overspent()
             self._show_pending()
             return True
         # kept in `pending` until answered: a tick cancelled meanwhile (a shutdown) leaves them for
@@ -132,8 +149,17 @@ class Ticking:
                 self.down_since = now
             return False
         self.down_since = None
-        self.overspent.clear()  # the outage's charges are in the store now
+        self._charged_overspent()
         return True
+
+    def _charged_overspent(self) -> None:
+        """The outage's charges are in the store now: what it was last seen to have left is less by
+        them (slice sizes, budget levels), and they are no longer counted beside it."""
+        for key, units in self.overspent.items():
+            ks = self.book.keys.get(key)
+            if ks is not None and ks.store_left is not None:
+                ks.store_left -= units
+        self.overspent.clear()
 
     def _show_pending(self) -> None:
         """Bring the settles-pending gauge (one for every path of the process) to this path's count."""

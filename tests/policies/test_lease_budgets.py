@@ -24,9 +24,11 @@ DAY_KEY = "b:t:acme:usd:d:2026-11-21"
 class Sink:
     def __init__(self) -> None:
         self.events: list[BudgetEvent] = []
+        self.levels: list[int] = []
 
     def level(self, check: BudgetCheck, used_micros: int) -> None:
-        pass
+        if check.key == DAY_KEY:
+            self.levels.append(used_micros)
 
     def announce(self, event: BudgetEvent) -> None:
         self.events.append(event)
@@ -137,3 +139,51 @@ async def test_a_cut_overspends_money_at_most_the_partition_bound(clock) -> None
     (day,) = [r for r in await inner.usage("acme") if r.period == "2026-11-21"]
     assert day.requests == before + len(during)
     assert day.cost_usd == pytest.approx((before + len(during)) * PRICE / 1e6, abs=1e-9)
+
+
+async def test_a_threshold_passed_between_two_admissions_is_announced(replicas, clock) -> None:
+    """Another replica's spend moves the level between two admissions here (read at the next tick's
+    acquire): the next admission announces the threshold it passed meanwhile."""
+    sink = Sink()
+    here = budgeted(await replicas(), clock, budget_thresholds=[0.5], budget_sink=sink)
+    there = budgeted(await replicas(), clock)  # announces nothing itself
+    assert await _rounds([here], clock, 45, per_round=5) == 45
+    await here.budget_watch.settled()
+    assert sink.events == []
+    assert await _rounds([there], clock, 10, per_round=5) == 10
+    await there.close()
+    clock.advance(0.2)
+    await here.leases.flush()  # its fresh slices' acquire sees the other's spend
+    assert await _answer(here)
+    await here.budget_watch.settled()
+    assert [e.threshold for e in sink.events] == [0.5]
+    await here.close()
+
+
+async def test_levels_count_the_slices_given_back_without_a_retake(clock) -> None:
+    """Slices given back by a flush that takes none (a usage read) leave the level right: a refund
+    admitted from memory afterwards shows what is spent and reserved, not the slices gone."""
+    sink = Sink()
+    adm = budgeted(await open_store("memory://"), clock, budget_thresholds=[0.9], budget_sink=sink)
+    assert await _rounds([adm], clock, 40) == 40
+    in_flight = await adm.admit(ACME, "m", 1, cost_micros=PRICE)
+    await adm.usage("acme")  # writes the batch and gives every slice back, takes none
+    await adm.reconcile(in_flight, 0, failed=True)  # its 0.01 back into a slice of its own
+    assert adm.admit_at_once(ACME, "m", 1, cost_micros=PRICE) is not None  # from memory
+    assert sink.levels[-1] == 41 * PRICE  # 40 answered, this one reserved
+    await adm.close()
+
+
+async def test_a_reload_near_the_end_of_a_budget_admits_what_it_left(clock) -> None:
+    """After a reload the slices held under the old config go back before the next top-up: with 0.90
+    of 1.00 USD answered, a request of 0.10 is admitted, as per request (not refused by this
+    process's own stale slices until midnight)."""
+    adm = budgeted(await open_store("memory://"), clock)
+    assert await _rounds([adm], clock, 90) == 90
+    assert adm.leases.book.keys[DAY_KEY].left > 0
+    adm.update_tenants({"acme": TenantSpec(budget=Budget(usd_per_day=1.0))})
+    last = await adm.admit(ACME, "m", 1, cost_micros=100_000)
+    await adm.reconcile(last, 1, cost_micros=100_000)
+    with pytest.raises(BudgetExceeded, match="is spent"):
+        await adm.admit(ACME, "m", 1, cost_micros=1)
+    await adm.close()

@@ -224,3 +224,41 @@ async def test_concurrency_shares_hold_across_replicas(replicas, clock) -> None:
     for a in adms:
         await a.close()  # replica 1's idle slots go back
     assert sum(len(p.held) for p in adms[1].leases.slots.values()) == 0
+
+
+class _GatedStore:
+    """A store whose acquires wait for `gate` while it is set (a store answering slowly)."""
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner, self.gate = inner, None
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.inner, name)
+
+    async def acquire(self, **kwargs):  # noqa: ANN003, ANN201
+        if self.gate is not None:
+            await self.gate.wait()
+        return await self.inner.acquire(**kwargs)
+
+
+async def test_a_top_up_in_flight_keeps_the_units_it_counted_on(clock) -> None:
+    """While a top-up waits for the store, a request admitted from memory cannot spend the units the
+    top-up counted on: a 100-token day never admits more than 100 tokens."""
+    from policies.stores import open_store
+
+    store = _GatedStore(await open_store("memory://"))
+    adm = admission(store, clock, quotas=Quotas(tokens_per_day=100), leases=LEASES)  # type: ignore[arg-type]
+    first = await adm.admit(ACME, "m", 60)
+    await adm.reconcile(first, 20)  # 40 unused tokens go back into the slice held here
+    assert adm.leases.book.keys["q:acme:tokens:d:2026-11-21"].left == 40
+    store.gate = asyncio.Event()
+    topping = asyncio.ensure_future(adm.admit(ACME, "m", 50))  # lacks 10: a top-up, waiting on the store
+    await asyncio.sleep(0)
+    assert adm.admit_at_once(ACME, "m", 40) is None  # the 40 held are the top-up's now
+    store.gate.set()
+    second = await topping
+    with pytest.raises(QuotaExceeded):  # 20 used + 50 reserved: 30 left, too few for 40
+        await adm.admit(ACME, "m", 40)
+    await adm.reconcile(second, 50)
+    await adm.close()
+    assert adm.leases.book.keys["q:acme:tokens:d:2026-11-21"].left == 0
