@@ -30,11 +30,14 @@ accepted per request (0 = pooled keep-alive).
 
     .venv/bin/python -m bench.bench_policy_proxy [--seconds 5 --rounds 3]
     .venv/bin/python -m bench.bench_policy_proxy --leases --no-litellm --out policy_leases
+    .venv/bin/python -m bench.bench_policy_proxy --leases --budget --no-litellm --out policy_leases_budget
 
 Writes bench/results/policy_proxy.json and bench/results/policy_proxy.png (`--out` names them).
 `--leases` runs each store under both `state.leases` strategies (the default `leases`, and
 `per_request` as `fleetgate_<store>_per_request`, Redis on its own database) in place of the
 `?commit=thread` A/B, with ratios of each over the other and over the path with nothing to enforce.
+`--budget` gives the policy tenant day and month budgets in USD too (never refusing) and the
+deployment a price, so every policy request also reserves its worst case in money and settles its cost.
 """
 
 from __future__ import annotations
@@ -82,9 +85,15 @@ POLICY_TENANT_YAML = """  bench:
 """
 
 
-def _gateway_yaml(tenant_yaml: str) -> str:
+#: `--budget`: tenant `bench`'s budgets, too high ever to refuse, and a price on the deployment, so
+#: that every request of the policy tenant also reserves its worst case in USD and settles its cost
+BUDGET_YAML = "    budget: {usd_per_day: 1000000000, usd_per_month: 1000000000}\n"
+PRICING_YAML = "     pricing: {input_usd_per_mtok: 0.15, output_usd_per_mtok: 0.60},\n"
+
+
+def _gateway_yaml(tenant_yaml: str, pricing: bool = False) -> str:
     """The gateway's config as a `str.format` template (port, state, upstream, model to fill), with
-    `tenant_yaml` as tenant `bench`'s entry under `tenants:`."""
+    `tenant_yaml` as tenant `bench`'s entry under `tenants:` (`pricing`: the deployment priced)."""
     return (
         """
 server: {{port: {port}, log_level: warning}}
@@ -95,7 +104,9 @@ tenants:
         + """deployments:
   upstream:
     {{backend: remote, protocol: openai, url: "http://127.0.0.1:{upstream}", model_name: {model},
-     queue: {{max_concurrency: 64}}}}
+"""
+        + (PRICING_YAML.replace("{", "{{").replace("}", "}}") if pricing else "")
+        + """     queue: {{max_concurrency: 64}}}}
 models:
   {model}: {{routes: [{{deployment: upstream}}]}}
 """
@@ -285,7 +296,11 @@ def check_answer(server: Server) -> None:
         raise RuntimeError(f"{server.name} answered {r.status_code}: {r.text[:300]}")
 
 
-def start_all(work: Path, stack: ExitStack, notes: list[str], leases: bool = False, litellm: bool = True) -> list[Server]:
+def start_all(
+    work: Path, stack: ExitStack, notes: list[str], leases: bool = False, litellm: bool = True, budget: bool = False
+) -> list[Server]:
+    policy_yaml = _gateway_yaml(POLICY_TENANT_YAML + BUDGET_YAML, pricing=True) if budget else GATEWAY_YAML
+    open_yaml = _gateway_yaml("  bench: {}\n", pricing=True) if budget else OPEN_GATEWAY_YAML
     up_port = free_port()
     upstream = subprocess.Popen(
         [sys.executable, "-m", "bench.bench_policy_proxy", "--upstream", str(up_port)], cwd=ROOT
@@ -295,18 +310,18 @@ def start_all(work: Path, stack: ExitStack, notes: list[str], leases: bool = Fal
     servers = [Server("upstream", up_port, "none", [upstream.pid]), start_bare_proxy(work, up_port, stack)]
     # --leases: each store under both strategies (state.leases), per_request named with its suffix
     strategies = ["leases", "per_request"] if leases else ["leases"]
-    stores = [(f"fleetgate_sqlite{_suffix(st, leases)}", f"sqlite:///{work / f'state-{st}.db'}", [], GATEWAY_YAML, st)
+    stores = [(f"fleetgate_sqlite{_suffix(st, leases)}", f"sqlite:///{work / f'state-{st}.db'}", [], policy_yaml, st)
               for st in strategies]  # fmt: skip
     if not leases:
         url = f"sqlite:///{work / 'state-thread.db'}?commit=thread"
-        stores.append(("fleetgate_sqlite_thread", url, [], GATEWAY_YAML, "leases"))
+        stores.append(("fleetgate_sqlite_thread", url, [], policy_yaml, "leases"))
     if shutil.which("redis-server"):
         url, redis_pid = start_redis(work, stack)
-        stores += [(f"fleetgate_redis{_suffix(st, leases)}", url.replace("/0", f"/{i}"), [redis_pid], GATEWAY_YAML, st)
+        stores += [(f"fleetgate_redis{_suffix(st, leases)}", url.replace("/0", f"/{i}"), [redis_pid], policy_yaml, st)
                    for i, st in enumerate(strategies)]  # fmt: skip
     else:
         notes.append("fleetgate_redis skipped: redis-server not on PATH")
-    stores.append(("fleetgate_no_policy", "memory://", [], OPEN_GATEWAY_YAML, "leases"))
+    stores.append(("fleetgate_no_policy", "memory://", [], open_yaml, "leases"))
     for name, url, extra, yaml, strategy in stores:
         fill = dict(state=url, upstream=up_port, model=MODEL)
         yaml = yaml.replace('state: {{url: "{state}"}}', f'state: {{{{url: "{{state}}", leases: {{{{strategy: {strategy}}}}}}}}}')
@@ -454,6 +469,9 @@ def main() -> None:
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # internal: be the upstream
     parser.add_argument("--leases", action="store_true", help="each store with state.leases leases and per_request")
     parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
+    parser.add_argument(
+        "--budget", action="store_true", help="the policy tenant with budgets in USD too, the deployment priced"
+    )
     parser.add_argument("--out", default="policy_proxy", help="results name under bench/results (.json, .png)")
     args = parser.parse_args()
     if args.upstream:
@@ -461,7 +479,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the cleanup below runs
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        servers = start_all(Path(tmp), stack, notes, leases=args.leases, litellm=not args.no_litellm)
+        servers = start_all(Path(tmp), stack, notes, leases=args.leases, litellm=not args.no_litellm, budget=args.budget)
         rounds = [run_round(Path(tmp), servers, i, args.seconds) for i in range(args.rounds)]
     medians, ratios = summarize(rounds)
     notes += [
@@ -469,6 +487,8 @@ def main() -> None:
         "Prisma, and `prisma generate` downloads the Prisma engines from binaries.prisma.sh, which these "
         "machines cannot reach (ENOTFOUND); so litellm does one key compare, no limits, no accounting",
         "both ask the upstream for one JSON completion (the body does not ask for a stream)",
+        *(["--budget: tenant bench also has day and month budgets in USD (never refusing) and the deployment "
+           "a price, on every fleetgate gateway (fleetgate_no_policy: priced, no budget)"] if args.budget else []),
         "fleetgate_sqlite commits each group of store operations on the event loop (the default); "
         "fleetgate_sqlite_thread is the same gateway with `?commit=thread`: groups commit on the store's thread",
     ]
