@@ -489,9 +489,12 @@ def main() -> None:
         "both ask the upstream for one JSON completion (the body does not ask for a stream)",
         *(["--budget: tenant bench also has day and month budgets in USD (never refusing) and the deployment "
            "a price, on every fleetgate gateway (fleetgate_no_policy: priced, no budget)"] if args.budget else []),
-        "fleetgate_sqlite commits each group of store operations on the event loop (the default); "
-        "fleetgate_sqlite_thread is the same gateway with `?commit=thread`: groups commit on the store's thread",
     ]
+    if not args.leases:
+        notes.append(
+            "fleetgate_sqlite commits each group of store operations on the event loop (the default); "
+            "fleetgate_sqlite_thread is the same gateway with `?commit=thread`: groups commit on the store's thread"
+        )
     notes += [
         f"{name} opened {m['upstream_conns_per_req']:.2f} new upstream connections per request at {c}"
         for name, per_c in medians.items() for c, m in per_c.items() if m["upstream_conns_per_req"] > 0.1
