@@ -166,6 +166,9 @@ class LeasePath(Ticking, PartitionTolerance):
         except StoreUnavailable:
             _release(p for p, ok in zip(pools, free, strict=True) if ok)
             return self.admit_partitioned(buckets, conc, counters, lacking, now)
+        except BaseException:  # cancelled (the client went away): the held slots it took are free again
+            _release(p for p, ok in zip(pools, free, strict=True) if ok)
+            raise
         self.down_since = None
         new = dict(zip(lacking, slot_ids, strict=True))
         for i, slot_id in new.items():
@@ -259,19 +262,22 @@ class LeasePath(Ticking, PartitionTolerance):
         """Every op of the request, each costing what this process lacks of it (0: what was set aside
         for the request covers it), grown to a slice's size unless `exact`."""
         b_ops = []
+        # a slice's size counts what is held, set aside included: it is what the process holds after
+        # the top-up (never above `max_share`), the top-up taking the difference
+        b_ops = []
         for b, got in zip(buckets, aside[: len(buckets)], strict=True):
             op = b.op
             need = op.cost - got
-            left = self.book.state(op.key, op.capacity).left
-            size = need if exact else self.book.size(op.key, need, op.capacity, now)
-            cost = max(0.0, size - left) if need > 1e-9 else 0.0
+            held = self.book.state(op.key, op.capacity).left + got
+            size = op.cost if exact else self.book.size(op.key, op.cost, op.capacity, now, held=held)
+            cost = max(0.0, size - held) if need > 1e-9 else 0.0
             b_ops.append(BucketOp(op.key, op.capacity if cost else _UNCHECKED, op.rate_per_s, cost))
         c_ops = []
         for c, got in zip(counters, aside[len(buckets) :], strict=True):
             need = c.cost - got
-            left = self.book.state(c.key, self.limit(c)).left
-            size = need if exact else self.book.size(c.key, need, self.limit(c), now)
-            cost = max(0, math.ceil(size - left)) if need > 0 else 0
+            held = self.book.state(c.key, self.limit(c)).left + got
+            size = c.cost if exact else self.book.size(c.key, c.cost, self.limit(c), now, held=held)
+            cost = max(0, math.ceil(size - held)) if need > 0 else 0
             c_ops.append(CounterOp(c.key, c.limit if cost else None, cost, c.expires_at))
         return b_ops, c_ops
 
@@ -354,7 +360,8 @@ class LeasePath(Ticking, PartitionTolerance):
             if ks is None or ks.store_left is None:
                 levels.append(None)
             else:
-                levels.append(round(ks.limit - ks.store_left - ks.left + self.overspent.get(op.key, 0.0)))
+                held = ks.left + ks.aside
+                levels.append(round(ks.limit - ks.store_left - held + self.overspent.get(op.key, 0.0)))
         return levels
 
     def _reset_if_changed(self, op: BucketOp | CounterOp) -> None:

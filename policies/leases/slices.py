@@ -59,13 +59,16 @@ class Grant:
 class KeyState:
     """One store key (a bucket or a period counter) as this process sees it."""
 
-    __slots__ = ("grants", "left", "used", "rate", "last_size", "contended_until", "level", "ts", "store_left", "limit", "seen")  # fmt: skip
+    __slots__ = ("grants", "left", "aside", "used", "rate", "last_size", "contended_until", "level", "ts", "store_left", "limit", "seen")  # fmt: skip
 
     def __init__(self, limit: float) -> None:
         #: the open grants that took units of this key (one of them gives `left` back when let go)
         self.grants: list[Grant] = []
         #: units held and not yet admitted
         self.left = 0.0
+        #: units held that a top-up in flight set aside for its request (out of `left` meanwhile,
+        #: still held: headers and levels count them)
+        self.aside = 0.0
         #: units admitted since the last tick, and the smoothed units per second they make
         self.used = 0.0
         self.rate = 0.0
@@ -128,6 +131,7 @@ class SliceBook:
             take = min(ks.left, units) if ks is not None and ks.limit == limit and ks.left > 0 else 0.0
             if take:
                 ks.left -= take
+                ks.aside += take
             aside.append(take)
         return aside
 
@@ -137,6 +141,7 @@ class SliceBook:
             ks = self.keys.get(key)
             if units and ks is not None:
                 ks.left += units
+                ks.aside -= units
 
     def refund(self, key: str, units: float, op: BucketOp | CounterOp) -> bool:
         """Units a request reserved and did not use (`op`: its settle op), back into the slices of
@@ -190,7 +195,7 @@ class SliceBook:
         """A bucket as the client would see it after this request: the store's level drained to now,
         less the units this process holds and has not admitted (x-ratelimit-* headers)."""
         ks = self.keys[key]
-        level = max(0.0, token_bucket.drain(ks.level, ks.ts, op.rate_per_s, now) - ks.left)
+        level = max(0.0, token_bucket.drain(ks.level, ks.ts, op.rate_per_s, now) - ks.left - ks.aside)
         return BucketView(token_bucket.remaining(level, op.capacity), token_bucket.reset_s(level, op.rate_per_s))
 
     def take_all(self) -> list[Grant]:

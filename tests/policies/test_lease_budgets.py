@@ -187,3 +187,18 @@ async def test_a_reload_near_the_end_of_a_budget_admits_what_it_left(clock) -> N
     with pytest.raises(BudgetExceeded, match="is spent"):
         await adm.admit(ACME, "m", 1, cost_micros=1)
     await adm.close()
+
+
+async def test_units_set_aside_by_a_top_up_still_count_as_held(clock) -> None:
+    """While a top-up waits for the store, the units it set aside for its request are still this
+    process's: other requests' budget levels (and headers) do not count them as spent."""
+    adm = budgeted(await open_store("memory://"), clock)
+    assert await _rounds([adm], clock, 40) == 40
+    op = adm.shapes.of(ACME, adm._tenants["acme"], clock()).budgets[0].op(PRICE)  # noqa: SLF001
+    before = adm.leases.counter_levels([op])
+    need = [(op.key, float(3 * PRICE), adm.leases.limit(op))]
+    aside = adm.leases.book.set_aside(need)
+    assert aside == [3 * PRICE] and adm.leases.counter_levels([op]) == before
+    adm.leases.book.put_back(need, aside)
+    assert adm.leases.counter_levels([op]) == before
+    await adm.close()

@@ -262,3 +262,38 @@ async def test_a_top_up_in_flight_keeps_the_units_it_counted_on(clock) -> None:
     await adm.reconcile(second, 50)
     await adm.close()
     assert adm.leases.book.keys["q:acme:tokens:d:2026-11-21"].left == 0
+
+
+async def test_a_top_up_holds_at_most_max_share(clock) -> None:
+    """What a top-up sets aside counts as held when it sizes the slice: the process holds at most
+    `max_share` of the limit after it (100 of 1,000), as it would have without the set-aside."""
+    from policies.stores import open_store
+
+    adm = admission(await open_store("memory://"), clock, quotas=Quotas(tokens_per_day=1_000), leases=LEASES)
+    first = await adm.admit(ACME, "m", 60)
+    await adm.reconcile(first, 20)  # 40 held
+    await adm.admit(ACME, "m", 50)  # lacks 10: a top-up to a slice of 100
+    assert adm.leases.book.keys["q:acme:tokens:d:2026-11-21"].left == 100 - 50
+    await adm.close()
+
+
+async def test_a_cancelled_top_up_frees_the_slot_it_took(clock) -> None:
+    """A request whose top-up is cancelled (its client went away) leaves the concurrency slot it had
+    taken from those held free for the next one."""
+    from policies.stores import open_store
+
+    store = _GatedStore(await open_store("memory://"))
+    adm = admission(store, clock, limits=Limits(requests_per_minute=100, max_concurrency=2), leases=LEASES)  # type: ignore[arg-type]
+    await adm.reconcile(await adm.admit(ACME, "m", 0), 0)  # a slot held, free; the bucket's slice spent
+    pool = next(iter(adm.leases.slots.values()))
+    assert (len(pool.held), pool.busy) == (1, 0)
+    store.gate = asyncio.Event()
+    waiting = asyncio.ensure_future(adm.admit(ACME, "m", 0))  # takes the held slot, tops up the bucket
+    await asyncio.sleep(0)
+    assert pool.busy == 1
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert pool.busy == 0
+    store.gate = None
+    await adm.close()
