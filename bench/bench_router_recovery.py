@@ -168,10 +168,17 @@ def fleet(model: Path, workdir: Path, cooldown_s: float, failure_threshold: int 
         front.start()
         front.wait_ready()
         yield Fleet(front, upstreams, front.create_key("bench"))
-    finally:
-        front.stop(signal.SIGTERM)
-        for u in upstreams:
-            u.stop(signal.SIGTERM)
+    finally:  # all drain at once (each waits out its drain grace), then each is reaped
+        for server in (front, *upstreams):
+            if server.proc is not None and server.proc.poll() is None:
+                server.proc.send_signal(signal.SIGTERM)
+        for server in (front, *upstreams):
+            if server.proc is not None:
+                try:
+                    server.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    server.stop()
+                server.proc = None
 
 
 @dataclass

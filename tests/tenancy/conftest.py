@@ -146,6 +146,12 @@ def gateway_processes(configs: list[Path], logs_dir: Path) -> Iterator[list[Gate
             wait_ready(gw)
         yield gws
     finally:
+        # every one drains at once (each waits out its drain grace, 5 s by default), then each is reaped
         for gw in gws:
             if gw.proc.poll() is None:
-                gw.kill(signal.SIGTERM)
+                os.kill(gw.proc.pid, signal.SIGTERM)
+        for gw in gws:
+            try:
+                gw.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                gw.kill()
