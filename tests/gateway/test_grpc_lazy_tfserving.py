@@ -47,6 +47,7 @@ def test_tensorflow_is_imported_by_the_first_tfserving_call(digits, tmp_path: Pa
     config = tmp_path / "gateway.yaml"
     config.write_text(
         f"""
+server: {{drain_grace_s: 0}}
 state: {{url: "memory://"}}
 tenants: {{acme: {{}}}}
 deployments: {{ort: {{backend: onnxruntime, model: {digits.onnx_path}}}}}

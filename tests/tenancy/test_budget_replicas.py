@@ -86,6 +86,7 @@ def test_spend_settles_at_the_budget_across_replicas_and_a_sigkill(
     config = write_config(
         tmp_path / "fleetgate.yaml",
         f"""
+server: {{drain_grace_s: 0}}
 state: {{url: "{state}", leases: {{strategy: {strategy}, flush_s: {FLUSH_S}}}}}
 tenants:
   payer: {{models: ["digits"], budget: {{usd_per_day: 1.00}}}}

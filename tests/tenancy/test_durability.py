@@ -72,6 +72,7 @@ def test_usage_survives_sigkill(digits, upstream_url, tmp_path, strategy: str) -
     config = write_config(
         tmp_path / "fleetgate.yaml",
         f"""
+server: {{drain_grace_s: 0}}
 state: {{url: "sqlite:///{state}", leases: {{strategy: {strategy}, flush_s: {FLUSH_S}}}}}
 tenants:
   d: {{models: ["digits"], limits: {{requests_per_minute: 1000000}}}}
@@ -140,6 +141,7 @@ def test_reservations_of_a_killed_gateway_come_back_within_seconds(digits, upstr
     config = write_config(
         tmp_path / "gw.yaml",
         f"""
+server: {{drain_grace_s: 0}}
 state: {{url: "sqlite:///{tmp_path / 'state.db'}"}}
 tenants: {{t: {{limits: {{max_concurrency: 2}}, quotas: {{tokens_per_day: 30000}}}}}}
 {deployments_yaml(digits, upstream_url)}

@@ -42,6 +42,7 @@ def replicas(
     # A key prefix of its own: other tests of the session may use the same redis-server.
     state = f"{redis_url}?prefix=tenancy{uuid.uuid4().hex[:8]}:"
     text = f"""
+server: {{drain_grace_s: 0}}
 state: {{url: "{state}"}}
 tenants:
   burst: {{models: ["digits"], limits: {{requests_per_minute: {LIMIT}}}}}

@@ -26,7 +26,7 @@ def test_two_workers_share_one_port_keys_and_limits(digits, tmp_path: Path) -> N
     config = write_config(
         tmp_path / "workers.yaml",
         f"""
-server: {{workers: 2}}
+server: {{workers: 2, drain_grace_s: 0}}
 state: {{url: "sqlite:///{tmp_path / 'state.db'}"}}
 tenants: {{t: {{quotas: {{requests_per_day: {RPM}}}}}}}
 deployments: {{digits: {{backend: onnxruntime, model: {digits.onnx_path}}}}}
