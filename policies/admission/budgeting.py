@@ -97,11 +97,14 @@ class BudgetWatch:
         self._last: dict[str, int] = {}
         self._claims: set[asyncio.Task[None]] = set()
 
-    def admitted(self, checks: list[BudgetCheck], values: list[int], cost_micros: int) -> None:
-        """The counters after an admission reserved `cost_micros` on each of `checks`."""
+    def admitted(self, checks: list[BudgetCheck], values: list[int | None], cost_micros: int) -> None:
+        """The counters after an admission reserved `cost_micros` on each of `checks` (None: a level
+        not known, as for a lease admitted beyond its slices while the store was cut off)."""
         if len(self._last) >= _MAX_SEEN:
             self._last.clear()  # past periods' counters
         for check, after in zip(checks, values, strict=True):
+            if after is None:
+                continue
             self._level(check, after)
             before = min(after - cost_micros, self._last.get(check.key, after))
             self._last[check.key] = after

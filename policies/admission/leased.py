@@ -68,7 +68,7 @@ def admit_local(
     now = adm._clock()
     shape = adm.shapes.of(principal, spec, now)
     c = shape.checks(cost_tokens)
-    budget_ops = _budget_ops(shape, cost_micros)
+    budget_ops = shape.budget_ops(cost_micros)
     views = adm.leases.admit_local(c.buckets, c.leases, c.quota_ops + budget_ops if budget_ops else c.quota_ops, now)
     if views is None:
         return None
@@ -86,7 +86,7 @@ async def admit_leased(
     now = adm._clock()
     shape = adm.shapes.of(principal, spec, now)
     c = shape.checks(cost_tokens)
-    budget_ops = _budget_ops(shape, cost_micros)
+    budget_ops = shape.budget_ops(cost_micros)
     counters = c.quota_ops + budget_ops
     views = adm.leases.admit_local(c.buckets, c.leases, counters, now)
     if views is None:
@@ -104,14 +104,6 @@ async def admit_leased(
             adm.stats[error.code if isinstance(error, QuotaExceeded) else "rate_limited"] += 1
             raise error
     return _reservation(adm, principal, model, cost_tokens, now, shape, rl.ratelimit_headers(c.buckets, views), cost_micros, budget_ops)  # fmt: skip
-
-
-def _budget_ops(shape: Shape, cost_micros: int) -> list[CounterOp]:
-    """The counter ops reserving a request's worst case on its budgets (NeverAdmitted: it exceeds one)."""
-    if not shape.budgets:
-        return []
-    budgeting.refuse_unaffordable(shape.budgets, cost_micros)
-    return [b.op(cost_micros) for b in shape.budgets]
 
 
 def _reservation(
@@ -132,7 +124,5 @@ def _reservation(
     )  # fmt: skip
     r.leased = True
     if budget_ops:  # the levels after this request, against the alert thresholds
-        seen = [(b, level) for b, level in zip(shape.budgets, adm.leases.counter_levels(budget_ops), strict=True) if level is not None]  # fmt: skip
-        if seen:
-            adm.budget_watch.admitted([b for b, _ in seen], [level for _, level in seen], cost_micros)
+        adm.budget_watch.admitted(shape.budgets, adm.leases.counter_levels(budget_ops), cost_micros)
     return r

@@ -124,8 +124,7 @@ class Admission(Reconciling):
         shape = self.shapes.of(principal, spec, now)
         buckets, leases, quota_checks, quota_ops = shape.checks(cost_tokens)
         budgets = shape.budgets
-        budgeting.refuse_unaffordable(budgets, cost_micros)
-        budget_ops = [b.op(cost_micros) for b in budgets]
+        budget_ops = shape.budget_ops(cost_micros)
         counters = quota_ops + budget_ops
         lease_id = self.reservation_id()
         # what to give back should this process die before settling (see `recover`)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from policies import quotas as q
 from policies import ratelimit as rl
-from policies.admission.budgeting import request_budgets
+from policies.admission.budgeting import refuse_unaffordable, request_budgets
 from policies.admission.refusals import refuse_never_fitting
 from policies.budgets import BudgetCheck
 from policies.principal import Principal
@@ -101,6 +101,15 @@ class Shape:
             for i in self._token_quotas_at:
                 quota_ops[i] = self.quota_checks[i].op(cost_tokens)
         return Checks(buckets, self.leases, self.quota_checks, quota_ops)
+
+
+    def budget_ops(self, cost_micros: int) -> list[CounterOp]:
+        """The counter ops reserving a request's worst case `cost_micros` on the key's budgets;
+        NeverAdmitted when it is more than a budget holds in a whole period."""
+        if not self.budgets:
+            return []
+        refuse_unaffordable(self.budgets, cost_micros)
+        return [b.op(cost_micros) for b in self.budgets]
 
 
 class Shapes:

@@ -105,8 +105,7 @@ class LeasePath(Ticking, PartitionTolerance):
         self, buckets: list[rl.RateCheck], conc: list[rl.ConcurrencyCheck], counters: list[CounterOp], now: float
     ) -> list[BucketView] | None:
         """Admit from the slices and slots held, without a store call; None when they do not cover it."""
-        needs = [(b.op.key, b.op.cost, b.op.capacity) for b in buckets]
-        needs += [(c.key, float(c.cost), self.limit(c)) for c in counters]
+        needs = self._needs(buckets, counters)
         if self._stale or not self.book.fits(needs):
             return None
         taken: list[SlotPool] = []
@@ -123,6 +122,11 @@ class LeasePath(Ticking, PartitionTolerance):
         LOCAL_ADMITS.inc()
         self._ensure_ticking()
         return [self.book.bucket_view(b.op.key, b.op, now) for b in buckets]
+
+    def _needs(self, buckets: list[rl.RateCheck], counters: list[CounterOp]) -> list[tuple[str, float, float]]:
+        """(key, units, limit) of every bucket and counter op of a request, in that order."""
+        needs = [(b.op.key, b.op.cost, b.op.capacity) for b in buckets]
+        return needs + [(c.key, float(c.cost), self.limit(c)) for c in counters]
 
     async def admit_remote(
         self, buckets: list[rl.RateCheck], conc: list[rl.ConcurrencyCheck], counters: list[CounterOp], now: float
@@ -153,7 +157,7 @@ class LeasePath(Ticking, PartitionTolerance):
         lacking = [i for i, ok in enumerate(free) if not ok]
         # the units held that this request will take are set aside while the store is asked: a request
         # admitted from memory meanwhile (no lock) must not spend what the top-up counted on
-        needs = [(b.op.key, b.op.cost, b.op.capacity) for b in buckets] + [(c.key, float(c.cost), self.limit(c)) for c in counters]  # fmt: skip
+        needs = self._needs(buckets, counters)
         aside = self.book.set_aside(needs)
         try:
             try:
@@ -261,7 +265,6 @@ class LeasePath(Ticking, PartitionTolerance):
     ) -> tuple[list[BucketOp], list[CounterOp]]:
         """Every op of the request, each costing what this process lacks of it (0: what was set aside
         for the request covers it), grown to a slice's size unless `exact`."""
-        b_ops = []
         # a slice's size counts what is held, set aside included: it is what the process holds after
         # the top-up (never above `max_share`), the top-up taking the difference
         b_ops = []
@@ -269,14 +272,14 @@ class LeasePath(Ticking, PartitionTolerance):
             op = b.op
             need = op.cost - got
             held = self.book.state(op.key, op.capacity).left + got
-            size = op.cost if exact else self.book.size(op.key, op.cost, op.capacity, now, held=held)
+            size = op.cost if exact else self.book.size(op.key, op.cost, op.capacity, now, held)
             cost = max(0.0, size - held) if need > 1e-9 else 0.0
             b_ops.append(BucketOp(op.key, op.capacity if cost else _UNCHECKED, op.rate_per_s, cost))
         c_ops = []
         for c, got in zip(counters, aside[len(buckets) :], strict=True):
             need = c.cost - got
             held = self.book.state(c.key, self.limit(c)).left + got
-            size = c.cost if exact else self.book.size(c.key, c.cost, self.limit(c), now, held=held)
+            size = c.cost if exact else self.book.size(c.key, c.cost, self.limit(c), now, held)
             cost = max(0, math.ceil(size - held)) if need > 0 else 0
             c_ops.append(CounterOp(c.key, c.limit if cost else None, cost, c.expires_at))
         return b_ops, c_ops

@@ -166,12 +166,12 @@ class SliceBook:
         ks.left += units
         return True
 
-    def size(self, key: str, need: float, limit: float, now: float, *, held: float | None = None) -> float:
+    def size(self, key: str, need: float, limit: float, now: float, held: float) -> float:
         """Units to hold after a top-up of `key` for a request needing `need`: about `slice_s` of the
         observed rate, doubling while slices run out, never above `max_share` of the limit nor of what
         the store had left at the last look, never below `need` (then it is the per-request path).
-        `held`: the units counted as held beside that share (default: what this process holds now;
-        a tick sizes its fresh slices with 0, the old ones going back)."""
+        `held`: the units counted as held beside that share (a top-up: what this process holds, set
+        aside included; a tick's fresh slices: 0, the old ones going back)."""
         ks = self.keys.get(key)
         if ks is None or ks.contended_until > now:
             return need
@@ -179,7 +179,7 @@ class SliceBook:
         share = limit * self._max_share
         want = min(want, share)
         if ks.store_left is not None:  # under contention the store runs low: slices shrink towards 1
-            want = min(want, (ks.left if held is None else held) + max(0.0, ks.store_left) * self._max_share)
+            want = min(want, held + max(0.0, ks.store_left) * self._max_share)
         return max(need, math.floor(want))
 
     def add(self, grant: Grant, key: str, units: float, limit: float, now: float) -> None:

@@ -169,9 +169,9 @@ class Ticking:
     def _fresh_ops(self, keys: list[str], now: float) -> tuple[list[BucketOp], list[CounterOp]]:
         """A slice's worth of each key in use, as it was last taken (none for a key contended now)."""
         ops = [self._templates[k] for k in keys if k in self._templates]
-        b_ops = [BucketOp(o.key, o.capacity, o.rate_per_s, float(self.book.size(o.key, 0, o.capacity, now, held=0.0)))
+        b_ops = [BucketOp(o.key, o.capacity, o.rate_per_s, float(self.book.size(o.key, 0, o.capacity, now, 0.0)))
                  for o in ops if isinstance(o, BucketOp)]  # fmt: skip
-        c_ops = [CounterOp(o.key, o.limit, self.book.size(o.key, 0, self.limit(o), now, held=0.0), o.expires_at)
+        c_ops = [CounterOp(o.key, o.limit, self.book.size(o.key, 0, self.limit(o), now, 0.0), o.expires_at)
                  for o in ops if isinstance(o, CounterOp)]  # fmt: skip
         return [b for b in b_ops if b.cost], [c for c in c_ops if c.cost]
 

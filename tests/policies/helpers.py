@@ -59,4 +59,3 @@ async def what_another_replica_takes(
         except RateLimited:
             return taken
         taken += tokens or 1
-
