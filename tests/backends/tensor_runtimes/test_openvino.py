@@ -199,15 +199,17 @@ async def test_event_loop_not_blocked_while_openvino_infers(digits, digits_ir):
     """64 concurrent large requests on 2 infer requests; a 5 ms ticker must keep ticking."""
     backend = await _loaded(digits_ir, options={"num_requests": 2})
     x = np.repeat(digits.x_test[:1], 60000, axis=0)  # ~4 ms of work per request on a quiet machine
-    ticks: list[float] = []
-    stop = asyncio.Event()
 
-    async def ticker() -> None:
-        while not stop.is_set():
-            ticks.append(time.perf_counter())
-            await asyncio.sleep(0.005)
+    async def longest_stall() -> tuple[float, float]:
+        """The ticker's longest gap while the 64 requests ran, and how long they ran."""
+        ticks: list[float] = []
+        stop = asyncio.Event()
 
-    try:
+        async def ticker() -> None:
+            while not stop.is_set():
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.005)
+
         task = asyncio.create_task(ticker())
         start = time.perf_counter()
         results = await asyncio.gather(*(backend.infer(_request(x, rid=str(i))) for i in range(64)))
@@ -216,11 +218,18 @@ async def test_event_loop_not_blocked_while_openvino_infers(digits, digits_ir):
         await task
         assert len(results) == 64
         assert all(r.outputs[0].shape[0] == 60000 for r in results)
-        gaps = np.diff(ticks)
-        # Inference took a while; the loop still ran the ticker all along (no gap near the total).
         assert elapsed > 0.1
         assert len(ticks) >= elapsed / 0.05
-        assert gaps.max() < max(0.1, elapsed / 4)
+        return float(np.diff(ticks).max()), elapsed
+
+    try:
+        # Inference took a while; the loop still ran the ticker all along (no gap near the total).
+        # A second try forgives one stall of the shared host itself (CI once saw a 1.1 s gap in
+        # the suite that no run of these tests alone shows); a backend that blocks the loop fails both.
+        gap, elapsed = await longest_stall()
+        if gap >= max(0.1, elapsed / 4):
+            gap, elapsed = await longest_stall()
+        assert gap < max(0.1, elapsed / 4)
     finally:
         await backend.close()
 
