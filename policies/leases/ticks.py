@@ -124,7 +124,12 @@ class Ticking:
                 self._count_back(going_back)
 
     async def _apply_pending(self, now: float) -> bool:
-        """Apply the pending settles (each at most once, by its id); False while the store is cut off."""
+        """Apply the pending settles (each at most once, by its id); False while the store is cut off.
+
+        A settle the store refuses with an error of its own (not StoreUnavailable: a defect in that
+        one write) stays pending and is tried again at each tick, logged each time; the store still
+        answered, so the path goes on as connected rather than as cut off (which, with partition
+        tolerance on, would admit from the bound alone and refuse every request once it ran out)."""
         if not self.pending:
             self.down_since = None
             self._charged_overspent()
@@ -140,11 +145,15 @@ class Ticking:
         done = {id(s) for s, a in zip(todo, answers, strict=True) if not isinstance(a, BaseException)}
         self.pending = [s for s in self.pending if id(s) not in done]
         self._show_pending()
+        cut_off = False
         for a in answers:
-            if isinstance(a, BaseException) and not isinstance(a, StoreUnavailable):
+            if isinstance(a, StoreUnavailable):
+                cut_off = True
+            elif isinstance(a, BaseException):
                 log.error("lease_settle_failed", error=repr(a))
         if self.pending:
             log.warning("lease_settles_deferred", pending=len(self.pending))
+        if cut_off:
             if self.down_since is None:
                 self.down_since = now
             return False

@@ -297,3 +297,52 @@ async def test_a_cancelled_top_up_frees_the_slot_it_took(clock) -> None:
     assert pool.busy == 0
     store.gate = None
     await adm.close()
+
+
+class _RefusesBatches:
+    """A store that answers but refuses every settle recording usage with an error of its own (a
+    defect in one write, not an outage) while `refusing`."""
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner, self.refusing = inner, True
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.inner, name)
+
+    async def settle_many(self, settles, *, urgent: bool = False):  # noqa: ANN001, ANN201
+        if not self.refusing:
+            return await self.inner.settle_many(settles, urgent=urgent)
+        answers = []
+        for s in settles:
+            if s["usage"]:
+                answers.append(ValueError("a defect in this write"))
+            else:
+                answers.append((await self.inner.settle_many([s], urgent=urgent))[0])
+        return answers
+
+
+async def test_a_settle_refused_for_a_defect_is_retried_without_taking_the_path_down(clock) -> None:
+    """A settle that fails with an error other than an outage's stays pending and is tried again at
+    each tick, but the store still answers: the path is not taken for cut off (with partition
+    tolerance on, that would admit from the bound alone and refuse after `max_seconds`), and once the
+    write succeeds the recorded usage equals the answered requests."""
+    from policies.stores import open_store
+
+    inner = await open_store("memory://")
+    store = _RefusesBatches(inner)
+    part = PartitionSettings(max_overspend_fraction=0.1, max_seconds=30)
+    adm = admission(store, clock, limits=Limits(requests_per_minute=1000), leases=LEASES, partition=part)  # type: ignore[arg-type]
+    answered = 0
+    for _ in range(3):
+        for _ in range(150):  # more than one slice's worth a round: each round takes a top-up
+            await adm.reconcile(await adm.admit(ACME, "m", 0), 0)
+            answered += 1
+        await adm.leases.flush()
+        assert adm.leases.down_since is None and adm.leases.pending  # not cut off; the batch waits
+        clock.advance(20)
+    store.refusing = False
+    await adm.leases.flush()
+    assert not adm.leases.pending
+    await adm.close()
+    rows = {u.period: u.requests for u in await inner.usage("acme")}
+    assert rows["2026-11-21"] == answered
