@@ -126,10 +126,12 @@ class Ticking:
     async def _apply_pending(self, now: float) -> bool:
         """Apply the pending settles (each at most once, by its id); False while the store is cut off.
 
-        A settle the store refuses with an error of its own (not StoreUnavailable: a defect in that
-        one write) stays pending and is tried again at each tick, logged each time; the store still
-        answered, so the path goes on as connected rather than as cut off (which, with partition
-        tolerance on, would admit from the bound alone and refuse every request once it ran out)."""
+        A settle that fails with an error other than StoreUnavailable (the stores turn their own
+        database and script errors into that, so this is a defect in building that one write) stays
+        pending and is tried again at each tick, logged each time; the store answered, so the path
+        goes on as connected rather than as cut off (which, with partition tolerance on, would admit
+        from the bound alone and refuse every request once it ran out). An outage's charges stay
+        counted against the partition bound until the batch that carries them is written."""
         if not self.pending:
             self.down_since = None
             self._charged_overspent()
@@ -158,7 +160,8 @@ class Ticking:
                 self.down_since = now
             return False
         self.down_since = None
-        self._charged_overspent()
+        if not self.pending:  # an outage's charges ride in the batch: counted here until it is written
+            self._charged_overspent()
         return True
 
     def _charged_overspent(self) -> None:

@@ -299,22 +299,22 @@ async def test_a_cancelled_top_up_frees_the_slot_it_took(clock) -> None:
     await adm.close()
 
 
-class _RefusesBatches:
-    """A store that answers but refuses every settle recording usage with an error of its own (a
-    defect in one write, not an outage) while `refusing`."""
+class _RefusesBatches(CutStore):
+    """A store that answers but refuses every ledger batch (usage or charges) with an error of its own
+    (a defect in one write, not an outage) while `refusing`; and fails every call while `cut`."""
 
     def __init__(self, inner: StateStore) -> None:
-        self.inner, self.refusing = inner, True
-
-    def __getattr__(self, name: str):  # noqa: ANN204
-        return getattr(self.inner, name)
+        super().__init__(inner)
+        self.refusing = True
 
     async def settle_many(self, settles, *, urgent: bool = False):  # noqa: ANN001, ANN201
+        if self.cut:
+            raise StoreUnavailable("cut")
         if not self.refusing:
             return await self.inner.settle_many(settles, urgent=urgent)
         answers = []
         for s in settles:
-            if s["usage"]:
+            if s["usage"] or any(op.cost > 0 for op in s["buckets"] + s["counters"]):  # a ledger batch
                 answers.append(ValueError("a defect in this write"))
             else:
                 answers.append((await self.inner.settle_many([s], urgent=urgent))[0])
@@ -340,9 +340,51 @@ async def test_a_settle_refused_for_a_defect_is_retried_without_taking_the_path_
         await adm.leases.flush()
         assert adm.leases.down_since is None and adm.leases.pending  # not cut off; the batch waits
         clock.advance(20)
+    assert adm.leases.stats["partition"] == 0  # nothing was admitted as if cut off
     store.refusing = False
     await adm.leases.flush()
     assert not adm.leases.pending
     await adm.close()
     rows = {u.period: u.requests for u in await inner.usage("acme")}
     assert rows["2026-11-21"] == answered
+
+
+async def test_an_outages_charges_stay_counted_while_their_batch_is_refused(clock) -> None:
+    """What a cut-off gateway admitted beyond its slices is charged with the next batch: while that
+    batch is refused (a defect), the overspend stays counted against the partition bound, so a
+    second outage cannot add a second bound's worth."""
+    from policies.stores import open_store
+
+    inner = await open_store("memory://")
+    store = _RefusesBatches(inner)
+    store.refusing = False
+    part = PartitionSettings(max_overspend_fraction=0.1, max_seconds=30)
+    adm = admission(store, clock, limits=Limits(requests_per_minute=100), leases=LEASES, partition=part)  # type: ignore[arg-type]
+
+    async def admit_until_refused() -> list:
+        admitted = []
+        for _ in range(200):
+            try:
+                admitted.append(await adm.admit(ACME, "m", 0))
+            except StoreUnavailable:
+                return admitted
+        return admitted
+
+    answered = [await adm.admit(ACME, "m", 0) for _ in range(3)]
+    store.cut = True
+    answered += await admit_until_refused()
+    overspent = sum(adm.leases.overspent.values())
+    assert overspent == 10  # 10 % of the limit beyond the slice held
+    store.cut, store.refusing = False, True
+    await adm.leases.flush()  # the store answers, but refuses the batch that carries the charges
+    assert adm.leases.down_since is None and sum(adm.leases.overspent.values()) == overspent
+    store.cut = True
+    beyond_before = adm.leases.stats["partition"]
+    answered += await admit_until_refused()
+    assert adm.leases.stats["partition"] == beyond_before  # the bound was spent by the first outage
+    store.cut, store.refusing = False, False
+    for r in answered:
+        await adm.reconcile(r, 0)
+    await adm.close()
+    assert not adm.leases.overspent
+    assert {u.period: u.requests for u in await inner.usage("acme")}["2026-11-21"] == len(answered)
