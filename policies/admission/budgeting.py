@@ -99,12 +99,12 @@ class BudgetWatch:
 
     def admitted(self, checks: list[BudgetCheck], values: list[int | None], cost_micros: int) -> None:
         """The counters after an admission reserved `cost_micros` on each of `checks` (None: a level
-        not known, as for a lease admitted beyond its slices while the store was cut off)."""
-        if len(self._last) >= _MAX_SEEN:
-            self._last.clear()  # past periods' counters
+        not known, as for a lease counter this process has never seen in the store)."""
         for check, after in zip(checks, values, strict=True):
             if after is None:
                 continue
+            if len(self._last) >= _MAX_SEEN:
+                self._last.clear()  # past periods' counters
             self._level(check, after)
             before = min(after - cost_micros, self._last.get(check.key, after))
             self._last[check.key] = after
