@@ -102,7 +102,6 @@ class Shape:
                 quota_ops[i] = self.quota_checks[i].op(cost_tokens)
         return Checks(buckets, self.leases, self.quota_checks, quota_ops)
 
-
     def budget_ops(self, cost_micros: int) -> list[CounterOp]:
         """The counter ops reserving a request's worst case `cost_micros` on the key's budgets;
         NeverAdmitted when it is more than a budget holds in a whole period."""

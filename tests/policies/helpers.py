@@ -59,3 +59,15 @@ async def what_another_replica_takes(
         except RateLimited:
             return taken
         taken += tokens or 1
+
+
+async def admit_until_cut_off(adm: Admission, tokens: int = 0, cost_micros: int = 0, most: int = 200) -> list:
+    """ACME's requests admitted one after another until one is refused because the store is cut off
+    (StoreUnavailable), at most `most`: what a cut-off gateway still answers."""
+    admitted = []
+    for _ in range(most):
+        try:
+            admitted.append(await adm.admit(ACME, "m", tokens, cost_micros=cost_micros))
+        except StoreUnavailable:
+            break
+    return admitted

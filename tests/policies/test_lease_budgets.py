@@ -10,11 +10,11 @@ import pytest
 
 from policies.admission import Admission
 from policies.budgets import BudgetCheck, BudgetEvent
-from policies.errors import BudgetExceeded, StoreUnavailable
+from policies.errors import BudgetExceeded
 from policies.leases import LeaseSettings, PartitionSettings
 from policies.stores import StateStore, open_store
 from policies.types import Budget, TenantSpec
-from tests.policies.helpers import ACME, CutStore
+from tests.policies.helpers import ACME, CutStore, admit_until_cut_off
 
 LEASES = LeaseSettings()
 PRICE = 10_000  # 0.01 USD a request: exactly 100 fit in the 1.00 USD day
@@ -125,12 +125,7 @@ async def test_a_cut_overspends_money_at_most_the_partition_bound(clock) -> None
     before = await _rounds([adm], clock, 40)
     held = adm.leases.book.keys[DAY_KEY].left
     store.cut = True
-    during = []
-    for _ in range(100):
-        try:
-            during.append(await adm.admit(ACME, "m", 1, cost_micros=PRICE))
-        except StoreUnavailable:
-            break
+    during = await admit_until_cut_off(adm, 1, cost_micros=PRICE, most=100)
     assert len(during) == held // PRICE + 10  # the slices held, then 0.10 USD beyond them
     store.cut = False
     for r in during:

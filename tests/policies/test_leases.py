@@ -12,7 +12,7 @@ from policies.errors import QuotaExceeded, RateLimited, StoreUnavailable
 from policies.leases import LeaseSettings, PartitionSettings
 from policies.stores.base import StateStore
 from policies.types import Limits, Quotas, TenantSpec
-from tests.policies.helpers import ACME, ACME_KEY2, CutStore, admission
+from tests.policies.helpers import ACME, ACME_KEY2, CutStore, admission, admit_until_cut_off
 
 LEASES = LeaseSettings()
 
@@ -177,12 +177,7 @@ async def test_partition_bound_and_exact_reconciliation(clock) -> None:
     adm = admission(store, clock, limits=Limits(requests_per_minute=100), leases=LEASES, partition=part)  # type: ignore[arg-type]
     answered = [await adm.admit(ACME, "m", 0) for _ in range(3)]
     store.cut = True
-    during = []
-    for _ in range(200):
-        try:
-            during.append(await adm.admit(ACME, "m", 0))
-        except StoreUnavailable:
-            break
+    during = await admit_until_cut_off(adm)
     held_then = len(during)
     assert 10 <= held_then <= 10 + 10  # the slice held, then at most 10 % of the limit beyond it
     clock.advance(31)
@@ -361,18 +356,9 @@ async def test_an_outages_charges_stay_counted_while_their_batch_is_refused(cloc
     part = PartitionSettings(max_overspend_fraction=0.1, max_seconds=30)
     adm = admission(store, clock, limits=Limits(requests_per_minute=100), leases=LEASES, partition=part)  # type: ignore[arg-type]
 
-    async def admit_until_refused() -> list:
-        admitted = []
-        for _ in range(200):
-            try:
-                admitted.append(await adm.admit(ACME, "m", 0))
-            except StoreUnavailable:
-                return admitted
-        return admitted
-
     answered = [await adm.admit(ACME, "m", 0) for _ in range(3)]
     store.cut = True
-    answered += await admit_until_refused()
+    answered += await admit_until_cut_off(adm)
     overspent = sum(adm.leases.overspent.values())
     assert overspent == 10  # 10 % of the limit beyond the slice held
     store.cut, store.refusing = False, True
@@ -380,7 +366,7 @@ async def test_an_outages_charges_stay_counted_while_their_batch_is_refused(cloc
     assert adm.leases.down_since is None and sum(adm.leases.overspent.values()) == overspent
     store.cut = True
     beyond_before = adm.leases.stats["partition"]
-    answered += await admit_until_refused()
+    answered += await admit_until_cut_off(adm)
     assert adm.leases.stats["partition"] == beyond_before  # the bound was spent by the first outage
     store.cut, store.refusing = False, False
     for r in answered:
